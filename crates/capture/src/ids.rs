@@ -1,0 +1,129 @@
+use std::collections::HashMap;
+use std::fmt;
+
+/// Whether a name is looked up in /etc/passwd or /etc/group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdKind {
+    User,
+    Group,
+}
+
+/// A user or group as the admin wrote it, plus the number the kernel matches on.
+///
+/// iptables resolves names itself, so the legacy backend prints `given`; netlink carries only
+/// numbers, so the nft backend uses `id`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Id {
+    pub given: String,
+    pub id: u32,
+}
+
+impl Id {
+    pub fn numeric(id: u32) -> Self {
+        Self {
+            given: id.to_string(),
+            id,
+        }
+    }
+}
+
+impl fmt::Display for Id {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.given)
+    }
+}
+
+/// Name → number tables parsed from passwd(5) and group(5) text.
+#[derive(Clone, Debug, Default)]
+pub struct IdDb {
+    users: HashMap<String, u32>,
+    groups: HashMap<String, u32>,
+}
+
+impl IdDb {
+    /// Parses the contents of /etc/passwd and /etc/group (malformed lines are skipped, as libc does).
+    pub fn parse(passwd: &str, group: &str) -> Self {
+        Self {
+            users: parse_db(passwd),
+            groups: parse_db(group),
+        }
+    }
+
+    pub fn lookup(&self, kind: IdKind, name: &str) -> Option<u32> {
+        match kind {
+            IdKind::User => self.users.get(name).copied(),
+            IdKind::Group => self.groups.get(name).copied(),
+        }
+    }
+
+    /// A number passes through; a name must exist in the database.
+    pub fn resolve(&self, kind: IdKind, given: &str) -> Result<Id, String> {
+        if let Ok(id) = given.parse::<u32>() {
+            return Ok(Id {
+                given: given.to_string(),
+                id,
+            });
+        }
+        let valid_name = !given.is_empty()
+            && given
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-$".contains(&b));
+        if !valid_name {
+            return Err(format!("{given:?} is neither a number nor a valid name"));
+        }
+        let file = match kind {
+            IdKind::User => "/etc/passwd",
+            IdKind::Group => "/etc/group",
+        };
+        self.lookup(kind, given)
+            .map(|id| Id {
+                given: given.to_string(),
+                id,
+            })
+            .ok_or_else(|| {
+                format!(
+                    "no {} named {given:?} in {file}",
+                    if kind == IdKind::User {
+                        "user"
+                    } else {
+                        "group"
+                    }
+                )
+            })
+    }
+}
+
+fn parse_db(text: &str) -> HashMap<String, u32> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let mut f = l.split(':');
+            let name = f.next()?;
+            let _password = f.next()?;
+            let id = f.next()?.parse().ok()?;
+            (!name.is_empty()).then(|| (name.to_string(), id))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_names_and_numbers() {
+        let db = IdDb::parse(
+            "root:x:0:0::/root:/bin/sh\nistio-proxy:x:1337:1337::/:/bin/false\n",
+            "java:x:901:\n",
+        );
+        assert_eq!(db.resolve(IdKind::User, "istio-proxy").unwrap().id, 1337);
+        assert_eq!(db.resolve(IdKind::User, "42").unwrap(), Id::numeric(42));
+        assert_eq!(db.resolve(IdKind::Group, "java").unwrap().id, 901);
+        assert!(
+            db.resolve(IdKind::Group, "nope")
+                .unwrap_err()
+                .contains("/etc/group")
+        );
+        assert!(db.resolve(IdKind::User, "a b").is_err());
+    }
+}
