@@ -1,1 +1,88 @@
+//! Entering a network namespace safely.
+//!
+//! `setns(CLONE_NEWNET)` changes the namespace of the calling *thread* only. Doing it on a
+//! thread of a runtime pool would leak the pod's namespace into unrelated work, so the closure
+//! runs on a fresh OS thread that enters the namespace and ends with the closure; the rest of
+//! the process never leaves the host namespace.
 
+use nix::sched::{CloneFlags, setns};
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    #[error("network namespace {path}: {source}")]
+    Open { path: PathBuf, source: io::Error },
+    #[error("entering network namespace {path}: {source}")]
+    Enter { path: PathBuf, source: nix::Error },
+    #[error("network namespace {path}: the worker thread panicked")]
+    Panicked { path: PathBuf },
+    #[error("could not start a thread for network namespace {path}: {source}")]
+    Spawn { path: PathBuf, source: io::Error },
+}
+
+impl NetnsError {
+    /// True when the namespace itself does not exist (CNI DEL treats that as success).
+    pub fn is_missing(&self) -> bool {
+        matches!(self, NetnsError::Open { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
+}
+
+/// Runs `f` inside the network namespace at `path` (e.g. `/var/run/netns/pod`, `/proc/PID/ns/net`).
+/// With `None`, runs `f` in the caller's namespace, on the caller's thread.
+pub fn run_in<T, F>(path: Option<&Path>, f: F) -> Result<T, NetnsError>
+where
+    T: Send,
+    F: FnOnce() -> T + Send,
+{
+    let Some(path) = path else {
+        return Ok(f());
+    };
+    // Open before spawning so a missing namespace is reported without a thread.
+    let file = File::open(path).map_err(|source| NetnsError::Open {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    std::thread::scope(|s| {
+        let handle = std::thread::Builder::new()
+            .name("netns".into())
+            .spawn_scoped(s, move || {
+                setns(&file, CloneFlags::CLONE_NEWNET).map_err(|source| NetnsError::Enter {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
+                Ok(f())
+            })
+            .map_err(|source| NetnsError::Spawn {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        handle.join().map_err(|_| NetnsError::Panicked {
+            path: path.to_path_buf(),
+        })?
+    })
+}
+
+/// The inode identifying the namespace at `path` (to tell namespaces apart, e.g. host vs pod).
+pub fn inode(path: &Path) -> io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    Ok(std::fs::metadata(path)?.ino())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_namespace_is_reported_by_path() {
+        let err = run_in(Some(Path::new("/nonexistent/netns")), || ()).unwrap_err();
+        assert!(err.is_missing());
+        assert!(err.to_string().contains("/nonexistent/netns"));
+    }
+
+    #[test]
+    fn none_runs_in_place() {
+        assert_eq!(run_in(None, || 7).unwrap(), 7);
+    }
+}
