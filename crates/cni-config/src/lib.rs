@@ -1,1 +1,89 @@
+//! The plugin's entry in the CNI network configuration. install-cni writes it, istio-cni reads
+//! it: one type, so the two can never disagree on a field name or default.
 
+use serde::{Deserialize, Serialize};
+
+/// Plugin type and name as installed.
+pub const PLUGIN_TYPE: &str = "istio-cni";
+/// File name of the kubeconfig inside `cni_agent_run_dir`.
+pub const KUBECONFIG_FILE: &str = "istio-cni-kubeconfig";
+/// File name of the plugin's log inside `cni_agent_run_dir`.
+pub const LOG_FILE: &str = "istio-cni.log";
+pub const DEFAULT_RUN_DIR: &str = "/var/run/istio-cni";
+
+/// istio-cni's own settings (Istio's field names, plus ours). Unknown fields are ignored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PluginSettings {
+    /// `panic|fatal|error|warn|info|debug`.
+    pub plugin_log_level: String,
+    /// Host directory with the kubeconfig and the log file.
+    pub cni_agent_run_dir: String,
+    /// Pods in these namespaces are passed through untouched.
+    pub exclude_namespaces: Vec<String>,
+    /// Namespace of the istio-cni DaemonSet (its own pods bypass the plugin).
+    pub pod_namespace: String,
+    /// Istio's switch; `true` means `redirect_backend: nft`.
+    pub native_nftables: bool,
+    /// `auto|nft|iptables-legacy`.
+    pub redirect_backend: String,
+    /// Pod GET attempts before the ADD fails (Istio: 30).
+    pub pod_lookup_attempts: u32,
+    /// Pause between attempts, in milliseconds (Istio: 1000).
+    pub pod_lookup_interval_ms: u64,
+    /// Timeout of one pod GET, in milliseconds.
+    pub pod_lookup_timeout_ms: u64,
+}
+
+impl Default for PluginSettings {
+    fn default() -> Self {
+        Self {
+            plugin_log_level: "info".into(),
+            cni_agent_run_dir: DEFAULT_RUN_DIR.into(),
+            exclude_namespaces: Vec::new(),
+            pod_namespace: String::new(),
+            native_nftables: false,
+            redirect_backend: "auto".into(),
+            pod_lookup_attempts: 30,
+            pod_lookup_interval_ms: 1000,
+            pod_lookup_timeout_ms: 5000,
+        }
+    }
+}
+
+impl PluginSettings {
+    /// The JSON object install-cni puts into the conflist (`name` and `type` included).
+    pub fn to_plugin_entry(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).expect("plain struct serializes");
+        let obj = v.as_object_mut().expect("object");
+        obj.insert("name".into(), PLUGIN_TYPE.into());
+        obj.insert("type".into(), PLUGIN_TYPE.into());
+        v
+    }
+
+    pub fn kubeconfig_path(&self) -> std::path::PathBuf {
+        std::path::Path::new(&self.cni_agent_run_dir).join(KUBECONFIG_FILE)
+    }
+
+    pub fn log_path(&self) -> std::path::PathBuf {
+        std::path::Path::new(&self.cni_agent_run_dir).join(LOG_FILE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_fields_are_ignored_and_defaults_apply() {
+        let s: PluginSettings = serde_json::from_str(
+            r#"{"type":"istio-cni","exclude_namespaces":["kube-system"],"ambient_enabled":false}"#,
+        )
+        .unwrap();
+        assert_eq!(s.exclude_namespaces, vec!["kube-system"]);
+        assert_eq!(s.pod_lookup_attempts, 30);
+        let entry = s.to_plugin_entry();
+        assert_eq!(entry["type"], "istio-cni");
+        assert_eq!(entry["redirect_backend"], "auto");
+    }
+}

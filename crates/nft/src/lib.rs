@@ -39,3 +39,8 @@ pub fn has_our_tables() -> Result<bool, NftError> {
 pub fn render_text(_plan: &Plan) -> String {
     String::new()
 }
+
+/// Every nftables table in the current namespace as `(family, name)` (node backend detection).
+pub fn list_tables() -> Result<Vec<(String, String)>, NftError> {
+    Err(NftError::Unimplemented)
+}
