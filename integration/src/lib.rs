@@ -1,0 +1,49 @@
+//! Real-kernel test harness shared by every crate's integration tests.
+//!
+//! * [`TestNetns`]: a uniquely named network namespace (`ip netns add`), loopback up, deleted
+//!   on drop — also when the test panics.
+//! * [`PodWorld`]: a "pod" and a "world" namespace joined by a veth pair, dual stack or
+//!   IPv4 only, with default routes both ways. Extra links (e.g. a KubeVirt-style `eth1`)
+//!   can be added with [`PodWorld::add_link`].
+//! * [`Probe`]: TCP/UDP listeners inside a namespace that record every connection, with the
+//!   port it landed on and its original destination (`SO_ORIGINAL_DST`, or the local address
+//!   for TPROXY), and answer the client with the same facts.
+//! * [`connect`] / [`send_udp`]: a client that runs inside a namespace as a given uid/gid
+//!   (only its own thread changes identity) and reports where the connection landed.
+//!
+//! Everything runs in-process (no python, no `ip netns exec` per connection), with bounded
+//! timeouts, so a test can afford hundreds of namespaces and connections. All of it needs
+//! root (CAP_SYS_ADMIN, CAP_NET_ADMIN).
+//!
+//! ```no_run
+//! use integration::*;
+//! let w = PodWorld::new().unwrap();
+//! let _sidecar = Probe::sidecar(w.pod.path()).unwrap();
+//! let _server = Probe::world(w.world.path()).unwrap();
+//! let out = connect(w.pod.path(), &ConnectSpec::new(w.world_v4.into(), 80));
+//! assert_eq!(out.landed_port(), Some(80)); // nothing redirects yet
+//! ```
+
+mod ns;
+mod probe;
+
+pub use ns::{Link, PodWorld, TestNetns};
+pub use probe::{
+    Accepted, ConnectSpec, Landed, Listen, ListenKind, Outcome, Probe, SHORT_TIMEOUT, Transport,
+    connect, send_udp,
+};
+
+/// True when the process may create namespaces (root). Tests that need the kernel call
+/// [`require_root`] so a non-root run fails with one clear message instead of many.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Panics with a clear message when not running as root.
+pub fn require_root() {
+    assert!(
+        is_root(),
+        "this test needs root (network namespaces, netfilter); run it as root"
+    );
+}
