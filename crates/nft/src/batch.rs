@@ -1,0 +1,233 @@
+//! Builds the netlink batch for a plan (create-only, or delete-and-recreate of our tables).
+
+use crate::model::{self, SetKeyKind, TableSpec};
+use capture::{Plan, Table};
+use nftnl::nftnl_sys as sys;
+use nftnl::set::{Set, SetKey};
+use nftnl::{Batch, Chain, ChainType, FinalizedBatch, Hook, MsgType, Policy, ProtoFamily, Rule};
+use std::ffi::CString;
+
+pub struct Built {
+    pub batch: FinalizedBatch,
+    /// What each message creates, in batch order (for error messages).
+    pub descriptions: Vec<String>,
+}
+
+impl Built {
+    /// The object a refused sequence number belongs to.
+    pub fn describe(&self, seq: u32) -> String {
+        let seqs = self.batch.sequence_numbers();
+        // With ACKed batch begin/end (kernel >= 6.10) the first sequence number is BATCH_BEGIN.
+        let offset = if seqs.len() == self.descriptions.len() + 2 {
+            seqs.start + 1
+        } else {
+            seqs.start
+        };
+        seq.checked_sub(offset)
+            .and_then(|i| self.descriptions.get(i as usize))
+            .cloned()
+            .unwrap_or_else(|| "the nftables batch".into())
+    }
+}
+
+/// Key type used only to create sets through nftnl with the right type/length; elements are
+/// added with raw calls so that interval ends can be flagged.
+macro_rules! key_kind {
+    ($name:ident, $ty:expr, $len:expr) => {
+        struct $name;
+        impl SetKey for $name {
+            const TYPE: u32 = $ty;
+            const LEN: u32 = $len;
+            fn data(&self) -> Box<[u8]> {
+                Box::new([])
+            }
+        }
+    };
+}
+key_kind!(PortKey, 13, 2);
+key_kind!(V4Key, 7, 4);
+key_kind!(V6Key, 8, 16);
+
+fn cstr(s: &str) -> CString {
+    CString::new(s).expect("object names have no NUL")
+}
+
+fn hook(name: &str) -> Hook {
+    if name == "prerouting" {
+        Hook::PreRouting
+    } else {
+        Hook::Out
+    }
+}
+
+fn chain_type(kind: &str) -> ChainType {
+    match kind {
+        "nat" => ChainType::Nat,
+        "route" => ChainType::Route,
+        _ => ChainType::Filter,
+    }
+}
+
+/// The batch for `plan`: delete `existing` (ours) first, then create every table of the plan.
+pub fn build(plan: &Plan, existing: &[Table], poison: bool) -> Built {
+    let specs = model::tables(plan);
+    let mut batch = Batch::new();
+    let mut descriptions = Vec::new();
+    for t in existing {
+        let table = nftnl::Table::new(cstr(t.nft_name()), ProtoFamily::Inet);
+        batch.add(&table, MsgType::Del);
+        descriptions.push(format!("deleting table inet {}", t.nft_name()));
+    }
+    for spec in &specs {
+        add_table(&mut batch, &mut descriptions, spec);
+    }
+    if poison {
+        // A jump to a chain that does not exist: refused at the end of the batch.
+        let table = nftnl::Table::new(cstr(Table::Nat.nft_name()), ProtoFamily::Inet);
+        let chain = Chain::new(cstr("output"), &table);
+        let mut rule = Rule::new(&chain);
+        rule.add_expr(&crate::expr::jump("no-such-chain"));
+        batch.add(&rule, MsgType::Add);
+        descriptions.push("the poisoned test rule".into());
+    }
+    Built {
+        batch: batch.finalize(),
+        descriptions,
+    }
+}
+
+fn add_table(batch: &mut Batch, descriptions: &mut Vec<String>, spec: &TableSpec) {
+    let tname = spec.table.nft_name();
+    let table = nftnl::Table::new(cstr(tname), ProtoFamily::Inet);
+    batch.add(&table, MsgType::Add);
+    descriptions.push(format!("table inet {tname}"));
+    // Chains first (rules may jump forward), then rules in order.
+    let chains: Vec<Chain> = spec
+        .chains
+        .iter()
+        .map(|c| {
+            let mut chain = Chain::new(cstr(c.chain.nft_name()), &table);
+            if let Some(b) = c.base {
+                chain.set_hook(hook(b.hook), b.priority);
+                chain.set_type(chain_type(b.kind));
+                chain.set_policy(Policy::Accept);
+            }
+            chain
+        })
+        .collect();
+    for (c, chain) in spec.chains.iter().zip(&chains) {
+        batch.add(chain, MsgType::Add);
+        descriptions.push(format!(
+            "chain {} in table inet {tname}",
+            c.chain.nft_name()
+        ));
+    }
+    for (c, chain) in spec.chains.iter().zip(&chains) {
+        for r in &c.rules {
+            for s in &r.sets {
+                add_set(batch, descriptions, &table, s, &r.text);
+            }
+            let mut rule = Rule::new(chain);
+            for e in &r.exprs {
+                rule.add_expr(e);
+            }
+            // Comments are at most 128 bytes; ours are short constants, never user input.
+            let _ = rule.set_comment(cstr(&r.comment));
+            batch.add(&rule, MsgType::Add);
+            descriptions.push(format!(
+                "rule `{}` in chain {} of table inet {tname}",
+                r.text,
+                c.chain.nft_name()
+            ));
+        }
+    }
+}
+
+fn add_set(
+    batch: &mut Batch,
+    descriptions: &mut Vec<String>,
+    table: &nftnl::Table,
+    s: &model::SetSpec,
+    rule_text: &str,
+) {
+    let name = c"__set%d";
+    match s.key {
+        SetKeyKind::Port => emit_set(
+            batch,
+            descriptions,
+            Set::<PortKey>::new(name, s.id, table, ProtoFamily::Inet),
+            s,
+            rule_text,
+        ),
+        SetKeyKind::V4 => emit_set(
+            batch,
+            descriptions,
+            Set::<V4Key>::new(name, s.id, table, ProtoFamily::Inet),
+            s,
+            rule_text,
+        ),
+        SetKeyKind::V6 => emit_set(
+            batch,
+            descriptions,
+            Set::<V6Key>::new(name, s.id, table, ProtoFamily::Inet),
+            s,
+            rule_text,
+        ),
+    }
+}
+
+fn emit_set<K>(
+    batch: &mut Batch,
+    descriptions: &mut Vec<String>,
+    set: Set<'_, K>,
+    s: &model::SetSpec,
+    rule_text: &str,
+) {
+    // SAFETY: `set` owns a valid nftnl_set; libnftnl takes ownership of each element added.
+    unsafe {
+        let raw = set.as_ptr().as_ptr();
+        if s.interval {
+            let flags =
+                (libc::NFT_SET_ANONYMOUS | libc::NFT_SET_CONSTANT | libc::NFT_SET_INTERVAL) as u32;
+            sys::nftnl_set_set_u32(raw, sys::NFTNL_SET_FLAGS as u16, flags);
+        }
+        for (key, end) in &s.elements {
+            let e = sys::nftnl_set_elem_alloc();
+            if e.is_null() {
+                std::process::abort();
+            }
+            sys::nftnl_set_elem_set(
+                e,
+                sys::NFTNL_SET_ELEM_KEY as u16,
+                key.as_ptr().cast(),
+                key.len() as u32,
+            );
+            if *end {
+                sys::nftnl_set_elem_set_u32(
+                    e,
+                    sys::NFTNL_SET_ELEM_FLAGS as u16,
+                    libc::NFT_SET_ELEM_INTERVAL_END as u32,
+                );
+            }
+            sys::nftnl_set_elem_add(raw, e);
+        }
+    }
+    batch.add(&set, MsgType::Add);
+    descriptions.push(format!("the set of rule `{rule_text}`"));
+    for msg in set.elems_iter() {
+        batch.add(&msg, MsgType::Add);
+        descriptions.push(format!("the elements of the set of rule `{rule_text}`"));
+    }
+}
+
+/// A batch deleting `tables`.
+pub fn delete(tables: &[Table]) -> FinalizedBatch {
+    let mut batch = Batch::new();
+    for t in tables {
+        batch.add(
+            &nftnl::Table::new(cstr(t.nft_name()), ProtoFamily::Inet),
+            MsgType::Del,
+        );
+    }
+    batch.finalize()
+}

@@ -1,0 +1,581 @@
+//! Plan → the nftables objects to create: tables, chains (base ones with hook and priority),
+//! rules as expression lists, and the anonymous sets rules look up. Pure; shared by the batch
+//! builder, the read-back check and the text rendering.
+
+use crate::expr::{self, Expr};
+use capture::{Action, ChainId, CtState, Family, IpNet, L4, Match, Plan, Table};
+use std::net::IpAddr;
+
+/// A base chain's type, hook and priority (Istio's nft mode, istio-reference §2.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BaseChain {
+    pub kind: &'static str,
+    pub hook: &'static str,
+    pub priority: i32,
+}
+
+pub fn base_chain(table: Table, chain: ChainId) -> Option<BaseChain> {
+    let (kind, priority) = match (table, chain) {
+        (Table::Nat, _) => ("nat", -100),
+        (Table::Mangle, ChainId::Output) => ("route", -150),
+        (Table::Mangle, _) => ("filter", -150),
+        (Table::Raw, _) => ("filter", -300),
+    };
+    match chain {
+        ChainId::Prerouting => Some(BaseChain {
+            kind,
+            hook: "prerouting",
+            priority,
+        }),
+        ChainId::Output => Some(BaseChain {
+            kind,
+            hook: "output",
+            priority,
+        }),
+        _ => None,
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetKeyKind {
+    Port,
+    V4,
+    V6,
+}
+
+/// An anonymous constant set. `elements` are (key, is_interval_end).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetSpec {
+    pub id: u32,
+    pub key: SetKeyKind,
+    pub interval: bool,
+    pub elements: Vec<(Vec<u8>, bool)>,
+    /// The values as nft writes them, for the text rendering.
+    pub text: Vec<String>,
+}
+
+pub struct RuleSpec {
+    pub exprs: Vec<Expr>,
+    pub sets: Vec<SetSpec>,
+    pub comment: String,
+    /// nft syntax of the rule (for `--dry-run` and error messages).
+    pub text: String,
+}
+
+pub struct ChainSpec {
+    pub chain: ChainId,
+    pub base: Option<BaseChain>,
+    pub rules: Vec<RuleSpec>,
+}
+
+pub struct TableSpec {
+    pub table: Table,
+    pub chains: Vec<ChainSpec>,
+}
+
+/// Multi-value matches nft cannot put in an anonymous set cheaply (interface names, owners)
+/// are expanded into one rule per value, exactly as iptables does.
+pub fn expand_for_nft(m: &Match) -> bool {
+    matches!(
+        m,
+        Match::InIface(_)
+            | Match::OutIface(_)
+            | Match::Uid { negate: false, .. }
+            | Match::Gid { negate: false, .. }
+    )
+}
+
+/// Builds every table of the plan. Set ids are unique across the whole batch.
+pub fn tables(plan: &Plan) -> Vec<TableSpec> {
+    let mut set_ids = 0u32;
+    let chains = plan.chains(expand_for_nft);
+    plan.tables()
+        .into_iter()
+        .map(|table| TableSpec {
+            table,
+            chains: chains
+                .iter()
+                .filter(|c| c.table == table)
+                .map(|c| {
+                    let base = base_chain(table, c.chain);
+                    let rules = c
+                        .rules
+                        .iter()
+                        .flat_map(|r| rule_specs(r, base.is_some(), plan.ipv6, &mut set_ids))
+                        .collect();
+                    ChainSpec {
+                        chain: c.chain,
+                        base,
+                        rules,
+                    }
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// Accumulates the expressions and the nft text of one rule.
+struct RuleBuilder<'a> {
+    exprs: Vec<Expr>,
+    text: Vec<String>,
+    sets: Vec<SetSpec>,
+    set_ids: &'a mut u32,
+}
+
+impl RuleBuilder<'_> {
+    fn push(&mut self, e: Expr) {
+        self.exprs.push(e);
+    }
+    fn say(&mut self, t: impl Into<String>) {
+        self.text.push(t.into());
+    }
+    fn new_set(
+        &mut self,
+        key: SetKeyKind,
+        interval: bool,
+        elements: Vec<(Vec<u8>, bool)>,
+        text: Vec<String>,
+    ) -> (String, u32) {
+        let id = *self.set_ids;
+        *self.set_ids += 1;
+        self.sets.push(SetSpec {
+            id,
+            key,
+            interval,
+            elements,
+            text,
+        });
+        ("__set%d".to_string(), id)
+    }
+}
+
+const NFPROTO_IPV4: u8 = libc::NFPROTO_IPV4 as u8;
+const NFPROTO_IPV6: u8 = libc::NFPROTO_IPV6 as u8;
+
+fn cmp_op(negate: bool) -> u32 {
+    if negate {
+        libc::NFT_CMP_NEQ as u32
+    } else {
+        libc::NFT_CMP_EQ as u32
+    }
+}
+
+fn neq(negate: bool) -> &'static str {
+    if negate { "!= " } else { "" }
+}
+
+fn addr_bytes(a: IpAddr) -> Vec<u8> {
+    match a {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+/// The rules one plan rule becomes (two for TPROXY: the redirect and its fail-closed drop).
+fn rule_specs(rule: &capture::Rule, base: bool, ipv6: bool, set_ids: &mut u32) -> Vec<RuleSpec> {
+    let build = |b: &mut RuleBuilder, action: &Action| {
+        matches_into(b, rule, base, ipv6);
+        b.push(expr::counter());
+        b.say("counter");
+        action_into(b, action, rule.family);
+    };
+    let mut out = Vec::new();
+    let mut one = |action: &Action, comment: String| {
+        let mut b = RuleBuilder {
+            exprs: Vec::new(),
+            text: Vec::new(),
+            sets: Vec::new(),
+            set_ids,
+        };
+        build(&mut b, action);
+        let mut text = b.text.join(" ");
+        text.push_str(&format!(" comment \"{comment}\""));
+        out.push(RuleSpec {
+            exprs: b.exprs,
+            sets: b.sets,
+            comment,
+            text,
+        });
+    };
+    one(&rule.action, rule.comment.clone());
+    if matches!(rule.action, Action::Tproxy { .. }) {
+        // iptables' TPROXY drops the packet when no socket listens on the port; nft's tproxy
+        // just does not match. Dropping the same packets keeps inbound fail-closed.
+        one(
+            &Action::Drop,
+            "TPROXY found no Envoy listener: drop (fail closed)".into(),
+        );
+    }
+    out
+}
+
+fn matches_into(b: &mut RuleBuilder, rule: &capture::Rule, base: bool, ipv6: bool) {
+    // With IPv6 off, IPv6 must not enter our chains at all (iptables installs nothing for it);
+    // guarding the base-chain rules is enough since other chains are only reached from them.
+    if rule.family == Family::Any && base && !ipv6 {
+        b.push(expr::meta_load(libc::NFT_META_NFPROTO as u32));
+        b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &[NFPROTO_IPV4]));
+        b.say("meta nfproto ipv4");
+    }
+    for m in &rule.matches {
+        if let Match::InIface(v) | Match::OutIface(v) = m {
+            let (key, word) = if matches!(m, Match::InIface(_)) {
+                (libc::NFT_META_IIFNAME, "iifname")
+            } else {
+                (libc::NFT_META_OIFNAME, "oifname")
+            };
+            b.push(expr::meta_load(key as u32));
+            b.push(expr::cmp(
+                libc::NFT_CMP_EQ as u32,
+                &expr::ifname_bytes(&v[0]),
+            ));
+            b.say(format!("{word} \"{}\"", v[0]));
+        }
+    }
+    let mut l4 = None;
+    for m in &rule.matches {
+        if let Match::Proto(p) = m {
+            l4 = Some(*p);
+            let n = match p {
+                L4::Tcp => libc::IPPROTO_TCP,
+                L4::Udp => libc::IPPROTO_UDP,
+            } as u8;
+            b.push(expr::meta_load(libc::NFT_META_L4PROTO as u32));
+            b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &[n]));
+            b.say(format!("meta l4proto {}", p.name()));
+        }
+    }
+    if rule.family != Family::Any {
+        let v6 = rule.family == Family::V6;
+        b.push(expr::meta_load(libc::NFT_META_NFPROTO as u32));
+        b.push(expr::cmp(
+            libc::NFT_CMP_EQ as u32,
+            &[if v6 { NFPROTO_IPV6 } else { NFPROTO_IPV4 }],
+        ));
+        b.say(if v6 {
+            "meta nfproto ipv6"
+        } else {
+            "meta nfproto ipv4"
+        });
+    }
+    for m in &rule.matches {
+        match m {
+            Match::Saddr { nets, negate } => addr_match(b, nets, *negate, true),
+            Match::Daddr { nets, negate } => addr_match(b, nets, *negate, false),
+            _ => {}
+        }
+    }
+    let l4name = l4.map(L4::name).unwrap_or("th");
+    for m in &rule.matches {
+        match m {
+            Match::DstPort { ports, negate } => port_match(b, l4name, 2, "dport", ports, *negate),
+            Match::SrcPort(p) => port_match(b, l4name, 0, "sport", &[*p], false),
+            _ => {}
+        }
+    }
+    for m in &rule.matches {
+        match m {
+            Match::Uid { ids, negate } | Match::Gid { ids, negate } => {
+                let (key, word) = if matches!(m, Match::Uid { .. }) {
+                    (libc::NFT_META_SKUID, "skuid")
+                } else {
+                    (libc::NFT_META_SKGID, "skgid")
+                };
+                // "None of" is one comparison per id (as Istio's nft mode writes it).
+                for id in ids {
+                    b.push(expr::meta_load(key as u32));
+                    b.push(expr::cmp(cmp_op(*negate), &id.id.to_ne_bytes()));
+                    b.say(format!("meta {word} {}{}", neq(*negate), id.id));
+                }
+            }
+            Match::Mark { mark, negate } => {
+                b.push(expr::meta_load(libc::NFT_META_MARK as u32));
+                b.push(expr::cmp(cmp_op(*negate), &mark.to_ne_bytes()));
+                b.say(format!("meta mark {}{mark:#010x}", neq(*negate)));
+            }
+            Match::ConnMark(mark) => {
+                b.push(expr::ct_load(libc::NFT_CT_MARK as u32));
+                b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &mark.to_ne_bytes()));
+                b.say(format!("ct mark {mark:#010x}"));
+            }
+            Match::CtState(states) => {
+                let mut mask = 0u32;
+                let mut words = Vec::new();
+                for s in states {
+                    let (bit, word) = match s {
+                        CtState::Invalid => (1, "invalid"),
+                        CtState::Established => (2, "established"),
+                        CtState::Related => (4, "related"),
+                    };
+                    mask |= bit;
+                    words.push(word);
+                }
+                b.push(expr::ct_load(libc::NFT_CT_STATE as u32));
+                b.push(expr::bitwise_and(&mask.to_ne_bytes()));
+                b.push(expr::cmp(libc::NFT_CMP_NEQ as u32, &0u32.to_ne_bytes()));
+                b.say(format!("ct state {}", words.join(",")));
+            }
+            _ => {}
+        }
+    }
+}
+
+fn addr_match(b: &mut RuleBuilder, nets: &[IpNet], negate: bool, source: bool) {
+    let v6 = !nets[0].is_ipv4();
+    let offset = match (v6, source) {
+        (false, true) => 12,
+        (false, false) => 16,
+        (true, true) => 8,
+        (true, false) => 24,
+    };
+    let len = if v6 { 16 } else { 4 };
+    let word = format!(
+        "{} {}",
+        if v6 { "ip6" } else { "ip" },
+        if source { "saddr" } else { "daddr" }
+    );
+    b.push(expr::payload(
+        libc::NFT_PAYLOAD_NETWORK_HEADER as u32,
+        offset,
+        len,
+    ));
+    if nets.len() == 1 {
+        let n = nets[0];
+        if !n.is_host() {
+            b.push(expr::bitwise_and(&prefix_mask(n.prefix, len as usize)));
+        }
+        b.push(expr::cmp(cmp_op(negate), &addr_bytes(n.network())));
+        let shown = if n.is_host() {
+            capture::DisplayIp(n.addr).to_string()
+        } else {
+            format!("{}/{}", capture::DisplayIp(n.network()), n.prefix)
+        };
+        b.say(format!("{word} {}{shown}", neq(negate)));
+    } else {
+        let (elements, text) = interval_elements(nets);
+        let key = if v6 { SetKeyKind::V6 } else { SetKeyKind::V4 };
+        let (name, id) = b.new_set(key, true, elements, text.clone());
+        b.push(expr::lookup(&name, id, negate));
+        b.say(format!("{word} {}{{ {} }}", neq(negate), text.join(", ")));
+    }
+}
+
+fn port_match(b: &mut RuleBuilder, l4: &str, offset: u32, word: &str, ports: &[u16], negate: bool) {
+    b.push(expr::payload(
+        libc::NFT_PAYLOAD_TRANSPORT_HEADER as u32,
+        offset,
+        2,
+    ));
+    if ports.len() == 1 {
+        b.push(expr::cmp(cmp_op(negate), &ports[0].to_be_bytes()));
+        b.say(format!("{l4} {word} {}{}", neq(negate), ports[0]));
+    } else {
+        let mut sorted = ports.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let elements = sorted
+            .iter()
+            .map(|p| (p.to_be_bytes().to_vec(), false))
+            .collect();
+        let text: Vec<String> = sorted.iter().map(u16::to_string).collect();
+        let (name, id) = b.new_set(SetKeyKind::Port, false, elements, text.clone());
+        b.push(expr::lookup(&name, id, negate));
+        b.say(format!(
+            "{l4} {word} {}{{ {} }}",
+            neq(negate),
+            text.join(", ")
+        ));
+    }
+}
+
+fn prefix_mask(prefix: u8, len: usize) -> Vec<u8> {
+    let mut m = vec![0u8; len];
+    for (i, byte) in m.iter_mut().enumerate() {
+        let bits = (prefix as i32 - (i as i32) * 8).clamp(0, 8);
+        *byte = if bits == 0 { 0 } else { 0xffu8 << (8 - bits) };
+    }
+    m
+}
+
+/// Interval-set elements for a CIDR list, as nft builds them: ranges merged and sorted, each
+/// `[start, end)` as a start element plus an interval-end element, and a leading end element
+/// at the zero address when the first range does not start there.
+pub fn interval_elements(nets: &[IpNet]) -> (Vec<(Vec<u8>, bool)>, Vec<String>) {
+    let v6 = !nets[0].is_ipv4();
+    let to_u128 = |a: IpAddr| match a {
+        IpAddr::V4(a) => u32::from(a) as u128,
+        IpAddr::V6(a) => u128::from(a),
+    };
+    let to_bytes = |x: u128| {
+        if v6 {
+            x.to_be_bytes().to_vec()
+        } else {
+            (x as u32).to_be_bytes().to_vec()
+        }
+    };
+    // (start, end exclusive or None for "to the end of the space")
+    let mut ranges: Vec<(u128, Option<u128>, IpNet)> = nets
+        .iter()
+        .map(|n| (to_u128(n.network()), n.end_exclusive().map(to_u128), *n))
+        .collect();
+    ranges.sort_by_key(|r| r.0);
+    let mut merged: Vec<(u128, Option<u128>)> = Vec::new();
+    for (s, e, _) in &ranges {
+        if let Some(last) = merged.last_mut() {
+            match last.1 {
+                None => continue,
+                Some(le) if *s <= le => {
+                    last.1 = match (last.1, e) {
+                        (Some(a), Some(b)) => Some(a.max(*b)),
+                        _ => None,
+                    };
+                    continue;
+                }
+                _ => {}
+            }
+        }
+        merged.push((*s, *e));
+    }
+    let mut elements = Vec::new();
+    if merged.first().is_some_and(|r| r.0 != 0) {
+        elements.push((to_bytes(0), true));
+    }
+    for (s, e) in &merged {
+        elements.push((to_bytes(*s), false));
+        if let Some(e) = e {
+            elements.push((to_bytes(*e), true));
+        }
+    }
+    let mut text_nets: Vec<IpNet> = nets.to_vec();
+    text_nets.sort_by_key(|n| to_u128(n.network()));
+    let text = text_nets
+        .iter()
+        .map(|n| {
+            if n.is_host() {
+                capture::DisplayIp(n.addr).to_string()
+            } else {
+                format!("{}/{}", capture::DisplayIp(n.network()), n.prefix)
+            }
+        })
+        .collect();
+    (elements, text)
+}
+
+fn action_into(b: &mut RuleBuilder, action: &Action, family: Family) {
+    match action {
+        Action::Return => {
+            b.push(expr::verdict(libc::NFT_RETURN));
+            b.say("return");
+        }
+        Action::Accept => {
+            b.push(expr::verdict(libc::NF_ACCEPT));
+            b.say("accept");
+        }
+        Action::Drop => {
+            b.push(expr::verdict(libc::NF_DROP));
+            b.say("drop");
+        }
+        Action::Jump(c) => {
+            b.push(expr::jump(c.nft_name()));
+            b.say(format!("jump {}", c.nft_name()));
+        }
+        Action::Redirect { port } => {
+            b.push(expr::immediate(&port.to_be_bytes()));
+            b.push(expr::redir());
+            b.say(format!("redirect to :{port}"));
+        }
+        Action::Tproxy { port, mark } => {
+            let (nfproto, word) = if family == Family::V6 {
+                (libc::NFPROTO_IPV6, "ip6")
+            } else {
+                (libc::NFPROTO_IPV4, "ip")
+            };
+            b.push(expr::immediate(&port.to_be_bytes()));
+            b.push(expr::tproxy(nfproto as u32));
+            b.push(expr::immediate(&mark.to_ne_bytes()));
+            b.push(expr::meta_set(libc::NFT_META_MARK as u32));
+            b.push(expr::verdict(libc::NF_ACCEPT));
+            b.say(format!(
+                "tproxy {word} to :{port} meta mark set {mark:#010x} accept"
+            ));
+        }
+        Action::SetMark(m) => {
+            b.push(expr::immediate(&m.to_ne_bytes()));
+            b.push(expr::meta_set(libc::NFT_META_MARK as u32));
+            b.say(format!("meta mark set {m:#010x}"));
+        }
+        Action::SaveMark => {
+            b.push(expr::meta_load(libc::NFT_META_MARK as u32));
+            b.push(expr::ct_set(libc::NFT_CT_MARK as u32));
+            b.say("ct mark set meta mark");
+        }
+        Action::RestoreMark => {
+            b.push(expr::ct_load(libc::NFT_CT_MARK as u32));
+            b.push(expr::meta_set(libc::NFT_META_MARK as u32));
+            b.say("meta mark set ct mark");
+        }
+        Action::CtZone(z) => {
+            b.push(expr::immediate(&z.to_ne_bytes()));
+            b.push(expr::ct_set(libc::NFT_CT_ZONE as u32));
+            b.say(format!("ct zone set {z}"));
+        }
+    }
+}
+
+/// The ruleset in `nft -f` syntax (what `--dry-run` prints; `nft -f` accepts it).
+pub fn render_text(plan: &Plan) -> String {
+    let mut out = String::new();
+    for t in tables(plan) {
+        out.push_str(&format!("table inet {} {{\n", t.table.nft_name()));
+        for c in &t.chains {
+            out.push_str(&format!("\tchain {} {{\n", c.chain.nft_name()));
+            if let Some(b) = c.base {
+                out.push_str(&format!(
+                    "\t\ttype {} hook {} priority {}; policy accept;\n",
+                    b.kind, b.hook, b.priority
+                ));
+            }
+            for r in &c.rules {
+                out.push_str(&format!("\t\t{}\n", r.text));
+            }
+            out.push_str("\t}\n");
+        }
+        out.push_str("}\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interval_elements_merge_and_lead_with_zero() {
+        let nets: Vec<IpNet> = ["10.1.0.0/16", "10.0.0.0/8", "192.168.1.1/32"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let (e, text) = interval_elements(&nets);
+        let shown: Vec<(String, bool)> = e
+            .iter()
+            .map(|(b, end)| (format!("{}.{}.{}.{}", b[0], b[1], b[2], b[3]), *end))
+            .collect();
+        assert_eq!(
+            shown,
+            vec![
+                ("0.0.0.0".into(), true),
+                ("10.0.0.0".into(), false),
+                ("11.0.0.0".into(), true),
+                ("192.168.1.1".into(), false),
+                ("192.168.1.2".into(), true)
+            ]
+        );
+        assert_eq!(text, vec!["10.0.0.0/8", "10.1.0.0/16", "192.168.1.1"]);
+    }
+
+    #[test]
+    fn masks() {
+        assert_eq!(prefix_mask(8, 4), vec![255, 0, 0, 0]);
+        assert_eq!(prefix_mask(20, 4), vec![255, 255, 240, 0]);
+    }
+}

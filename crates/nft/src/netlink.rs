@@ -1,0 +1,250 @@
+//! Talking to nf_tables over netlink: one `sendmsg` per batch, ACK collection, dumps.
+
+use nftnl::nftnl_sys as sys;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::time::Duration;
+
+/// Netlink messages are 4-byte aligned; receive into u64s so the buffer is aligned for nlmsghdr.
+const RECV_WORDS: usize = 64 * 1024;
+
+pub struct Socket {
+    sock: mnl::Socket,
+}
+
+/// One answer from the kernel for a message sent with NLM_F_ACK.
+pub struct Nack {
+    pub seq: u32,
+    pub errno: i32,
+}
+
+impl Socket {
+    pub fn open() -> io::Result<Self> {
+        let sock = mnl::Socket::new(mnl::Bus::Netfilter)?;
+        let s = Self { sock };
+        // A lost reply must not hang a CNI ADD forever.
+        s.set_timeout(Some(Duration::from_secs(5)))?;
+        Ok(s)
+    }
+
+    fn fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the descriptor lives as long as `self.sock`.
+        unsafe { BorrowedFd::borrow_raw(mnl_fd(&self.sock)) }
+    }
+
+    fn set_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        let tv = t
+            .map(|t| libc::timeval {
+                tv_sec: t.as_secs() as _,
+                tv_usec: t.subsec_micros() as _,
+            })
+            .unwrap_or(libc::timeval {
+                tv_sec: 0,
+                tv_usec: 0,
+            });
+        setsockopt(self.fd(), libc::SO_RCVTIMEO, &tv)
+    }
+
+    /// Sizes the socket buffers for a batch of `bytes` with `messages` ACKs coming back, as
+    /// `nft` does; the FORCE variants work because we run as root (CAP_NET_ADMIN).
+    fn size_buffers(&self, bytes: usize, messages: usize) -> io::Result<()> {
+        let snd = (bytes + 64 * 1024) as libc::c_int;
+        // Each ACK echoes the header of the message it acknowledges (~36 bytes with overhead);
+        // an error echoes the whole message. Keep generous headroom for the error case.
+        let rcv = ((messages * 1024) + 256 * 1024) as libc::c_int;
+        if setsockopt(self.fd(), libc::SO_SNDBUFFORCE, &snd).is_err() {
+            setsockopt(self.fd(), libc::SO_SNDBUF, &snd)?;
+        }
+        if setsockopt(self.fd(), libc::SO_RCVBUFFORCE, &rcv).is_err() {
+            setsockopt(self.fd(), libc::SO_RCVBUF, &rcv)?;
+        }
+        Ok(())
+    }
+
+    /// Sends every page of a batch in ONE sendmsg (a batch split over several datagrams is
+    /// rejected with EINVAL) and returns the messages the kernel refused. An empty result
+    /// means the transaction committed.
+    pub fn send_batch(&self, batch: &nftnl::FinalizedBatch) -> io::Result<Vec<Nack>> {
+        let pages: Vec<&[u8]> = batch.iter().collect();
+        let bytes: usize = pages.iter().map(|p| p.len()).sum();
+        let seqs = batch.sequence_numbers();
+        self.size_buffers(bytes, seqs.len())?;
+        let iov: Vec<io::IoSlice> = pages.iter().map(|p| io::IoSlice::new(p)).collect();
+        let addr = nix::sys::socket::NetlinkAddr::new(0, 0);
+        let sent = nix::sys::socket::sendmsg(
+            self.fd().as_raw_fd(),
+            &iov,
+            &[],
+            nix::sys::socket::MsgFlags::empty(),
+            Some(&addr),
+        )
+        .map_err(io::Error::from)?;
+        if sent != bytes {
+            return Err(io::Error::other(format!(
+                "short netlink send: {sent} of {bytes} bytes"
+            )));
+        }
+        self.collect_acks(seqs)
+    }
+
+    fn collect_acks(&self, seqs: std::ops::Range<u32>) -> io::Result<Vec<Nack>> {
+        let mut pending: std::collections::BTreeSet<u32> = seqs.collect();
+        let mut nacks = Vec::new();
+        let mut buf = vec![0u64; RECV_WORDS];
+        let portid = self.sock.portid();
+        while !pending.is_empty() {
+            // After a refusal the kernel aborts the transaction and may not answer the rest.
+            let flags = if nacks.is_empty() {
+                0
+            } else {
+                libc::MSG_DONTWAIT
+            };
+            let n = recv(self.fd(), &mut buf, flags);
+            let n = match n {
+                Ok(n) => n,
+                Err(e) if !nacks.is_empty() && e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            };
+            for (hdr, payload) in messages(bytes_of(&buf, n)) {
+                if hdr.nlmsg_pid != portid && hdr.nlmsg_pid != 0 {
+                    continue;
+                }
+                if hdr.nlmsg_type as i32 == libc::NLMSG_ERROR {
+                    let errno = payload
+                        .get(..4)
+                        .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
+                        .unwrap_or(0);
+                    pending.remove(&hdr.nlmsg_seq);
+                    if errno != 0 {
+                        nacks.push(Nack {
+                            seq: hdr.nlmsg_seq,
+                            errno: -errno,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(nacks)
+    }
+
+    /// Sends a dump request and passes every reply message to `each` until NLMSG_DONE.
+    pub fn dump(
+        &self,
+        request: &[u8],
+        mut each: impl FnMut(&libc::nlmsghdr, *const libc::nlmsghdr),
+    ) -> io::Result<()> {
+        self.sock.send(request)?;
+        let mut buf = vec![0u64; RECV_WORDS];
+        loop {
+            let n = recv(self.fd(), &mut buf, 0)?;
+            for (hdr, payload) in messages(bytes_of(&buf, n)) {
+                match hdr.nlmsg_type as i32 {
+                    libc::NLMSG_DONE => return Ok(()),
+                    libc::NLMSG_ERROR => {
+                        let errno = payload
+                            .get(..4)
+                            .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
+                            .unwrap_or(0);
+                        if errno == 0 {
+                            return Ok(());
+                        }
+                        return Err(io::Error::from_raw_os_error(-errno));
+                    }
+                    _ => each(hdr, hdr as *const libc::nlmsghdr),
+                }
+            }
+        }
+    }
+}
+
+fn mnl_fd(sock: &mnl::Socket) -> i32 {
+    // SAFETY: mnl_socket_get_fd only reads the socket struct.
+    unsafe { mnl::mnl_sys::mnl_socket_get_fd(sock.as_raw_socket()) }
+}
+
+fn setsockopt<T>(fd: BorrowedFd<'_>, opt: libc::c_int, v: &T) -> io::Result<()> {
+    // SAFETY: `v` points to a live value of the size passed.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt,
+            (v as *const T).cast(),
+            std::mem::size_of::<T>() as u32,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+fn recv(fd: BorrowedFd<'_>, buf: &mut [u64], flags: i32) -> io::Result<usize> {
+    loop {
+        // SAFETY: the buffer is valid for its byte length.
+        let n = unsafe {
+            libc::recv(
+                fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                std::mem::size_of_val(buf),
+                flags,
+            )
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+fn bytes_of(buf: &[u64], n: usize) -> &[u8] {
+    // SAFETY: u64 storage viewed as bytes, within its length.
+    unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n) }
+}
+
+/// Iterates the netlink messages in a receive buffer (header, payload after the header).
+fn messages(mut b: &[u8]) -> impl Iterator<Item = (&libc::nlmsghdr, &[u8])> {
+    let hl = std::mem::size_of::<libc::nlmsghdr>();
+    std::iter::from_fn(move || {
+        if b.len() < hl {
+            return None;
+        }
+        // SAFETY: the buffer starts 8-byte aligned and netlink messages are 4-byte aligned.
+        let hdr = unsafe { &*(b.as_ptr().cast::<libc::nlmsghdr>()) };
+        let len = hdr.nlmsg_len as usize;
+        if len < hl || len > b.len() {
+            return None;
+        }
+        let payload = &b[hl..len];
+        b = &b[((len + 3) & !3).min(b.len())..];
+        Some((hdr, payload))
+    })
+}
+
+/// Builds a dump request (`NFT_MSG_GET*` with NLM_F_DUMP) for one family.
+pub fn dump_request(
+    msg_type: u32,
+    family: u16,
+    seq: u32,
+    fill: impl FnOnce(*mut libc::nlmsghdr),
+) -> Vec<u8> {
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: the buffer is larger than any header + table-name payload we build.
+    unsafe {
+        let hdr = sys::nftnl_nlmsg_build_hdr(
+            buf.as_mut_ptr().cast(),
+            msg_type as u16,
+            family,
+            (libc::NLM_F_DUMP | libc::NLM_F_ACK) as u16,
+            seq,
+        );
+        fill(hdr);
+        let len = (*hdr).nlmsg_len as usize;
+        buf.truncate(len);
+    }
+    buf
+}

@@ -1,0 +1,157 @@
+//! TPROXY's policy routing, over rtnetlink (no `ip` binary): `ip rule add fwmark M lookup T`,
+//! `ip route add local default dev lo table T` (v4, and v6 with IPv6), and `::6/128` on lo so
+//! Envoy can bind the IPv6 inbound passthrough source. All of it tolerates "already exists",
+//! so re-applying is harmless.
+
+use capture::Plan;
+use std::io;
+
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
+pub struct RouteError {
+    what: String,
+    source: io::Error,
+}
+
+const NLA_HDR: usize = 4;
+// linux/fib_rules.h (not in the libc crate).
+const FR_ACT_TO_TBL: u8 = 1;
+const FRA_FWMARK: u16 = 10;
+const FRA_TABLE: u16 = 15;
+
+fn nla(buf: &mut Vec<u8>, kind: u16, data: &[u8]) {
+    let len = (NLA_HDR + data.len()) as u16;
+    buf.extend_from_slice(&len.to_ne_bytes());
+    buf.extend_from_slice(&kind.to_ne_bytes());
+    buf.extend_from_slice(data);
+    while !buf.len().is_multiple_of(4) {
+        buf.push(0);
+    }
+}
+
+/// Sends one rtnetlink request with NLM_F_ACK and returns the kernel's answer.
+fn request(sock: &mnl::Socket, msg_type: u16, flags: u16, body: &[u8]) -> io::Result<()> {
+    let hl = std::mem::size_of::<libc::nlmsghdr>();
+    let mut msg = vec![0u8; hl];
+    msg.extend_from_slice(body);
+    let hdr = libc::nlmsghdr {
+        nlmsg_len: msg.len() as u32,
+        nlmsg_type: msg_type,
+        nlmsg_flags: flags | (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16,
+        nlmsg_seq: 1,
+        nlmsg_pid: 0,
+    };
+    // SAFETY: nlmsghdr is plain data of `hl` bytes.
+    msg[..hl].copy_from_slice(unsafe {
+        std::slice::from_raw_parts((&hdr as *const libc::nlmsghdr).cast::<u8>(), hl)
+    });
+    sock.send(&msg)?;
+    let mut buf = vec![0u64; 1024];
+    // SAFETY: u64 storage viewed as bytes for recv.
+    let bytes =
+        unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), buf.len() * 8) };
+    let n = sock.recv_raw(bytes)?;
+    if n >= hl + 4 {
+        let errno = i32::from_ne_bytes(bytes[hl..hl + 4].try_into().unwrap());
+        if errno != 0 && -errno != libc::EEXIST {
+            return Err(io::Error::from_raw_os_error(-errno));
+        }
+    }
+    Ok(())
+}
+
+fn lo_index() -> io::Result<u32> {
+    nix::net::if_::if_nametoindex("lo").map_err(io::Error::from)
+}
+
+/// Installs what `plan` needs beyond nftables (nothing for REDIRECT-only IPv4 plans).
+pub fn apply(plan: &Plan) -> Result<(), RouteError> {
+    if plan.tproxy_routes.is_none() && !plan.ipv6_passthrough_addr {
+        return Ok(());
+    }
+    let err = |what: &str| {
+        let what = what.to_string();
+        move |source| RouteError { what, source }
+    };
+    let sock = mnl::Socket::new(mnl::Bus::Route).map_err(err("opening an rtnetlink socket"))?;
+    let lo = lo_index().map_err(err("finding the loopback interface"))?;
+    if plan.ipv6_passthrough_addr {
+        add_address_v6(&sock, lo, std::net::Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6))
+            .map_err(err("adding ::6/128 to lo"))?;
+    }
+    if let Some(r) = &plan.tproxy_routes {
+        let families: &[u8] = if r.ipv6 {
+            &[libc::AF_INET as u8, libc::AF_INET6 as u8]
+        } else {
+            &[libc::AF_INET as u8]
+        };
+        for &family in families {
+            add_rule(&sock, family, r.mark, r.table).map_err(err(&format!(
+                "adding `ip rule fwmark {} lookup {}`",
+                r.mark, r.table
+            )))?;
+            add_local_default(&sock, family, lo, r.table).map_err(err(&format!(
+                "adding the local default route to table {}",
+                r.table
+            )))?;
+        }
+    }
+    Ok(())
+}
+
+fn add_address_v6(sock: &mnl::Socket, ifindex: u32, addr: std::net::Ipv6Addr) -> io::Result<()> {
+    // struct ifaddrmsg { family, prefixlen, flags, scope, index }
+    let mut body = vec![
+        libc::AF_INET6 as u8,
+        128,
+        libc::IFA_F_NODAD as u8,
+        libc::RT_SCOPE_HOST,
+    ];
+    body.extend_from_slice(&ifindex.to_ne_bytes());
+    nla(&mut body, libc::IFA_LOCAL, &addr.octets());
+    nla(&mut body, libc::IFA_ADDRESS, &addr.octets());
+    request(
+        sock,
+        libc::RTM_NEWADDR,
+        (libc::NLM_F_CREATE | libc::NLM_F_EXCL) as u16,
+        &body,
+    )
+}
+
+fn add_rule(sock: &mnl::Socket, family: u8, mark: u32, table: u32) -> io::Result<()> {
+    // struct fib_rule_hdr { family, dst_len, src_len, tos, table, res1, res2, action, flags }
+    let mut body = vec![family, 0, 0, 0, 0, 0, 0, FR_ACT_TO_TBL];
+    body.extend_from_slice(&0u32.to_ne_bytes());
+    nla(&mut body, FRA_FWMARK, &mark.to_ne_bytes());
+    nla(&mut body, FRA_TABLE, &table.to_ne_bytes());
+    // EXCL makes a rerun answer EEXIST instead of adding a duplicate rule.
+    request(
+        sock,
+        libc::RTM_NEWRULE,
+        (libc::NLM_F_CREATE | libc::NLM_F_EXCL) as u16,
+        &body,
+    )
+}
+
+fn add_local_default(sock: &mnl::Socket, family: u8, ifindex: u32, table: u32) -> io::Result<()> {
+    // struct rtmsg { family, dst_len, src_len, tos, table, protocol, scope, type, flags }
+    let mut body = vec![
+        family,
+        0,
+        0,
+        0,
+        libc::RT_TABLE_UNSPEC,
+        libc::RTPROT_BOOT,
+        libc::RT_SCOPE_HOST,
+        libc::RTN_LOCAL,
+    ];
+    body.extend_from_slice(&0u32.to_ne_bytes());
+    nla(&mut body, libc::RTA_TABLE, &table.to_ne_bytes());
+    nla(&mut body, libc::RTA_OIF, &ifindex.to_ne_bytes());
+    request(
+        sock,
+        libc::RTM_NEWROUTE,
+        (libc::NLM_F_CREATE | libc::NLM_F_EXCL) as u16,
+        &body,
+    )
+}
