@@ -1,1 +1,54 @@
-fn main() {}
+use clap::Parser;
+use install_cni::config::{Args, Config, ENV_VARS};
+use std::process::ExitCode;
+
+fn init_logging(level: &str) {
+    // Istio's levels include panic/fatal; tracing's lowest is error.
+    let level = match level {
+        "panic" | "fatal" => "error",
+        l => l,
+    };
+    let filter = tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_target(false)
+        .init();
+}
+
+fn main() -> ExitCode {
+    // clap exits with status 2 and a message naming the flag/variable on unparseable values.
+    let args = Args::parse();
+    if args.list_env {
+        for v in ENV_VARS {
+            println!("{v}");
+        }
+        return ExitCode::SUCCESS;
+    }
+    let cfg = match Config::from_args(args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("install-cni: configuration error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(&cfg.log_level);
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("install-cni: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(install_cni::daemon::main(cfg)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}

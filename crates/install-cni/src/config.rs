@@ -1,0 +1,527 @@
+//! Settings: every one has Istio's environment variable name and default (istio-reference §5.2)
+//! and a `--flag`. Parsing is strict: a value we cannot use is a startup error that names the
+//! variable and the value, never a silent fallback (a typo in a ConfigMap must not quietly
+//! install a different configuration on every node).
+
+use clap::{ArgAction, Parser};
+use redirect::BackendChoice;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+
+/// Every environment variable the daemon reads, in `--help` order. Compared against the Helm
+/// chart's ConfigMap/DaemonSet env in tests (`install-cni --list-env` prints it).
+pub const ENV_VARS: &[&str] = &[
+    "CNI_CONF_NAME",
+    "CHAINED_CNI_PLUGIN",
+    "MOUNTED_CNI_NET_DIR",
+    "CNI_AGENT_RUN_DIR",
+    "KUBECONFIG_MODE",
+    "CNI_CONF_GROUP_READ",
+    "KUBE_CA_FILE",
+    "SKIP_TLS_VERIFY",
+    "MONITORING_PORT",
+    "HEALTH_PORT",
+    "LISTEN_ADDRESS",
+    "EXCLUDE_NAMESPACES",
+    "POD_NAMESPACE",
+    "NATIVE_NFTABLES",
+    "REDIRECT_BACKEND",
+    "KUBERNETES_SERVICE_HOST",
+    "KUBERNETES_SERVICE_PORT",
+    "KUBERNETES_SERVICE_PROTOCOL",
+    "LOG_LEVEL",
+    "PLUGIN_LOG_LEVEL",
+    "CNI_BIN_SOURCE_DIR",
+    "CNI_BIN_TARGET_DIRS",
+    "CNI_BINARIES",
+    "SERVICE_ACCOUNT_DIR",
+    "AMBIENT_ENABLED",
+];
+
+/// Name of the standalone config file (Istio's).
+pub const STANDALONE_CONF_NAME: &str = "YYY-istio-cni.conf";
+
+const LOG_LEVELS: &[&str] = &["panic", "fatal", "error", "warn", "info", "debug", "trace"];
+
+/// Raw command line / environment. Field names are the lowercase env names on purpose: clap
+/// prints the value name (= the env name) in its errors, so a bad `MONITORING_PORT=abc` says
+/// `invalid value 'abc' for '--monitoring-port <MONITORING_PORT>'`.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "install-cni",
+    version,
+    about = "Installs the istio-cni plugin on this node, keeps it installed, removes it on SIGTERM",
+    long_about = "Installs the istio-cni plugin on this node (binaries, kubeconfig, chained CNI \
+config), repairs the install whenever something changes it, and removes it on SIGTERM/SIGINT.\n\
+Every option can be set by its environment variable (Istio's names); flags win over the environment."
+)]
+pub struct Args {
+    /// Primary CNI config file to patch (empty: the first valid file in the net dir, like kubelet).
+    #[arg(long, env = "CNI_CONF_NAME", default_value = "")]
+    pub cni_conf_name: String,
+
+    /// Chain into the primary CNI config (true) or write a standalone YYY-istio-cni.conf (false).
+    #[arg(long, env = "CHAINED_CNI_PLUGIN", default_value = "true", value_parser = parse_bool, action = ArgAction::Set)]
+    pub chained_cni_plugin: bool,
+
+    /// Host CNI config directory as mounted in the container.
+    #[arg(
+        long,
+        env = "MOUNTED_CNI_NET_DIR",
+        default_value = "/host/etc/cni/net.d"
+    )]
+    pub mounted_cni_net_dir: PathBuf,
+
+    /// Host directory for the plugin's kubeconfig and log (the plugin reads it from its config).
+    #[arg(long, env = "CNI_AGENT_RUN_DIR", default_value = cni_config::DEFAULT_RUN_DIR)]
+    pub cni_agent_run_dir: PathBuf,
+
+    /// File mode of the kubeconfig, octal.
+    #[arg(long, env = "KUBECONFIG_MODE", default_value = "0600", value_parser = parse_mode)]
+    pub kubeconfig_mode: u32,
+
+    /// New CNI config files get mode 0640 instead of 0600.
+    #[arg(long, env = "CNI_CONF_GROUP_READ", default_value = "false", value_parser = parse_bool, action = ArgAction::Set)]
+    pub cni_conf_group_read: bool,
+
+    /// CA bundle for the API server (empty: <SERVICE_ACCOUNT_DIR>/ca.crt).
+    #[arg(long, env = "KUBE_CA_FILE", default_value = "")]
+    pub kube_ca_file: String,
+
+    /// Write insecure-skip-tls-verify instead of the CA into the kubeconfig.
+    #[arg(long, env = "SKIP_TLS_VERIFY", default_value = "false", value_parser = parse_bool, action = ArgAction::Set)]
+    pub skip_tls_verify: bool,
+
+    /// Prometheus /metrics port (0: any free port, logged).
+    #[arg(long, env = "MONITORING_PORT", default_value = "15014")]
+    pub monitoring_port: u16,
+
+    /// /healthz and /readyz port (0: any free port, logged).
+    #[arg(long, env = "HEALTH_PORT", default_value = "8000")]
+    pub health_port: u16,
+
+    /// Address the HTTP servers bind to.
+    #[arg(long, env = "LISTEN_ADDRESS", default_value = "0.0.0.0")]
+    pub listen_address: IpAddr,
+
+    /// Comma-separated namespaces the plugin leaves alone (the chart sets kube-system).
+    #[arg(long, env = "EXCLUDE_NAMESPACES", default_value = "")]
+    pub exclude_namespaces: String,
+
+    /// Namespace of this DaemonSet (downward API); its pods bypass the plugin.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "")]
+    pub pod_namespace: String,
+
+    /// Istio's switch for nftables; true means REDIRECT_BACKEND=nft.
+    #[arg(long, env = "NATIVE_NFTABLES", default_value = "false", value_parser = parse_bool, action = ArgAction::Set)]
+    pub native_nftables: bool,
+
+    /// auto | nft | iptables-legacy: how pods on this node get their rules (auto: decided from
+    /// the host namespace at startup).
+    #[arg(long, env = "REDIRECT_BACKEND", default_value = "auto", value_parser = parse_backend)]
+    pub redirect_backend: BackendChoice,
+
+    /// API server host for the plugin's kubeconfig (set by Kubernetes in every pod).
+    #[arg(long, env = "KUBERNETES_SERVICE_HOST", default_value = "")]
+    pub kubernetes_service_host: String,
+
+    /// API server port for the plugin's kubeconfig.
+    #[arg(long, env = "KUBERNETES_SERVICE_PORT", default_value = "443")]
+    pub kubernetes_service_port: u16,
+
+    /// http | https.
+    #[arg(long, env = "KUBERNETES_SERVICE_PROTOCOL", default_value = "https", value_parser = ["http", "https"])]
+    pub kubernetes_service_protocol: String,
+
+    /// This daemon's log level (error|warn|info|debug|trace).
+    #[arg(long, env = "LOG_LEVEL", default_value = "info", value_parser = parse_log_level)]
+    pub log_level: String,
+
+    /// The plugin's log level, written into its config as plugin_log_level.
+    #[arg(long, env = "PLUGIN_LOG_LEVEL", default_value = "info", value_parser = parse_log_level)]
+    pub plugin_log_level: String,
+
+    /// Directory in the image holding the binaries to install.
+    #[arg(long, env = "CNI_BIN_SOURCE_DIR", default_value = "/opt/cni/bin")]
+    pub cni_bin_source_dir: PathBuf,
+
+    /// Comma-separated host bin directories to install into.
+    #[arg(long, env = "CNI_BIN_TARGET_DIRS", default_value = "/host/opt/cni/bin")]
+    pub cni_bin_target_dirs: String,
+
+    /// Comma-separated binary names copied from the source dir.
+    #[arg(long, env = "CNI_BINARIES", default_value = "istio-cni,istio-nftables")]
+    pub cni_binaries: String,
+
+    /// Projected service-account directory (token, ca.crt), watched for token rotation.
+    #[arg(
+        long,
+        env = "SERVICE_ACCOUNT_DIR",
+        default_value = "/var/run/secrets/kubernetes.io/serviceaccount"
+    )]
+    pub service_account_dir: PathBuf,
+
+    /// Istio's ambient mode is not implemented here; true is refused rather than ignored.
+    #[arg(long, env = "AMBIENT_ENABLED", default_value = "false", value_parser = parse_bool, action = ArgAction::Set)]
+    pub ambient_enabled: bool,
+
+    /// Print the environment variables this daemon reads, one per line, and exit.
+    #[arg(long)]
+    pub list_env: bool,
+}
+
+/// Validated settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub cni_conf_name: Option<String>,
+    pub chained: bool,
+    pub net_dir: PathBuf,
+    pub run_dir: PathBuf,
+    pub kubeconfig_mode: u32,
+    /// Mode for CNI config files we create (existing files keep theirs).
+    pub conf_mode: u32,
+    pub kube_ca_file: PathBuf,
+    pub skip_tls_verify: bool,
+    pub monitoring_port: u16,
+    pub health_port: u16,
+    pub listen_address: IpAddr,
+    pub exclude_namespaces: Vec<String>,
+    pub pod_namespace: String,
+    pub native_nftables: bool,
+    pub backend_choice: BackendChoice,
+    pub k8s_host: String,
+    pub k8s_port: u16,
+    pub k8s_protocol: String,
+    pub log_level: String,
+    pub plugin_log_level: String,
+    pub bin_source_dir: PathBuf,
+    pub bin_target_dirs: Vec<PathBuf>,
+    pub binaries: Vec<String>,
+    pub sa_dir: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid {var}={value:?}: {reason}")]
+pub struct ConfigError {
+    pub var: &'static str,
+    pub value: String,
+    pub reason: String,
+}
+
+fn bad(var: &'static str, value: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        var,
+        value: value.into(),
+        reason: reason.into(),
+    }
+}
+
+/// Go's `strconv.ParseBool` (what Istio's viper accepts), so existing ConfigMaps keep working.
+pub fn parse_bool(s: &str) -> Result<bool, String> {
+    match s.trim() {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
+        _ => Err("expected true or false".into()),
+    }
+}
+
+/// File modes are octal whether or not they carry a leading 0 / 0o ("600" means 0600, as in chmod).
+pub fn parse_mode(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let digits = t.strip_prefix("0o").unwrap_or(t);
+    let mode =
+        u32::from_str_radix(digits, 8).map_err(|_| "expected an octal file mode such as 0600")?;
+    if mode > 0o777 {
+        return Err("expected an octal file mode no larger than 0777".into());
+    }
+    Ok(mode)
+}
+
+fn parse_backend(s: &str) -> Result<BackendChoice, String> {
+    s.parse::<BackendChoice>()
+}
+
+fn parse_log_level(s: &str) -> Result<String, String> {
+    let l = s.trim().to_ascii_lowercase();
+    if LOG_LEVELS.contains(&l.as_str()) {
+        Ok(l)
+    } else {
+        Err(format!("expected one of {}", LOG_LEVELS.join("|")))
+    }
+}
+
+/// Comma list with blanks dropped (Istio splits `EXCLUDE_NAMESPACES` on commas).
+pub fn split_list(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+impl Config {
+    pub fn from_args(a: Args) -> Result<Config, ConfigError> {
+        if a.ambient_enabled {
+            return Err(bad(
+                "AMBIENT_ENABLED",
+                "true",
+                "ambient mode is not supported by this installer (sidecar mode only)",
+            ));
+        }
+        if a.native_nftables
+            && a.redirect_backend == BackendChoice::Fixed(redirect::Backend::IptablesLegacy)
+        {
+            return Err(bad(
+                "REDIRECT_BACKEND",
+                "iptables-legacy",
+                "contradicts NATIVE_NFTABLES=true; set one of them",
+            ));
+        }
+        let host = a.kubernetes_service_host.trim().to_string();
+        if host.is_empty() {
+            return Err(bad(
+                "KUBERNETES_SERVICE_HOST",
+                "",
+                "not set (Kubernetes sets it in every pod; set it explicitly outside a pod)",
+            ));
+        }
+        if host.contains('/') || host.contains(' ') || host.starts_with('[') {
+            return Err(bad(
+                "KUBERNETES_SERVICE_HOST",
+                host,
+                "expected a bare hostname or IP address (no scheme, port or brackets)",
+            ));
+        }
+        if a.kubernetes_service_port == 0 {
+            return Err(bad(
+                "KUBERNETES_SERVICE_PORT",
+                "0",
+                "expected a port in 1..65535",
+            ));
+        }
+        let bin_target_dirs: Vec<PathBuf> = split_list(&a.cni_bin_target_dirs)
+            .into_iter()
+            .map(PathBuf::from)
+            .collect();
+        if bin_target_dirs.is_empty() {
+            return Err(bad(
+                "CNI_BIN_TARGET_DIRS",
+                a.cni_bin_target_dirs,
+                "no directory given",
+            ));
+        }
+        let binaries = split_list(&a.cni_binaries);
+        if binaries.is_empty() || binaries.iter().any(|b| b.contains('/')) {
+            return Err(bad(
+                "CNI_BINARIES",
+                a.cni_binaries,
+                "expected comma-separated file names",
+            ));
+        }
+        let conf_name = a.cni_conf_name.trim().to_string();
+        if conf_name.contains('/') {
+            return Err(bad(
+                "CNI_CONF_NAME",
+                conf_name,
+                "expected a file name, not a path",
+            ));
+        }
+        if !conf_name.is_empty()
+            && !(conf_name.ends_with(".conf") || conf_name.ends_with(".conflist"))
+        {
+            return Err(bad(
+                "CNI_CONF_NAME",
+                conf_name,
+                "expected a .conf or .conflist file name",
+            ));
+        }
+        for (var, p) in [
+            ("MOUNTED_CNI_NET_DIR", &a.mounted_cni_net_dir),
+            ("CNI_AGENT_RUN_DIR", &a.cni_agent_run_dir),
+            ("CNI_BIN_SOURCE_DIR", &a.cni_bin_source_dir),
+            ("SERVICE_ACCOUNT_DIR", &a.service_account_dir),
+        ] {
+            if !p.is_absolute() {
+                return Err(bad(
+                    var,
+                    p.display().to_string(),
+                    "expected an absolute path",
+                ));
+            }
+        }
+        let kube_ca_file = if a.kube_ca_file.trim().is_empty() {
+            a.service_account_dir.join("ca.crt")
+        } else {
+            PathBuf::from(a.kube_ca_file.trim())
+        };
+        Ok(Config {
+            cni_conf_name: (!conf_name.is_empty()).then_some(conf_name),
+            chained: a.chained_cni_plugin,
+            net_dir: a.mounted_cni_net_dir,
+            run_dir: a.cni_agent_run_dir,
+            kubeconfig_mode: a.kubeconfig_mode,
+            conf_mode: if a.cni_conf_group_read { 0o640 } else { 0o600 },
+            kube_ca_file,
+            skip_tls_verify: a.skip_tls_verify,
+            monitoring_port: a.monitoring_port,
+            health_port: a.health_port,
+            listen_address: a.listen_address,
+            exclude_namespaces: split_list(&a.exclude_namespaces),
+            pod_namespace: a.pod_namespace.trim().to_string(),
+            native_nftables: a.native_nftables,
+            backend_choice: a.redirect_backend,
+            k8s_host: host,
+            k8s_port: a.kubernetes_service_port,
+            k8s_protocol: a.kubernetes_service_protocol,
+            log_level: a.log_level,
+            plugin_log_level: a.plugin_log_level,
+            bin_source_dir: a.cni_bin_source_dir,
+            bin_target_dirs,
+            binaries,
+            sa_dir: a.service_account_dir,
+        })
+    }
+
+    /// Settings for tests and the bench (no environment involved).
+    pub fn for_dirs(
+        net_dir: PathBuf,
+        run_dir: PathBuf,
+        bin_source: PathBuf,
+        bin_target: PathBuf,
+        sa_dir: PathBuf,
+    ) -> Config {
+        Config {
+            cni_conf_name: None,
+            chained: true,
+            net_dir,
+            run_dir,
+            kubeconfig_mode: 0o600,
+            conf_mode: 0o600,
+            kube_ca_file: sa_dir.join("ca.crt"),
+            skip_tls_verify: false,
+            monitoring_port: 0,
+            health_port: 0,
+            listen_address: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            exclude_namespaces: Vec::new(),
+            pod_namespace: String::new(),
+            native_nftables: false,
+            backend_choice: BackendChoice::Auto,
+            k8s_host: "10.96.0.1".into(),
+            k8s_port: 443,
+            k8s_protocol: "https".into(),
+            log_level: "info".into(),
+            plugin_log_level: "info".into(),
+            bin_source_dir: bin_source,
+            bin_target_dirs: vec![bin_target],
+            binaries: vec!["istio-cni".into(), "istio-nftables".into()],
+            sa_dir,
+        }
+    }
+
+    pub fn kubeconfig_path(&self) -> PathBuf {
+        self.run_dir.join(cni_config::KUBECONFIG_FILE)
+    }
+
+    pub fn token_path(&self) -> PathBuf {
+        self.sa_dir.join("token")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(env: &[&str]) -> Result<Config, String> {
+        let mut argv = vec!["install-cni", "--kubernetes-service-host", "10.96.0.1"];
+        argv.extend_from_slice(env);
+        let a = Args::try_parse_from(argv).map_err(|e| e.to_string())?;
+        Config::from_args(a).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn istio_defaults() {
+        let c = parse(&[]).unwrap();
+        assert!(c.chained);
+        assert_eq!(c.net_dir, PathBuf::from("/host/etc/cni/net.d"));
+        assert_eq!(c.run_dir, PathBuf::from("/var/run/istio-cni"));
+        assert_eq!(c.kubeconfig_mode, 0o600);
+        assert_eq!(c.conf_mode, 0o600);
+        assert_eq!(c.monitoring_port, 15014);
+        assert_eq!(c.health_port, 8000);
+        assert_eq!(
+            c.kube_ca_file,
+            PathBuf::from("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+        );
+        assert_eq!(c.bin_target_dirs, vec![PathBuf::from("/host/opt/cni/bin")]);
+        assert_eq!(c.binaries, vec!["istio-cni", "istio-nftables"]);
+        assert_eq!(c.backend_choice, BackendChoice::Auto);
+        assert_eq!(c.k8s_protocol, "https");
+        assert_eq!(c.k8s_port, 443);
+    }
+
+    #[test]
+    fn values_parse_like_istio() {
+        let c = parse(&[
+            "--chained-cni-plugin=F",
+            "--kubeconfig-mode=640",
+            "--cni-conf-group-read=1",
+            "--exclude-namespaces= kube-system, ,istio-system",
+            "--redirect-backend=iptables-legacy",
+            "--plugin-log-level=DEBUG",
+        ])
+        .unwrap();
+        assert!(!c.chained);
+        assert_eq!(c.kubeconfig_mode, 0o640);
+        assert_eq!(c.conf_mode, 0o640);
+        assert_eq!(c.exclude_namespaces, vec!["kube-system", "istio-system"]);
+        assert_eq!(c.plugin_log_level, "debug");
+        assert_eq!(parse_mode("0o600"), Ok(0o600));
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        for (args, needle) in [
+            (vec!["--monitoring-port=abc"], "MONITORING_PORT"),
+            (vec!["--kubeconfig-mode=0999"], "KUBECONFIG_MODE"),
+            (vec!["--kubeconfig-mode=1777"], "KUBECONFIG_MODE"),
+            (vec!["--chained-cni-plugin=yes"], "CHAINED_CNI_PLUGIN"),
+            (vec!["--redirect-backend=ebpf"], "REDIRECT_BACKEND"),
+            (
+                vec![
+                    "--native-nftables=true",
+                    "--redirect-backend=iptables-legacy",
+                ],
+                "REDIRECT_BACKEND",
+            ),
+            (vec!["--cni-conf-name=../x.conf"], "CNI_CONF_NAME"),
+            (vec!["--cni-conf-name=x.json"], "CNI_CONF_NAME"),
+            (
+                vec!["--mounted-cni-net-dir=relative"],
+                "MOUNTED_CNI_NET_DIR",
+            ),
+            (
+                vec!["--kubernetes-service-host=https://x"],
+                "KUBERNETES_SERVICE_HOST",
+            ),
+            (vec!["--ambient-enabled=true"], "AMBIENT_ENABLED"),
+            (vec!["--log-level=chatty"], "LOG_LEVEL"),
+        ] {
+            let err = parse(&args).unwrap_err();
+            assert!(err.contains(needle), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn every_env_var_is_a_flag() {
+        use clap::CommandFactory;
+        let cmd = Args::command();
+        let mut envs: Vec<String> = cmd
+            .get_arguments()
+            .filter_map(|a| a.get_env().map(|e| e.to_string_lossy().into_owned()))
+            .collect();
+        envs.sort();
+        let mut listed: Vec<String> = ENV_VARS.iter().map(|s| s.to_string()).collect();
+        listed.sort();
+        assert_eq!(envs, listed);
+    }
+}

@@ -1,0 +1,263 @@
+//! The daemon: decide the node backend, serve health/metrics, install, then watch and repair
+//! until SIGTERM/SIGINT, then clean up. Runs on a current-thread runtime: the work is a few
+//! file operations per change, and one thread keeps RSS and CPU small on every node.
+
+use crate::backend;
+use crate::config::Config;
+use crate::http::{self, Routes, State};
+use crate::install::{Installer, Outcome};
+use crate::throttle::{Throttle, culprit_hint};
+use crate::watch::{self, Filter, Watch};
+use cni_config::PluginSettings;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+
+const BACKOFF_MIN: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Safety net for changes inotify cannot see (e.g. a remount); a no-op pass costs microseconds.
+const RESYNC: Duration = Duration::from_secs(60);
+/// Poll interval while some directory cannot be watched.
+const DEGRADED_POLL: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("binding {what} on {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("starting the inotify watcher: {0}")]
+    Watch(#[from] notify::Error),
+    #[error("installing signal handlers: {0}")]
+    Signal(std::io::Error),
+}
+
+/// The plugin entry for this node: settings plus the backend decision.
+pub fn plugin_settings(cfg: &Config, decision: &backend::Decision) -> PluginSettings {
+    PluginSettings {
+        plugin_log_level: cfg.plugin_log_level.clone(),
+        cni_agent_run_dir: cfg.run_dir.display().to_string(),
+        exclude_namespaces: cfg.exclude_namespaces.clone(),
+        pod_namespace: cfg.pod_namespace.clone(),
+        native_nftables: decision.backend == redirect::Backend::Nft,
+        redirect_backend: decision.backend.to_string(),
+        ..PluginSettings::default()
+    }
+}
+
+pub fn decide_backend(cfg: &Config) -> backend::Decision {
+    let needs_probe = cfg.backend_choice == redirect::BackendChoice::Auto && !cfg.native_nftables;
+    let facts = if needs_probe {
+        backend::probe()
+    } else {
+        backend::NodeFacts::default()
+    };
+    if needs_probe {
+        if let Some(e) = &facts.nft_error {
+            tracing::info!(error = %e, "no nftables information from the host namespace; deciding without it");
+        }
+        if let Some(e) = &facts.legacy_save_error {
+            tracing::info!(error = %e, "could not read iptables-legacy state");
+        }
+        tracing::debug!(?facts, "host namespace facts");
+    }
+    let d = backend::decide(cfg.backend_choice, cfg.native_nftables, &facts);
+    tracing::info!(backend = %d.backend, reason = %d.reason, "node redirect backend");
+    d
+}
+
+type Shutdown = Pin<Box<dyn Future<Output = &'static str>>>;
+
+fn shutdown_signal() -> Result<Shutdown, StartError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).map_err(StartError::Signal)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(StartError::Signal)?;
+    Ok(Box::pin(async move {
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
+    }))
+}
+
+async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { what, addr, source })
+}
+
+pub async fn main(cfg: Config) -> Result<(), StartError> {
+    tracing::info!(
+        chained = cfg.chained,
+        net_dir = %cfg.net_dir.display(),
+        run_dir = %cfg.run_dir.display(),
+        bin_dirs = ?cfg.bin_target_dirs,
+        cni_conf_name = cfg.cni_conf_name.as_deref().unwrap_or(""),
+        "install-cni starting"
+    );
+    let shutdown = shutdown_signal()?;
+    let decision = decide_backend(&cfg);
+    let entry = plugin_settings(&cfg, &decision).to_plugin_entry();
+    let state = Arc::new(State::new());
+
+    let health_addr = SocketAddr::new(cfg.listen_address, cfg.health_port);
+    let metrics_addr = SocketAddr::new(cfg.listen_address, cfg.monitoring_port);
+    if cfg.health_port != 0 && cfg.health_port == cfg.monitoring_port {
+        let l = bind("health+metrics", health_addr).await?;
+        tracing::info!(health_addr = %local(&l), metrics_addr = %local(&l), "listening");
+        tokio::spawn(http::serve(
+            l,
+            state.clone(),
+            Routes {
+                health: true,
+                metrics: true,
+            },
+        ));
+    } else {
+        let h = bind("health (HEALTH_PORT)", health_addr).await?;
+        let m = bind("metrics (MONITORING_PORT)", metrics_addr).await?;
+        tracing::info!(health_addr = %local(&h), metrics_addr = %local(&m), "listening");
+        tokio::spawn(http::serve(
+            h,
+            state.clone(),
+            Routes {
+                health: true,
+                metrics: false,
+            },
+        ));
+        tokio::spawn(http::serve(
+            m,
+            state.clone(),
+            Routes {
+                health: false,
+                metrics: true,
+            },
+        ));
+    }
+
+    let watch = Watch::new(Filter::new(&cfg))?;
+    let installer = Installer::new(cfg, entry);
+    let (mut installer, signal) = run(installer, state.clone(), watch, shutdown).await;
+
+    state.set_not_ready("shutting down");
+    tracing::info!(signal, "shutting down; removing the install");
+    let (done, errors) = installer.cleanup();
+    for d in done {
+        tracing::info!("cleanup: {d}");
+    }
+    for e in errors {
+        tracing::warn!("cleanup: {e}");
+    }
+    Ok(())
+}
+
+fn local(l: &TcpListener) -> String {
+    l.local_addr().map(|a| a.to_string()).unwrap_or_default()
+}
+
+/// The watch-and-repair loop (Istio's `Run`). Returns on shutdown only: pass errors are
+/// retried with backoff, never fatal, so a transient error cannot crash-loop the pod.
+pub async fn run(
+    mut installer: Installer,
+    state: Arc<State>,
+    mut watch: Watch,
+    mut shutdown: Shutdown,
+) -> (Installer, &'static str) {
+    let mut throttle = Throttle::default();
+    let mut backoff = BACKOFF_MIN;
+    let mut last_note: Option<String> = None;
+    let mut first = true;
+    loop {
+        let delay = throttle.delay(Instant::now());
+        if !delay.is_zero() {
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                s = &mut shutdown => return (installer, s),
+            }
+        }
+        // Arm before the pass: a change made while we work wakes the next iteration.
+        watch.arm();
+        let dirty = watch.take_dirty();
+        let started = Instant::now();
+        throttle.record_pass(started);
+        match installer.pass() {
+            Ok(Outcome::Installed { changes, warning }) => {
+                backoff = BACKOFF_MIN;
+                if let Some(w) = warning {
+                    if last_note.as_deref() != Some(w.as_str()) {
+                        tracing::warn!("{w}");
+                        last_note = Some(w);
+                    }
+                } else {
+                    last_note = None;
+                }
+                if !changes.is_empty() || first {
+                    state.count("SUCCESS");
+                }
+                if !changes.is_empty() {
+                    let took = started.elapsed();
+                    tracing::info!(
+                        changes = ?changes,
+                        took_us = took.as_micros() as u64,
+                        trigger = ?watch::describe(dirty),
+                        "{}",
+                        if first { "installed" } else { "repaired" }
+                    );
+                    if !first {
+                        if let Some(n) = throttle.record_repair(Instant::now()) {
+                            tracing::warn!(
+                                repairs = n,
+                                window_s = throttle.window.as_secs(),
+                                "{}; slowing down to one pass every {} s",
+                                culprit_hint(
+                                    &installer.conf_dir_names,
+                                    &installer.primary_types,
+                                    &watch::describe(dirty)
+                                ),
+                                throttle.interval.as_secs()
+                            );
+                        }
+                    }
+                } else if first {
+                    tracing::info!("already installed; nothing to change");
+                }
+                state.set_ready();
+            }
+            Ok(Outcome::Waiting { reason }) => {
+                state.set_not_ready(&reason);
+                if last_note.as_deref() != Some(reason.as_str()) {
+                    tracing::warn!(reason = %reason, "not ready: waiting for the primary CNI config");
+                    last_note = Some(reason);
+                }
+            }
+            Err(e) => {
+                state.count(e.result_label());
+                state.set_not_ready(&e.to_string());
+                tracing::error!(error = %e, result = e.result_label(), retry_in_s = backoff.as_secs(), "install pass failed");
+                last_note = None;
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    s = &mut shutdown => return (installer, s),
+                }
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                continue;
+            }
+        }
+        first = false;
+        let wait = if watch.degraded() {
+            DEGRADED_POLL
+        } else {
+            RESYNC
+        };
+        tokio::select! {
+            _ = watch.wake.notified() => {}
+            _ = tokio::time::sleep(wait) => {}
+            s = &mut shutdown => return (installer, s),
+        }
+    }
+}

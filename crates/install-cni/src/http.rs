@@ -1,0 +1,200 @@
+//! /healthz, /readyz and Prometheus /metrics over a minimal HTTP/1.1 responder on tokio (no web
+//! framework: three fixed GET routes do not justify the binary size or the RSS).
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Istio's `result` label values, in exposition order.
+pub const RESULTS: [&str; 4] = [
+    "SUCCESS",
+    "COPY_BINARIES_FAILURE",
+    "CREATE_KUBECONFIG_FAILURE",
+    "CREATE_CNI_CONFIG_FAILURE",
+];
+
+/// Shared between the install loop and the HTTP servers.
+#[derive(Debug, Default)]
+pub struct State {
+    ready: AtomicBool,
+    /// Why we are not ready (shown on /readyz).
+    reason: Mutex<String>,
+    installs: [AtomicU64; 4],
+}
+
+impl State {
+    pub fn new() -> State {
+        let s = State::default();
+        *s.reason.lock().unwrap_or_else(|e| e.into_inner()) = "starting".into();
+        s
+    }
+
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::SeqCst);
+        self.reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
+    pub fn set_not_ready(&self, reason: &str) {
+        self.ready.store(false, Ordering::SeqCst);
+        *self.reason.lock().unwrap_or_else(|e| e.into_inner()) = reason.to_string();
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    pub fn count(&self, result: &str) {
+        if let Some(i) = RESULTS.iter().position(|r| *r == result) {
+            self.installs[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn installs(&self, result: &str) -> u64 {
+        RESULTS
+            .iter()
+            .position(|r| *r == result)
+            .map_or(0, |i| self.installs[i].load(Ordering::Relaxed))
+    }
+
+    /// Prometheus text exposition (version 0.0.4).
+    pub fn render_metrics(&self) -> String {
+        let mut s = String::new();
+        s.push_str("# HELP istio_cni_installs_total Total number of CNI plugins installed by the Istio CNI installer\n");
+        s.push_str("# TYPE istio_cni_installs_total counter\n");
+        for (i, r) in RESULTS.iter().enumerate() {
+            s.push_str(&format!(
+                "istio_cni_installs_total{{result=\"{r}\"}} {}\n",
+                self.installs[i].load(Ordering::Relaxed)
+            ));
+        }
+        s.push_str(
+            "# HELP istio_cni_install_ready Whether the CNI plugin installation is ready or not\n",
+        );
+        s.push_str("# TYPE istio_cni_install_ready gauge\n");
+        s.push_str(&format!(
+            "istio_cni_install_ready {}\n",
+            u8::from(self.is_ready())
+        ));
+        s
+    }
+
+    fn reason(&self) -> String {
+        self.reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// Which routes a listener serves.
+#[derive(Clone, Copy, Debug)]
+pub struct Routes {
+    pub health: bool,
+    pub metrics: bool,
+}
+
+fn respond(state: &State, routes: Routes, path: &str) -> (u16, &'static str, String) {
+    let text = "text/plain; charset=utf-8";
+    match path {
+        "/healthz" if routes.health => (200, text, "ok\n".into()),
+        "/readyz" if routes.health => {
+            if state.is_ready() {
+                (200, text, "ready\n".into())
+            } else {
+                (503, text, format!("not ready: {}\n", state.reason()))
+            }
+        }
+        "/metrics" if routes.metrics => (
+            200,
+            "text/plain; version=0.0.4; charset=utf-8",
+            state.render_metrics(),
+        ),
+        _ => (404, text, "not found\n".into()),
+    }
+}
+
+async fn handle(mut conn: TcpStream, state: &State, routes: Routes) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    // Only the request line matters; stop at the end of the headers or at 8 KiB.
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
+        let n = conn.read(&mut chunk).await?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let line = String::from_utf8_lossy(&buf);
+    let mut parts = line.split_whitespace();
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    let (code, ctype, body) = if method == "GET" || method == "HEAD" {
+        respond(state, routes, path)
+    } else {
+        (405, "text/plain", "method not allowed\n".to_string())
+    };
+    let status = match code {
+        200 => "OK",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        _ => "Service Unavailable",
+    };
+    let head = format!(
+        "HTTP/1.1 {code} {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await?;
+    if method != "HEAD" {
+        conn.write_all(body.as_bytes()).await?;
+    }
+    conn.shutdown().await
+}
+
+/// Serves until the task is dropped. Each connection gets 5 s (a stuck scraper cannot pile up).
+pub async fn serve(listener: TcpListener, state: std::sync::Arc<State>, routes: Routes) {
+    loop {
+        let Ok((conn, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let st = state.clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(5), handle(conn, &st, routes)).await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readiness_and_metrics() {
+        let s = State::new();
+        let both = Routes {
+            health: true,
+            metrics: true,
+        };
+        assert_eq!(respond(&s, both, "/readyz").0, 503);
+        assert!(respond(&s, both, "/readyz").2.contains("starting"));
+        s.set_ready();
+        s.count("SUCCESS");
+        s.count("SUCCESS");
+        s.count("CREATE_KUBECONFIG_FAILURE");
+        assert_eq!(respond(&s, both, "/readyz").0, 200);
+        let m = s.render_metrics();
+        assert!(m.contains("istio_cni_installs_total{result=\"SUCCESS\"} 2\n"));
+        assert!(m.contains("istio_cni_installs_total{result=\"CREATE_KUBECONFIG_FAILURE\"} 1\n"));
+        assert!(m.contains("istio_cni_install_ready 1\n"));
+        let health_only = Routes {
+            health: true,
+            metrics: false,
+        };
+        assert_eq!(respond(&s, health_only, "/metrics").0, 404);
+    }
+}

@@ -1,0 +1,447 @@
+//! One install pass (Istio's `installAll`) and the cleanup. Every step compares before it
+//! writes, so a pass over an intact install writes nothing: our own writes then cause exactly
+//! one quiet re-check instead of an endless self-triggered loop, and "changes" below is the
+//! list of things that were really repaired.
+
+use crate::config::{Config, STANDALONE_CONF_NAME};
+use crate::discovery::{self, ConfFile, ConfPlan};
+use crate::fsutil::{self, Stamp};
+use crate::kubeconfig::{self, Trust};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Failure of a pass; the label is Istio's `istio_cni_installs_total{result}` value.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error("copying binaries: {0}")]
+    CopyBinaries(String),
+    #[error("writing the kubeconfig: {0}")]
+    Kubeconfig(String),
+    #[error("writing the CNI config: {0}")]
+    CniConfig(String),
+}
+
+impl InstallError {
+    pub fn result_label(&self) -> &'static str {
+        match self {
+            InstallError::CopyBinaries(_) => "COPY_BINARIES_FAILURE",
+            InstallError::Kubeconfig(_) => "CREATE_KUBECONFIG_FAILURE",
+            InstallError::CniConfig(_) => "CREATE_CNI_CONFIG_FAILURE",
+        }
+    }
+}
+
+#[derive(Debug, PartialEq)]
+pub enum Outcome {
+    /// Installed and valid. `changes` lists what this pass had to (re)write.
+    Installed {
+        changes: Vec<String>,
+        warning: Option<String>,
+    },
+    /// Binaries and kubeconfig are in place, but there is no primary CNI config to chain into.
+    Waiting { reason: String },
+}
+
+/// What cleanup needs to restore the primary's file byte for byte, as long as nobody touched
+/// it after our last write.
+#[derive(Clone, Debug)]
+struct Undo {
+    written_path: PathBuf,
+    written_bytes: Vec<u8>,
+    /// The primary's own file before we added our entry (path, bytes, mode). `None` when it
+    /// already had an istio-cni entry (left by an earlier daemon): semantic removal then.
+    original: Option<(PathBuf, Vec<u8>, u32)>,
+}
+
+pub struct Installer {
+    cfg: Config,
+    entry: Value,
+    /// dst path → (dst stamp, src stamp) after our last verified copy.
+    bins: HashMap<PathBuf, (Stamp, Stamp)>,
+    undo: Option<Undo>,
+    /// Plugin types of the primary config seen last (culprit hints).
+    pub primary_types: Vec<String>,
+    /// Names of files in the net dir seen last (culprit hints).
+    pub conf_dir_names: Vec<String>,
+}
+
+fn err_hint(e: &io::Error) -> &'static str {
+    if e.raw_os_error() == Some(libc_erofs()) {
+        " (read-only file system: on GKE/COS-like nodes set the chart's cniBinDir/global.platform)"
+    } else {
+        ""
+    }
+}
+
+const fn libc_erofs() -> i32 {
+    30 // EROFS on Linux
+}
+
+impl Installer {
+    pub fn new(cfg: Config, entry: Value) -> Installer {
+        Installer {
+            cfg,
+            entry,
+            bins: HashMap::new(),
+            undo: None,
+            primary_types: Vec::new(),
+            conf_dir_names: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    pub fn entry(&self) -> &Value {
+        &self.entry
+    }
+
+    pub fn pass(&mut self) -> Result<Outcome, InstallError> {
+        let mut changes = Vec::new();
+        self.copy_binaries(&mut changes)?;
+        self.write_kubeconfig(&mut changes)?;
+        self.install_conf(changes)
+    }
+
+    fn copy_binaries(&mut self, changes: &mut Vec<String>) -> Result<(), InstallError> {
+        let e = |what: String| InstallError::CopyBinaries(what);
+        for dir in &self.cfg.bin_target_dirs {
+            fs::create_dir_all(dir)
+                .map_err(|x| e(format!("{}: {x}{}", dir.display(), err_hint(&x))))?;
+            for name in &self.cfg.binaries {
+                let src = self.cfg.bin_source_dir.join(name);
+                let dst = dir.join(name);
+                let src_stamp =
+                    fsutil::stamp(&src).map_err(|x| e(format!("source {}: {x}", src.display())))?;
+                let dst_stamp = fsutil::stamp(&dst).ok();
+                if let (Some(d), Some((rd, rs))) = (dst_stamp, self.bins.get(&dst)) {
+                    if d == *rd && src_stamp == *rs {
+                        continue;
+                    }
+                }
+                let identical = dst_stamp.is_some()
+                    && fsutil::existing_mode(&dst) == Some(0o755)
+                    && fsutil::same_contents(&src, &dst).unwrap_or(false);
+                if !identical {
+                    fsutil::remove_stale_temps(dir, name)
+                        .map_err(|x| e(format!("{}: {x}{}", dir.display(), err_hint(&x))))?;
+                    fsutil::atomic_copy(&src, &dst, 0o755).map_err(|x| {
+                        e(format!(
+                            "{} → {}: {x}{}",
+                            src.display(),
+                            dst.display(),
+                            err_hint(&x)
+                        ))
+                    })?;
+                    changes.push(format!("copied {name} to {}", dir.display()));
+                }
+                let d = fsutil::stamp(&dst).map_err(|x| e(format!("{}: {x}", dst.display())))?;
+                self.bins.insert(dst, (d, src_stamp));
+            }
+        }
+        Ok(())
+    }
+
+    /// The kubeconfig text for the current token/CA.
+    pub fn render_kubeconfig(&self) -> Result<String, InstallError> {
+        let e = InstallError::Kubeconfig;
+        let token_path = self.cfg.token_path();
+        let token = fs::read_to_string(&token_path).map_err(|x| {
+            e(format!(
+                "reading the service-account token {}: {x}",
+                token_path.display()
+            ))
+        })?;
+        let trust = if self.cfg.skip_tls_verify {
+            Trust::SkipVerify
+        } else {
+            Trust::Ca(fs::read(&self.cfg.kube_ca_file).map_err(|x| {
+                e(format!(
+                    "reading the CA {}: {x}",
+                    self.cfg.kube_ca_file.display()
+                ))
+            })?)
+        };
+        let kc = kubeconfig::build(
+            &self.cfg.k8s_protocol,
+            &self.cfg.k8s_host,
+            self.cfg.k8s_port,
+            &token,
+            &trust,
+        )
+        .map_err(|x| e(x.to_string()))?;
+        let yaml = kubeconfig::to_yaml(&kc).map_err(|x| e(x.to_string()))?;
+        tracing::debug!(kubeconfig = %kubeconfig::describe(&kc), "rendered kubeconfig");
+        Ok(format!(
+            "# Kubeconfig for the istio-cni plugin; written by install-cni.\n{yaml}"
+        ))
+    }
+
+    fn write_kubeconfig(&mut self, changes: &mut Vec<String>) -> Result<(), InstallError> {
+        let text = self.render_kubeconfig()?;
+        let path = self.cfg.kubeconfig_path();
+        let current = fs::read(&path).ok();
+        if current.as_deref() == Some(text.as_bytes())
+            && fsutil::existing_mode(&path) == Some(self.cfg.kubeconfig_mode)
+        {
+            return Ok(());
+        }
+        let e = |x: io::Error| {
+            InstallError::Kubeconfig(format!("{}: {x}{}", path.display(), err_hint(&x)))
+        };
+        fs::create_dir_all(&self.cfg.run_dir).map_err(e)?;
+        fsutil::atomic_write_mode(&path, text.as_bytes(), self.cfg.kubeconfig_mode).map_err(e)?;
+        changes.push(format!(
+            "{} {} (mode {:o})",
+            if current.is_some() {
+                "rewrote"
+            } else {
+                "wrote"
+            },
+            path.display(),
+            self.cfg.kubeconfig_mode
+        ));
+        Ok(())
+    }
+
+    /// `.conf`/`.conflist` files of the net dir with their stamps (a file that vanishes while
+    /// we read is simply not there).
+    fn snapshot(&mut self) -> Result<(Vec<ConfFile>, HashMap<String, Stamp>), InstallError> {
+        let dir = &self.cfg.net_dir;
+        let rd = match fs::read_dir(dir) {
+            Ok(rd) => rd,
+            Err(x) if x.kind() == io::ErrorKind::NotFound => {
+                return Ok((Vec::new(), HashMap::new()));
+            }
+            Err(x) => return Err(InstallError::CniConfig(format!("{}: {x}", dir.display()))),
+        };
+        let mut files = Vec::new();
+        let mut stamps = HashMap::new();
+        let mut names = Vec::new();
+        for ent in rd.flatten() {
+            let name = ent.file_name().to_string_lossy().into_owned();
+            names.push(name.clone());
+            if discovery::format_of(&name).is_none() {
+                continue;
+            }
+            let p = ent.path();
+            let Ok(st) = fsutil::stamp(&p) else { continue };
+            let Ok(content) = fs::read(&p) else { continue };
+            stamps.insert(name.clone(), st);
+            files.push(ConfFile { name, content });
+        }
+        names.sort();
+        self.conf_dir_names = names;
+        Ok((files, stamps))
+    }
+
+    fn install_conf(&mut self, changes: Vec<String>) -> Result<Outcome, InstallError> {
+        // The primary may rewrite its file between our read and our rename; then our write
+        // would resurrect its old content. Re-check the file's identity right before the
+        // rename and start over if it moved (bounded: a storm is the throttle's job).
+        for _ in 0..5 {
+            if let Some(out) = self.try_install_conf(&changes)? {
+                return Ok(out);
+            }
+        }
+        Err(InstallError::CniConfig(
+            "the CNI config kept changing under us (5 attempts); will retry".into(),
+        ))
+    }
+
+    fn try_install_conf(&mut self, changes: &[String]) -> Result<Option<Outcome>, InstallError> {
+        let (files, stamps) = self.snapshot()?;
+        let plan = if self.cfg.chained {
+            discovery::plan_chained(&files, self.cfg.cni_conf_name.as_deref(), &self.entry)
+        } else {
+            let name = self
+                .cfg
+                .cni_conf_name
+                .clone()
+                .unwrap_or_else(|| STANDALONE_CONF_NAME.into());
+            discovery::plan_standalone(&files, &name, &self.entry)
+        };
+        let mut changes = changes.to_vec();
+        match plan {
+            ConfPlan::Wait { reason } => {
+                self.primary_types.clear();
+                Ok(Some(Outcome::Waiting { reason }))
+            }
+            ConfPlan::Valid { file, warning } => {
+                self.note_primary(&files, &file);
+                Ok(Some(Outcome::Installed { changes, warning }))
+            }
+            ConfPlan::Write {
+                file,
+                content,
+                rename_to,
+                before,
+            } => {
+                let path = self.cfg.net_dir.join(&file);
+                let original_bytes = files
+                    .iter()
+                    .find(|f| f.name == file)
+                    .map(|f| f.content.clone());
+                let mut bytes = serde_json::to_vec_pretty(&content)
+                    .map_err(|x| InstallError::CniConfig(x.to_string()))?;
+                bytes.push(b'\n');
+                let e = |x: io::Error| {
+                    InstallError::CniConfig(format!("{}: {x}{}", path.display(), err_hint(&x)))
+                };
+                if fsutil::stamp(&path).ok() != stamps.get(&file).copied() {
+                    return Ok(None);
+                }
+                let mode = fsutil::existing_mode(&path).unwrap_or(self.cfg.conf_mode);
+                fs::create_dir_all(&self.cfg.net_dir).map_err(e)?;
+                fsutil::atomic_write_mode(&path, &bytes, mode).map_err(e)?;
+                let final_path = match &rename_to {
+                    Some(to) => {
+                        let to = self.cfg.net_dir.join(to);
+                        fs::rename(&path, &to).map_err(e)?;
+                        to
+                    }
+                    None => path.clone(),
+                };
+                if self.cfg.chained {
+                    let had_ours = before.as_ref().is_some_and(|b| {
+                        discovery::plugin_types(b)
+                            .iter()
+                            .any(|t| t == cni_config::PLUGIN_TYPE)
+                    });
+                    self.undo = Some(Undo {
+                        written_path: final_path.clone(),
+                        written_bytes: bytes,
+                        original: match (had_ours, original_bytes) {
+                            (false, Some(b)) => Some((path.clone(), b, mode)),
+                            _ => None,
+                        },
+                    });
+                }
+                let what = match (&before, self.cfg.chained) {
+                    (_, false) => format!("wrote standalone {}", final_path.display()),
+                    (Some(b), true) => format!(
+                        "chained istio-cni into {} (plugins before: [{}])",
+                        final_path.display(),
+                        discovery::plugin_types(b).join(", ")
+                    ),
+                    (None, true) => format!("chained istio-cni into {}", final_path.display()),
+                };
+                changes.push(what);
+                let final_name = final_path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                self.primary_types = discovery::plugin_types(&content);
+                if !self.conf_dir_names.contains(&final_name) {
+                    self.conf_dir_names.push(final_name);
+                }
+                Ok(Some(Outcome::Installed {
+                    changes,
+                    warning: None,
+                }))
+            }
+        }
+    }
+
+    fn note_primary(&mut self, files: &[ConfFile], name: &str) {
+        self.primary_types = files
+            .iter()
+            .find(|f| f.name == name)
+            .and_then(|f| serde_json::from_slice::<Value>(&f.content).ok())
+            .map(|v| discovery::plugin_types(&v))
+            .unwrap_or_default();
+    }
+
+    /// Removes what we installed (Istio's `Cleanup`): our entry (or our standalone file), the
+    /// kubeconfig, the binaries. Returns what it did; errors are collected, not fatal, so one
+    /// failure does not leave the rest behind.
+    pub fn cleanup(&mut self) -> (Vec<String>, Vec<String>) {
+        let mut done = Vec::new();
+        let mut errors = Vec::new();
+        if self.cfg.chained {
+            self.cleanup_chained(&mut done, &mut errors);
+        } else {
+            let name = self
+                .cfg
+                .cni_conf_name
+                .clone()
+                .unwrap_or_else(|| STANDALONE_CONF_NAME.into());
+            let p = self.cfg.net_dir.join(name);
+            let ours = fs::read(&p)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                .is_some_and(|v| {
+                    v.get("type").and_then(Value::as_str) == Some(cni_config::PLUGIN_TYPE)
+                });
+            if ours {
+                remove(&p, &mut done, &mut errors);
+            }
+        }
+        remove(&self.cfg.kubeconfig_path(), &mut done, &mut errors);
+        for dir in &self.cfg.bin_target_dirs {
+            for name in &self.cfg.binaries {
+                remove(&dir.join(name), &mut done, &mut errors);
+                let _ = fsutil::remove_stale_temps(dir, name);
+            }
+        }
+        self.bins.clear();
+        (done, errors)
+    }
+
+    fn cleanup_chained(&mut self, done: &mut Vec<String>, errors: &mut Vec<String>) {
+        if let Some(u) = self.undo.take() {
+            let untouched = fs::read(&u.written_path).ok().as_deref() == Some(&u.written_bytes[..]);
+            if let (true, Some((orig_path, orig_bytes, mode))) = (untouched, &u.original) {
+                // Nobody changed the file since our write: put the primary's bytes back exactly
+                // (a converted .conf returns as the .conf it was).
+                match fsutil::atomic_write_mode(orig_path, orig_bytes, *mode) {
+                    Ok(()) => {
+                        if *orig_path != u.written_path {
+                            remove(&u.written_path, done, errors);
+                        }
+                        done.push(format!("restored {}", orig_path.display()));
+                        return;
+                    }
+                    Err(e) => errors.push(format!("restoring {}: {e}", orig_path.display())),
+                }
+            }
+        }
+        // Otherwise remove our entry from whichever list carries it, keeping the rest as is.
+        let Ok(rd) = fs::read_dir(&self.cfg.net_dir) else {
+            return;
+        };
+        for ent in rd.flatten() {
+            let name = ent.file_name().to_string_lossy().into_owned();
+            if discovery::format_of(&name).is_none() {
+                continue;
+            }
+            let p = ent.path();
+            let Some(v) = fs::read(&p)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            else {
+                continue;
+            };
+            if let Some(clean) = discovery::remove_ours(&v) {
+                let mut bytes = serde_json::to_vec_pretty(&clean).unwrap_or_default();
+                bytes.push(b'\n');
+                match fsutil::atomic_write(&p, &bytes, self.cfg.conf_mode) {
+                    Ok(()) => done.push(format!("removed istio-cni from {}", p.display())),
+                    Err(e) => errors.push(format!("{}: {e}", p.display())),
+                }
+            }
+        }
+    }
+}
+
+fn remove(p: &Path, done: &mut Vec<String>, errors: &mut Vec<String>) {
+    match fs::remove_file(p) {
+        Ok(()) => done.push(format!("removed {}", p.display())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => errors.push(format!("removing {}: {e}", p.display())),
+    }
+}

@@ -1,0 +1,16 @@
+//! install-cni: the node daemon that installs the istio-cni plugin, keeps it installed and
+//! removes it on shutdown (Istio's `install-cni` contract, istio-reference §5).
+//!
+//! Pure logic (config validation, CNI config discovery/merge, kubeconfig building, backend
+//! decision, throttle) is separate from I/O (`install`, `watch`, `http`, `daemon`).
+
+pub mod backend;
+pub mod config;
+pub mod daemon;
+pub mod discovery;
+pub mod fsutil;
+pub mod http;
+pub mod install;
+pub mod kubeconfig;
+pub mod throttle;
+pub mod watch;
