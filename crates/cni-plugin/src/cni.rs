@@ -1,0 +1,367 @@
+//! CNI spec 1.1 protocol pieces: commands, environment, error codes, result conversion.
+//! Everything here is pure: `main` reads the process environment and stdin and writes stdout.
+
+use serde_json::{Map, Value, json};
+use std::path::PathBuf;
+use std::str::FromStr;
+
+/// The spec versions this plugin speaks (VERSION output). 0.1.0/0.2.0 results have a different
+/// shape (`ip4`/`ip6`) that no runtime chaining an Istio plugin still uses.
+pub const SUPPORTED_VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+/// Used in error replies when the request's version is unknown or unsupported.
+pub const LATEST_VERSION: &str = "1.1.0";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    Add,
+    Del,
+    Check,
+    Status,
+    Gc,
+    Version,
+}
+
+impl FromStr for Command {
+    type Err = CniError;
+    fn from_str(s: &str) -> Result<Self, CniError> {
+        Ok(match s {
+            "ADD" => Command::Add,
+            "DEL" => Command::Del,
+            "CHECK" => Command::Check,
+            "STATUS" => Command::Status,
+            "GC" => Command::Gc,
+            "VERSION" => Command::Version,
+            other => {
+                return Err(CniError::new(
+                    ErrorCode::InvalidEnv,
+                    format!(
+                        "CNI_COMMAND {other:?} is not one of ADD, DEL, CHECK, STATUS, GC, VERSION"
+                    ),
+                ));
+            }
+        })
+    }
+}
+
+impl Command {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Command::Add => "ADD",
+            Command::Del => "DEL",
+            Command::Check => "CHECK",
+            Command::Status => "STATUS",
+            Command::Gc => "GC",
+            Command::Version => "VERSION",
+        }
+    }
+}
+
+/// Error codes from the spec (SPEC.md "Error"), plus ours from 100 on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorCode {
+    IncompatibleVersion = 1,
+    UnsupportedField = 2,
+    ContainerUnknown = 3,
+    /// Missing/invalid CNI_* variables, CNI_ARGS included.
+    InvalidEnv = 4,
+    Io = 5,
+    Decode = 6,
+    InvalidConfig = 7,
+    TryAgainLater = 11,
+    /// STATUS: the plugin cannot serve ADDs.
+    NotAvailable = 50,
+    /// A pod annotation, label or proxy container field has a bad value.
+    InvalidPodSpec = 100,
+    /// Programming or removing the rules failed.
+    Redirect = 101,
+    /// CHECK: the live rules differ from the plan.
+    RulesDrift = 102,
+    /// The kubeconfig could not be loaded.
+    Kubeconfig = 103,
+    /// A bug: the plugin panicked.
+    Internal = 110,
+}
+
+/// A failed command as the runtime sees it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{msg}")]
+pub struct CniError {
+    pub code: ErrorCode,
+    pub msg: String,
+    pub details: String,
+}
+
+impl CniError {
+    pub fn new(code: ErrorCode, msg: impl Into<String>) -> Self {
+        Self {
+            code,
+            msg: msg.into(),
+            details: String::new(),
+        }
+    }
+
+    pub fn with_details(mut self, details: impl Into<String>) -> Self {
+        self.details = details.into();
+        self
+    }
+
+    /// The JSON the spec wants on stdout.
+    pub fn to_json(&self, cni_version: &str) -> Value {
+        json!({
+            "cniVersion": cni_version,
+            "code": self.code as u32,
+            "msg": self.msg,
+            "details": self.details,
+        })
+    }
+}
+
+/// The CNI_* variables. Which are required depends on the command (SPEC.md "Parameters").
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CniEnv {
+    pub container_id: String,
+    pub netns: Option<PathBuf>,
+    pub ifname: String,
+    pub args: String,
+    pub path: String,
+}
+
+impl CniEnv {
+    /// Reads the variables through `get` (the process environment in `main`, a map in tests).
+    pub fn load(command: Command, get: impl Fn(&str) -> Option<String>) -> Result<Self, CniError> {
+        let required = |name: &str| -> Result<String, CniError> {
+            match get(name) {
+                Some(v) if !v.is_empty() => Ok(v),
+                _ => Err(CniError::new(
+                    ErrorCode::InvalidEnv,
+                    format!("{name} is required for {}", command.as_str()),
+                )),
+            }
+        };
+        let optional = |name: &str| get(name).unwrap_or_default();
+        let env = match command {
+            Command::Add | Command::Check => CniEnv {
+                container_id: required("CNI_CONTAINERID")?,
+                netns: Some(PathBuf::from(required("CNI_NETNS")?)),
+                ifname: required("CNI_IFNAME")?,
+                args: optional("CNI_ARGS"),
+                path: optional("CNI_PATH"),
+            },
+            // DEL: the namespace may already be gone, so CNI_NETNS is optional.
+            Command::Del => CniEnv {
+                container_id: required("CNI_CONTAINERID")?,
+                netns: get("CNI_NETNS")
+                    .filter(|s| !s.is_empty())
+                    .map(PathBuf::from),
+                ifname: required("CNI_IFNAME")?,
+                args: optional("CNI_ARGS"),
+                path: optional("CNI_PATH"),
+            },
+            Command::Status | Command::Gc | Command::Version => CniEnv {
+                container_id: optional("CNI_CONTAINERID"),
+                netns: None,
+                ifname: optional("CNI_IFNAME"),
+                args: optional("CNI_ARGS"),
+                path: optional("CNI_PATH"),
+            },
+        };
+        Ok(env)
+    }
+}
+
+pub fn is_supported(version: &str) -> bool {
+    SUPPORTED_VERSIONS.contains(&version)
+}
+
+/// VERSION's reply.
+pub fn version_reply(request_version: Option<&str>) -> Value {
+    json!({
+        "cniVersion": request_version.filter(|v| !v.is_empty()).unwrap_or(LATEST_VERSION),
+        "supportedVersions": SUPPORTED_VERSIONS,
+    })
+}
+
+/// The result shape generations: 0.3.0–0.4.0 (`ips[].version`), 1.0.0, 1.1.0 (more fields).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Shape {
+    V03,
+    V10,
+    V11,
+}
+
+fn shape(version: &str) -> Option<Shape> {
+    match version {
+        "0.3.0" | "0.3.1" | "0.4.0" => Some(Shape::V03),
+        "1.0.0" => Some(Shape::V10),
+        "1.1.0" => Some(Shape::V11),
+        _ => None,
+    }
+}
+
+/// Fields each result object has in each shape (libcni's types040/types100 structs).
+const IFACE_V03: &[&str] = &["name", "mac", "sandbox"];
+const IFACE_V10: &[&str] = &["name", "mac", "mtu", "sandbox"];
+const IFACE_V11: &[&str] = &["name", "mac", "mtu", "sandbox", "socketPath", "pciID"];
+const IP_V03: &[&str] = &["version", "interface", "address", "gateway"];
+const IP_V10: &[&str] = &["interface", "address", "gateway"];
+const ROUTE_V03: &[&str] = &["dst", "gw"];
+const ROUTE_V11: &[&str] = &["dst", "gw", "mtu", "advmss", "priority", "table", "scope"];
+const TOP: &[&str] = &["cniVersion", "interfaces", "ips", "routes", "dns"];
+
+/// The result an ADD prints: `prev` (the chain's result so far) converted to `target`, or an
+/// empty result of that version. Same shape: only `cniVersion` changes; otherwise the fields the
+/// target version does not define are dropped and `ips[].version` is added or removed, as
+/// libcni's converters do.
+pub fn convert_result(prev: Option<&Value>, target: &str) -> Result<Value, CniError> {
+    let to = shape(target).ok_or_else(|| incompatible(target))?;
+    let Some(prev) = prev else {
+        return Ok(json!({ "cniVersion": target, "dns": {} }));
+    };
+    let Some(obj) = prev.as_object() else {
+        return Err(CniError::new(
+            ErrorCode::Decode,
+            "prevResult is not a JSON object",
+        ));
+    };
+    // libcni sends prevResult in the configuration's version; trust an explicit one.
+    let from_version = obj
+        .get("cniVersion")
+        .and_then(Value::as_str)
+        .unwrap_or(target);
+    let from = shape(from_version).ok_or_else(|| {
+        CniError::new(
+            ErrorCode::IncompatibleVersion,
+            format!("prevResult has unsupported cniVersion {from_version:?}"),
+        )
+        .with_details(format!("supported: {}", SUPPORTED_VERSIONS.join(", ")))
+    })?;
+    let mut out = obj.clone();
+    if from != to {
+        out.retain(|k, _| TOP.contains(&k.as_str()));
+        let (iface, ip, route) = match to {
+            Shape::V03 => (IFACE_V03, IP_V03, ROUTE_V03),
+            Shape::V10 => (IFACE_V10, IP_V10, ROUTE_V03),
+            Shape::V11 => (IFACE_V11, IP_V10, ROUTE_V11),
+        };
+        retain_each(&mut out, "interfaces", iface);
+        retain_each(&mut out, "routes", route);
+        if let Some(Value::Array(ips)) = out.get_mut("ips") {
+            for entry in ips.iter_mut().filter_map(Value::as_object_mut) {
+                if to == Shape::V03 && !entry.contains_key("version") {
+                    let v6 = entry
+                        .get("address")
+                        .and_then(Value::as_str)
+                        .is_some_and(|a| a.contains(':'));
+                    entry.insert("version".into(), if v6 { "6" } else { "4" }.into());
+                }
+                entry.retain(|k, _| ip.contains(&k.as_str()));
+            }
+        }
+    }
+    out.insert("cniVersion".into(), target.into());
+    Ok(Value::Object(out))
+}
+
+fn retain_each(obj: &mut Map<String, Value>, key: &str, fields: &[&str]) {
+    if let Some(Value::Array(items)) = obj.get_mut(key) {
+        for item in items.iter_mut().filter_map(Value::as_object_mut) {
+            item.retain(|k, _| fields.contains(&k.as_str()));
+        }
+    }
+}
+
+pub fn incompatible(version: &str) -> CniError {
+    CniError::new(
+        ErrorCode::IncompatibleVersion,
+        format!("cniVersion {version:?} is not supported"),
+    )
+    .with_details(format!("supported: {}", SUPPORTED_VERSIONS.join(", ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn v1_result() -> Value {
+        json!({
+            "cniVersion": "1.0.0",
+            "interfaces": [{"name": "eth0", "mac": "aa:bb:cc:dd:ee:ff", "mtu": 1500, "sandbox": "/var/run/netns/p"}],
+            "ips": [
+                {"interface": 0, "address": "10.244.0.5/24", "gateway": "10.244.0.1"},
+                {"interface": 0, "address": "fd00::5/64"}
+            ],
+            "routes": [{"dst": "0.0.0.0/0"}],
+            "dns": {"nameservers": ["10.96.0.10"]}
+        })
+    }
+
+    #[test]
+    fn same_version_passes_through_unchanged() {
+        let r = v1_result();
+        assert_eq!(convert_result(Some(&r), "1.0.0").unwrap(), r);
+    }
+
+    #[test]
+    fn v1_to_v04_adds_ip_versions_and_drops_unknown_fields() {
+        let r = convert_result(Some(&v1_result()), "0.4.0").unwrap();
+        assert_eq!(r["cniVersion"], "0.4.0");
+        assert_eq!(r["ips"][0]["version"], "4");
+        assert_eq!(r["ips"][1]["version"], "6");
+        assert!(r["interfaces"][0].get("mtu").is_none());
+        assert_eq!(r["interfaces"][0]["sandbox"], "/var/run/netns/p");
+        assert_eq!(r["dns"]["nameservers"][0], "10.96.0.10");
+    }
+
+    #[test]
+    fn v03_to_v1_removes_ip_versions() {
+        let prev = json!({
+            "cniVersion": "0.3.1",
+            "ips": [{"version": "4", "address": "10.1.1.2/24", "interface": 0}],
+        });
+        let r = convert_result(Some(&prev), "1.1.0").unwrap();
+        assert_eq!(r["cniVersion"], "1.1.0");
+        assert!(r["ips"][0].get("version").is_none());
+        assert_eq!(r["ips"][0]["address"], "10.1.1.2/24");
+    }
+
+    #[test]
+    fn no_prev_result_gives_an_empty_result_and_bad_versions_fail() {
+        assert_eq!(
+            convert_result(None, "0.3.1").unwrap(),
+            json!({"cniVersion": "0.3.1", "dns": {}})
+        );
+        assert_eq!(
+            convert_result(None, "0.2.0").unwrap_err().code,
+            ErrorCode::IncompatibleVersion
+        );
+        assert_eq!(
+            convert_result(Some(&json!([1])), "1.0.0").unwrap_err().code,
+            ErrorCode::Decode
+        );
+    }
+
+    #[test]
+    fn env_requirements_follow_the_command() {
+        let vars: HashMap<&str, &str> = [("CNI_CONTAINERID", "c1"), ("CNI_IFNAME", "eth0")].into();
+        let get = |k: &str| vars.get(k).map(|s| s.to_string());
+        let e = CniEnv::load(Command::Add, get).unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidEnv);
+        assert!(e.msg.contains("CNI_NETNS"));
+        let del = CniEnv::load(Command::Del, get).unwrap();
+        assert_eq!(del.netns, None);
+        assert!(CniEnv::load(Command::Status, |_| None).is_ok());
+        assert_eq!(
+            "FOO".parse::<Command>().unwrap_err().code,
+            ErrorCode::InvalidEnv
+        );
+    }
+
+    #[test]
+    fn version_reply_lists_every_supported_version() {
+        let r = version_reply(Some("0.4.0"));
+        assert_eq!(r["cniVersion"], "0.4.0");
+        assert_eq!(r["supportedVersions"].as_array().unwrap().len(), 5);
+        assert_eq!(version_reply(None)["cniVersion"], LATEST_VERSION);
+    }
+}

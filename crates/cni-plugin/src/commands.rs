@@ -1,0 +1,240 @@
+//! ADD, DEL, CHECK, STATUS, GC: the I/O around the pure decisions in `pod` and `settings`.
+
+use crate::cni::{self, CniEnv, CniError, ErrorCode};
+use crate::k8s::{self, LookupError};
+use crate::pod::{self, Decision};
+use crate::settings::{K8sArgs, NetConf, parse_cni_args};
+use capture::{Facts, Plan};
+use redirect::RedirectError;
+use serde_json::Value;
+use std::path::Path;
+
+/// What ADD does before touching the API server (pure; §4.3 steps 3 and 5).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Route {
+    PassThrough(String),
+    Lookup,
+}
+
+pub fn route(conf: &NetConf, args: &K8sArgs) -> Route {
+    if pod::is_self(
+        &args.pod_name,
+        &args.pod_namespace,
+        &conf.settings.pod_namespace,
+    ) {
+        return Route::PassThrough("istio-cni's own pod (self-bypass)".into());
+    }
+    if !args.is_pod() {
+        return Route::PassThrough("not a Kubernetes pod (no K8S_POD_NAME/NAMESPACE)".into());
+    }
+    if conf
+        .settings
+        .exclude_namespaces
+        .iter()
+        .any(|n| n == &args.pod_namespace)
+    {
+        return Route::PassThrough(format!("namespace {} is excluded", args.pod_namespace));
+    }
+    Route::Lookup
+}
+
+fn pod_ref(args: &K8sArgs) -> String {
+    format!("{}/{}", args.pod_namespace, args.pod_name)
+}
+
+fn record_pod(args: &K8sArgs) {
+    let span = tracing::Span::current();
+    span.record("pod_namespace", args.pod_namespace.as_str());
+    span.record("pod_name", args.pod_name.as_str());
+}
+
+/// Looks the pod up and decides. `Ok(None)`: pass through.
+fn pod_plan(conf: &NetConf, env: &CniEnv, args: &K8sArgs) -> Result<Option<Plan>, CniError> {
+    if let Route::PassThrough(reason) = route(conf, args) {
+        tracing::info!(%reason, "passing through, no rules");
+        return Ok(None);
+    }
+    let kubeconfig = conf.settings.kubeconfig_path();
+    let pod = k8s::get_pod(
+        &kubeconfig,
+        &args.pod_namespace,
+        &args.pod_name,
+        conf.lookup,
+    )
+    .map_err(|e| lookup_error(e, args))?;
+    let decision = pod::decide(&pod).map_err(|e| {
+        CniError::new(
+            ErrorCode::InvalidPodSpec,
+            format!("pod {}: {e}; no rules were programmed", pod_ref(args)),
+        )
+    })?;
+    let pc = match decision {
+        Decision::Skip(reason) => {
+            tracing::info!(%reason, "not a sidecar pod, no rules");
+            return Ok(None);
+        }
+        Decision::Capture(pc) => pc,
+    };
+    for w in &pc.warnings {
+        tracing::warn!(warning = %w, "pod configuration");
+    }
+    // IPv6 detection looks at the pod's own addresses, as istio-iptables does inside the
+    // netns. No resolv.conf: the CNI path captures all DNS, so nameservers are not needed.
+    let facts: Facts = redirect::read_facts(env.netns.as_deref(), None)
+        .map_err(|e| redirect_error(e, "reading the pod's addresses"))?;
+    let plan = Plan::build(&pc.config, &facts).map_err(|e| {
+        CniError::new(
+            ErrorCode::InvalidPodSpec,
+            format!("pod {}: {e}; no rules were programmed", pod_ref(args)),
+        )
+    })?;
+    tracing::debug!(config = ?pc.config, "redirect config");
+    Ok(Some(plan))
+}
+
+fn lookup_error(e: LookupError, args: &K8sArgs) -> CniError {
+    let code = match e {
+        // The installer has not written it yet: the runtime retries the sandbox.
+        LookupError::Kubeconfig { .. } | LookupError::Client { .. } => ErrorCode::Kubeconfig,
+        LookupError::Exhausted { .. } => ErrorCode::TryAgainLater,
+        LookupError::Runtime(_) => ErrorCode::Io,
+    };
+    CniError::new(
+        code,
+        format!(
+            "pod {}: {e}; refusing to start the pod without its redirect rules",
+            pod_ref(args)
+        ),
+    )
+}
+
+fn redirect_error(e: RedirectError, what: &str) -> CniError {
+    let code = match &e {
+        RedirectError::Netns(n) if n.is_missing() => ErrorCode::ContainerUnknown,
+        _ => ErrorCode::Redirect,
+    };
+    CniError::new(code, format!("{what}: {e}"))
+}
+
+pub fn add(conf: &NetConf, env: &CniEnv) -> Result<Value, CniError> {
+    // Convert first: an unusable prevResult fails before any rule is programmed.
+    let result = cni::convert_result(conf.prev_result.as_ref(), &conf.cni_version)?;
+    let args = parse_cni_args(&env.args)?;
+    record_pod(&args);
+    if let Some(plan) = pod_plan(conf, env, &args)? {
+        let detection = redirect::apply(&plan, env.netns.as_deref(), conf.backend)
+            .map_err(|e| redirect_error(e, &format!("programming pod {}", pod_ref(&args))))?;
+        tracing::info!(backend = %detection.backend, reason = %detection.reason, "redirect rules programmed");
+    }
+    Ok(result)
+}
+
+pub fn check(conf: &NetConf, env: &CniEnv) -> Result<(), CniError> {
+    let args = parse_cni_args(&env.args)?;
+    record_pod(&args);
+    let Some(plan) = pod_plan(conf, env, &args)? else {
+        return Ok(());
+    };
+    let diff = redirect::check(&plan, env.netns.as_deref(), conf.backend)
+        .map_err(|e| redirect_error(e, &format!("checking pod {}", pod_ref(&args))))?;
+    if diff.is_empty() {
+        tracing::info!("redirect rules match the plan");
+        return Ok(());
+    }
+    Err(CniError::new(
+        ErrorCode::RulesDrift,
+        format!(
+            "pod {}: the redirect rules differ from the plan ({} difference(s))",
+            pod_ref(&args),
+            diff.len()
+        ),
+    )
+    .with_details(diff.join("\n")))
+}
+
+pub fn del(_conf: &NetConf, env: &CniEnv) -> Result<(), CniError> {
+    // DEL must succeed as far as possible: a bad CNI_ARGS only costs us the log fields.
+    match parse_cni_args(&env.args) {
+        Ok(args) => record_pod(&args),
+        Err(e) => tracing::warn!(error = %e, "ignoring CNI_ARGS on DEL"),
+    }
+    let Some(netns) = env.netns.as_deref() else {
+        tracing::info!("no network namespace, nothing to remove");
+        return Ok(());
+    };
+    match redirect::cleanup(Some(netns)) {
+        Ok(()) => {
+            tracing::info!("redirect rules removed");
+            Ok(())
+        }
+        Err(RedirectError::Netns(e)) if e.is_missing() => {
+            tracing::info!("network namespace already gone");
+            Ok(())
+        }
+        Err(e) => Err(redirect_error(e, "removing the redirect rules")),
+    }
+}
+
+/// Ready when the kubeconfig the installer writes can be read and parsed.
+pub fn status(conf: &NetConf) -> Result<(), CniError> {
+    let path = conf.settings.kubeconfig_path();
+    kubeconfig_ready(&path).map_err(|e| {
+        CniError::new(
+            ErrorCode::NotAvailable,
+            format!("istio-cni is not ready: {e}"),
+        )
+    })
+}
+
+fn kubeconfig_ready(path: &Path) -> Result<(), LookupError> {
+    k8s::load_kubeconfig(path).map(|_| ())
+}
+
+/// Nothing lives outside pod namespaces, so there is nothing to collect.
+pub fn gc(_conf: &NetConf) -> Result<(), CniError> {
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::parse_netconf;
+
+    fn conf() -> NetConf {
+        parse_netconf(
+            br#"{"cniVersion":"1.0.0","pod_namespace":"istio-system","exclude_namespaces":["kube-system"]}"#,
+        )
+        .unwrap()
+    }
+
+    fn args(ns: &str, name: &str) -> K8sArgs {
+        K8sArgs {
+            pod_namespace: ns.into(),
+            pod_name: name.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn routes_before_any_lookup() {
+        let c = conf();
+        assert!(matches!(
+            route(&c, &args("istio-system", "istio-cni-node-x7k2p")),
+            Route::PassThrough(r) if r.contains("self")
+        ));
+        assert!(matches!(route(&c, &args("", "")), Route::PassThrough(_)));
+        assert!(matches!(
+            route(&c, &args("kube-system", "coredns")),
+            Route::PassThrough(r) if r.contains("excluded")
+        ));
+        assert_eq!(route(&c, &args("default", "web")), Route::Lookup);
+    }
+
+    #[test]
+    fn status_is_50_without_kubeconfig_and_gc_succeeds() {
+        let mut c = conf();
+        c.settings.cni_agent_run_dir = "/nonexistent/istio-cni".into();
+        assert_eq!(status(&c).unwrap_err().code, ErrorCode::NotAvailable);
+        assert!(gc(&c).is_ok());
+    }
+}

@@ -1,0 +1,123 @@
+//! istio-cni: the CNI plugin kubelet runs last in a pod's chain. It decides whether the pod is
+//! a sidecar pod and programs its redirect rules through `redirect` (istio-reference §4).
+//!
+//! The binary is a thin shell around [`run`]: the parsers and decisions are public so tests and
+//! the fuzz targets can drive them without a process.
+
+pub mod cni;
+pub mod commands;
+pub mod k8s;
+pub mod logging;
+pub mod pod;
+pub mod settings;
+
+use cni::{CniEnv, CniError, Command, ErrorCode, LATEST_VERSION};
+use serde_json::Value;
+use std::time::Instant;
+
+/// What the process prints and how it exits.
+#[derive(Debug, PartialEq)]
+pub struct Outcome {
+    pub stdout: Option<Value>,
+    pub exit_code: i32,
+}
+
+impl Outcome {
+    fn ok(stdout: Option<Value>) -> Self {
+        Self {
+            stdout,
+            exit_code: 0,
+        }
+    }
+
+    pub fn error(e: &CniError, cni_version: &str) -> Self {
+        Self {
+            stdout: Some(e.to_json(cni_version)),
+            exit_code: 1,
+        }
+    }
+}
+
+/// The `cniVersion` to answer errors in: the request's when it has a usable one.
+fn reply_version(stdin: &[u8]) -> String {
+    serde_json::from_slice::<Value>(stdin)
+        .ok()
+        .and_then(|v| v.get("cniVersion")?.as_str().map(str::to_string))
+        .filter(|v| cni::is_supported(v))
+        .unwrap_or_else(|| LATEST_VERSION.to_string())
+}
+
+/// One plugin invocation: environment through `get_env`, the network configuration in `stdin`.
+/// Installs logging (once per process) from the configuration.
+pub fn run(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
+    let start = Instant::now();
+    let version = reply_version(stdin);
+    let command = match get_env("CNI_COMMAND")
+        .unwrap_or_default()
+        .parse::<Command>()
+    {
+        Ok(c) => c,
+        Err(e) => return Outcome::error(&e, &version),
+    };
+    if command == Command::Version {
+        let requested = serde_json::from_slice::<Value>(stdin)
+            .ok()
+            .and_then(|v| v.get("cniVersion")?.as_str().map(str::to_string));
+        return Outcome::ok(Some(cni::version_reply(requested.as_deref())));
+    }
+    let conf = match settings::parse_netconf(stdin) {
+        Ok(c) => c,
+        Err(e) => {
+            logging::init("info", None);
+            tracing::error!(command = command.as_str(), error = %e, "invalid network configuration");
+            return Outcome::error(&e, &version);
+        }
+    };
+    let notes = logging::init(
+        &conf.settings.plugin_log_level,
+        Some(&conf.settings.log_path()),
+    );
+    let container_id = get_env("CNI_CONTAINERID").unwrap_or_default();
+    let span = logging::command_span(command.as_str(), &container_id);
+    let _entered = span.enter();
+    for n in notes {
+        tracing::warn!("{n}");
+    }
+    let result = CniEnv::load(command, &get_env).and_then(|env| match command {
+        Command::Add => commands::add(&conf, &env).map(Some),
+        Command::Del => commands::del(&conf, &env).map(|_| None),
+        Command::Check => commands::check(&conf, &env).map(|_| None),
+        Command::Status => commands::status(&conf).map(|_| None),
+        Command::Gc => commands::gc(&conf).map(|_| None),
+        Command::Version => unreachable!("handled above"),
+    });
+    let elapsed_us = start.elapsed().as_micros() as u64;
+    let peak_rss_kb = peak_rss_kb();
+    match result {
+        Ok(out) => {
+            tracing::info!(elapsed_us, peak_rss_kb, "command succeeded");
+            Outcome::ok(out)
+        }
+        Err(e) => {
+            tracing::error!(elapsed_us, peak_rss_kb, code = e.code as u32, error = %e, details = %e.details, "command failed");
+            Outcome::error(&e, &conf.cni_version)
+        }
+    }
+}
+
+/// The process's peak resident set (VmHWM), for the log line that ends each invocation.
+fn peak_rss_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The error a panic turns into (the caller prints it; a panic is always our bug).
+pub fn panic_error(info: &str) -> CniError {
+    CniError::new(ErrorCode::Internal, "istio-cni panicked (a bug)").with_details(info.to_string())
+}

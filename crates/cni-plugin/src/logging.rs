@@ -1,0 +1,195 @@
+//! JSON log lines to stderr and to `<cni_agent_run_dir>/istio-cni.log`. Never stdout: stdout
+//! is the CNI result.
+//!
+//! Many plugin processes write the same file at once (one per pod), so the file is opened
+//! with O_APPEND and each event is written with one `write` call (the formatter hands us the
+//! whole line); the size cap is enforced by whichever process sees it exceeded first.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use tracing::Level;
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{Layer, filter::LevelFilter};
+
+/// Size at which the log is rotated to `<file>.1` (Istio: 10 MB rolling file).
+pub const MAX_LOG_BYTES: u64 = 10 * 1024 * 1024;
+
+/// Istio's level names (`plugin_log_level`); unknown names are reported and mean `info`.
+pub fn level_filter(name: &str) -> Result<LevelFilter, String> {
+    Ok(match name.trim().to_ascii_lowercase().as_str() {
+        "none" => LevelFilter::OFF,
+        "panic" | "fatal" | "error" => LevelFilter::ERROR,
+        "warn" | "warning" => LevelFilter::WARN,
+        "" | "info" => LevelFilter::INFO,
+        "debug" => LevelFilter::DEBUG,
+        "trace" => LevelFilter::TRACE,
+        other => return Err(format!("unknown plugin_log_level {other:?}, using info")),
+    })
+}
+
+/// A size-capped append-only file with one backup.
+pub struct RotatingFile {
+    path: PathBuf,
+    max: u64,
+    file: Mutex<Option<File>>,
+}
+
+impl RotatingFile {
+    pub fn open(path: &Path, max: u64) -> io::Result<Self> {
+        let file = open_append(path)?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            max,
+            file: Mutex::new(Some(file)),
+        })
+    }
+
+    fn write_line(&self, buf: &[u8]) -> io::Result<()> {
+        let mut guard = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(file) = guard.as_mut() else {
+            return Ok(());
+        };
+        let meta = file.metadata()?;
+        if meta.len() + buf.len() as u64 > self.max {
+            // Only the process whose file is still the live one rotates; the others notice
+            // the rename (different inode) and just reopen.
+            let live = std::fs::metadata(&self.path).ok();
+            if live.is_some_and(|m| m.ino() == meta.ino() && m.dev() == meta.dev()) {
+                let mut backup = self.path.clone().into_os_string();
+                backup.push(".1");
+                let _ = std::fs::rename(&self.path, backup);
+            }
+            *file = open_append(&self.path)?;
+        }
+        file.write_all(buf)
+    }
+}
+
+fn open_append(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o640)
+        .open(path)
+}
+
+/// One formatted event, written in one call when dropped.
+pub struct LineWriter {
+    target: Arc<RotatingFile>,
+    buf: Vec<u8>,
+}
+
+impl Write for LineWriter {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for LineWriter {
+    fn drop(&mut self) {
+        if !self.buf.is_empty() {
+            // Logging must never fail the command.
+            let _ = self.target.write_line(&self.buf);
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct FileMaker(Arc<RotatingFile>);
+
+impl<'a> MakeWriter<'a> for FileMaker {
+    type Writer = LineWriter;
+    fn make_writer(&'a self) -> LineWriter {
+        LineWriter {
+            target: self.0.clone(),
+            buf: Vec::with_capacity(512),
+        }
+    }
+}
+
+/// Installs the global subscriber. Returns a message about problems (unknown level, log file
+/// not writable) for the caller to log once the subscriber is up.
+pub fn init(level: &str, log_file: Option<&Path>) -> Vec<String> {
+    let mut notes = Vec::new();
+    let filter = level_filter(level).unwrap_or_else(|e| {
+        notes.push(e);
+        LevelFilter::INFO
+    });
+    let stderr = tracing_subscriber::fmt::layer()
+        .json()
+        .with_current_span(true)
+        .with_span_list(false)
+        .with_writer(io::stderr)
+        .with_filter(filter);
+    let file = log_file.and_then(|p| match RotatingFile::open(p, MAX_LOG_BYTES) {
+        Ok(f) => Some(
+            tracing_subscriber::fmt::layer()
+                .json()
+                .with_current_span(true)
+                .with_span_list(false)
+                .with_writer(FileMaker(Arc::new(f)))
+                .with_filter(filter),
+        ),
+        Err(e) => {
+            notes.push(format!("cannot open log file {}: {e}", p.display()));
+            None
+        }
+    });
+    let _ = tracing_subscriber::registry()
+        .with(stderr)
+        .with(file)
+        .try_init();
+    notes
+}
+
+/// The span every line of one invocation is logged in: it carries the pod and container.
+pub fn command_span(command: &str, container_id: &str) -> tracing::Span {
+    tracing::span!(
+        Level::INFO,
+        "cni",
+        command,
+        container_id,
+        pod_namespace = tracing::field::Empty,
+        pod_name = tracing::field::Empty,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels() {
+        assert_eq!(level_filter("debug").unwrap(), LevelFilter::DEBUG);
+        assert_eq!(level_filter("FATAL").unwrap(), LevelFilter::ERROR);
+        assert!(level_filter("loud").is_err());
+    }
+
+    #[test]
+    fn rotates_at_the_cap_keeping_one_backup() {
+        let dir = std::env::temp_dir().join(format!("istio-cni-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("istio-cni.log");
+        let f = RotatingFile::open(&path, 100).unwrap();
+        for i in 0..10 {
+            f.write_line(format!("line {i:02} ......................\n").as_bytes())
+                .unwrap();
+        }
+        let live = std::fs::read_to_string(&path).unwrap();
+        let backup = std::fs::read_to_string(dir.join("istio-cni.log.1")).unwrap();
+        assert!(live.len() <= 100 && backup.len() <= 100);
+        assert!(live.contains("line 09"));
+        assert!(!dir.join("istio-cni.log.2").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
