@@ -43,12 +43,15 @@ fn ruleset(ns: &TestNetns) -> String {
     ns.exec_ok("nft", &["list", "ruleset"]).unwrap()
 }
 
+/// Flags, env vars, the name the error must mention, and the bad value.
+type BadInput<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str, &'a str);
+
 #[test]
 fn bad_values_exit_2_naming_the_flag_and_the_namespace_stays_untouched() {
     require_root();
     let ns = TestNetns::new().unwrap();
     let path = ns.path().to_str().unwrap().to_string();
-    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str, &str)> = vec![
+    let cases: Vec<BadInput> = vec![
         (vec!["-p", "abc"], vec![], "--envoy-port", "abc"),
         (
             vec!["-z", "70000"],
