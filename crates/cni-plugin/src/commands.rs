@@ -42,12 +42,6 @@ fn pod_ref(args: &K8sArgs) -> String {
     format!("{}/{}", args.pod_namespace, args.pod_name)
 }
 
-fn record_pod(args: &K8sArgs) {
-    let span = tracing::Span::current();
-    span.record("pod_namespace", args.pod_namespace.as_str());
-    span.record("pod_name", args.pod_name.as_str());
-}
-
 /// Looks the pod up and decides. `Ok(None)`: pass through.
 fn pod_plan(conf: &NetConf, env: &CniEnv, args: &K8sArgs) -> Result<Option<Plan>, CniError> {
     if let Route::PassThrough(reason) = route(conf, args) {
@@ -120,7 +114,6 @@ pub fn add(conf: &NetConf, env: &CniEnv) -> Result<Value, CniError> {
     // Convert first: an unusable prevResult fails before any rule is programmed.
     let result = cni::convert_result(conf.prev_result.as_ref(), &conf.cni_version)?;
     let args = parse_cni_args(&env.args)?;
-    record_pod(&args);
     if let Some(plan) = pod_plan(conf, env, &args)? {
         let detection = redirect::apply(&plan, env.netns.as_deref(), conf.backend)
             .map_err(|e| redirect_error(e, &format!("programming pod {}", pod_ref(&args))))?;
@@ -131,7 +124,6 @@ pub fn add(conf: &NetConf, env: &CniEnv) -> Result<Value, CniError> {
 
 pub fn check(conf: &NetConf, env: &CniEnv) -> Result<(), CniError> {
     let args = parse_cni_args(&env.args)?;
-    record_pod(&args);
     let Some(plan) = pod_plan(conf, env, &args)? else {
         return Ok(());
     };
@@ -154,9 +146,8 @@ pub fn check(conf: &NetConf, env: &CniEnv) -> Result<(), CniError> {
 
 pub fn del(_conf: &NetConf, env: &CniEnv) -> Result<(), CniError> {
     // DEL must succeed as far as possible: a bad CNI_ARGS only costs us the log fields.
-    match parse_cni_args(&env.args) {
-        Ok(args) => record_pod(&args),
-        Err(e) => tracing::warn!(error = %e, "ignoring CNI_ARGS on DEL"),
+    if let Err(e) = parse_cni_args(&env.args) {
+        tracing::warn!(error = %e, "ignoring CNI_ARGS on DEL");
     }
     let Some(netns) = env.netns.as_deref() else {
         tracing::info!("no network namespace, nothing to remove");

@@ -78,7 +78,15 @@ pub fn run(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
         Some(&conf.settings.log_path()),
     );
     let container_id = get_env("CNI_CONTAINERID").unwrap_or_default();
-    let span = logging::command_span(command.as_str(), &container_id);
+    // Best effort here so that even the first lines carry the pod; the commands validate.
+    let pod =
+        settings::parse_cni_args(&get_env("CNI_ARGS").unwrap_or_default()).unwrap_or_default();
+    let span = logging::command_span(
+        command.as_str(),
+        &container_id,
+        &pod.pod_namespace,
+        &pod.pod_name,
+    );
     let _entered = span.enter();
     for n in notes {
         tracing::warn!("{n}");

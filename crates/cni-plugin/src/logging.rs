@@ -153,15 +153,26 @@ pub fn init(level: &str, log_file: Option<&Path>) -> Vec<String> {
 }
 
 /// The span every line of one invocation is logged in: it carries the pod and container.
-pub fn command_span(command: &str, container_id: &str) -> tracing::Span {
-    tracing::span!(
+/// Pod fields are empty for commands without a pod (STATUS, GC).
+pub fn command_span(
+    command: &str,
+    container_id: &str,
+    pod_namespace: &str,
+    pod_name: &str,
+) -> tracing::Span {
+    let span = tracing::span!(
         Level::INFO,
         "cni",
         command,
         container_id,
         pod_namespace = tracing::field::Empty,
         pod_name = tracing::field::Empty,
-    )
+    );
+    if !pod_name.is_empty() {
+        span.record("pod_namespace", pod_namespace);
+        span.record("pod_name", pod_name);
+    }
+    span
 }
 
 #[cfg(test)]

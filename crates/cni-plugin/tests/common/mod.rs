@@ -1,0 +1,440 @@
+//! A "node" for end-to-end tests: its own network namespace where the real CNI client
+//! (`cnitool`) runs Debian's bridge/host-local/portmap and then istio-cni, a fake Kubernetes
+//! API server serving pod JSON (bound inside the node namespace, where the plugin runs), and
+//! a kubeconfig pointing at it.
+#![allow(dead_code)]
+
+use integration::TestNetns;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub const CNITOOL: &str = "/usr/local/bin/cnitool";
+pub const NET: &str = "k8s-pod-network";
+pub const PLUGIN: &str = env!("CARGO_BIN_EXE_istio-cni");
+/// Where the bridge plugin puts the gateway (in the node namespace).
+pub const GATEWAY: &str = "10.88.0.1";
+
+static DIR_COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// Fails the test clearly when the machine lacks what the end-to-end tests drive.
+pub fn require_tools() {
+    integration::require_root();
+    for p in [
+        CNITOOL,
+        "/usr/lib/cni/bridge",
+        "/usr/lib/cni/host-local",
+        "/usr/lib/cni/portmap",
+    ] {
+        assert!(
+            Path::new(p).exists(),
+            "{p} is missing: run `bash integration/scripts/install-deps.sh`"
+        );
+    }
+}
+
+pub fn fixture(name: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(format!("{name}.json"));
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+/// How the fake API server behaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApiMode {
+    Up = 0,
+    /// Accepts connections and never answers (per-request timeout).
+    Hang = 1,
+}
+
+/// `GET /api/v1/namespaces/{ns}/pods/{name}` from a map; 404 Status otherwise.
+pub struct FakeApi {
+    pub port: u16,
+    pods: Arc<Mutex<HashMap<String, Value>>>,
+    mode: Arc<AtomicU8>,
+    pub requests: Arc<AtomicUsize>,
+}
+
+impl FakeApi {
+    fn start(node: &TestNetns) -> FakeApi {
+        // A socket belongs to the namespace it was created in: bind inside the node.
+        let listener = node
+            .run(|| TcpListener::bind("127.0.0.1:0"))
+            .unwrap()
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let api = FakeApi {
+            port,
+            pods: Arc::default(),
+            mode: Arc::new(AtomicU8::new(ApiMode::Up as u8)),
+            requests: Arc::default(),
+        };
+        let (pods, mode, requests) = (api.pods.clone(), api.mode.clone(), api.requests.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { break };
+                let (pods, mode, requests) = (pods.clone(), mode.clone(), requests.clone());
+                std::thread::spawn(move || serve(conn, &pods, &mode, &requests));
+            }
+        });
+        api
+    }
+
+    /// Serves `pod` (a fixture) as `namespace/name`.
+    pub fn put(&self, namespace: &str, name: &str, mut pod: Value) {
+        pod["metadata"]["name"] = name.into();
+        pod["metadata"]["namespace"] = namespace.into();
+        self.pods
+            .lock()
+            .unwrap()
+            .insert(format!("{namespace}/{name}"), pod);
+    }
+
+    pub fn set_mode(&self, mode: ApiMode) {
+        self.mode.store(mode as u8, Ordering::SeqCst);
+    }
+}
+
+fn serve(
+    mut conn: TcpStream,
+    pods: &Mutex<HashMap<String, Value>>,
+    mode: &AtomicU8,
+    requests: &AtomicUsize,
+) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        match conn.read(&mut chunk) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    requests.fetch_add(1, Ordering::SeqCst);
+    if mode.load(Ordering::SeqCst) == ApiMode::Hang as u8 {
+        // Hold the connection open without answering until the client gives up.
+        let _ = conn.read(&mut chunk);
+        return;
+    }
+    let head = String::from_utf8_lossy(&buf);
+    let path = head
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("")
+        .split('?')
+        .next()
+        .unwrap_or("")
+        .to_string();
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let pod = match parts.as_slice() {
+        ["api", "v1", "namespaces", ns, "pods", name] => {
+            pods.lock().unwrap().get(&format!("{ns}/{name}")).cloned()
+        }
+        _ => None,
+    };
+    let (status, body) = match pod {
+        Some(p) => ("200 OK", p),
+        None => (
+            "404 Not Found",
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                   "message": format!("{path} not found"), "reason": "NotFound", "code": 404}),
+        ),
+    };
+    let body = body.to_string();
+    let _ = write!(
+        conn,
+        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+/// Settings of the istio-cni entry in the conflist.
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    pub cni_version: &'static str,
+    pub attempts: u32,
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+    /// Point the kubeconfig at a port nobody listens on.
+    pub api_down: bool,
+    pub write_kubeconfig: bool,
+}
+
+impl Default for NodeOptions {
+    fn default() -> Self {
+        Self {
+            cni_version: "1.0.0",
+            attempts: 3,
+            interval_ms: 100,
+            timeout_ms: 1000,
+            api_down: false,
+            write_kubeconfig: true,
+        }
+    }
+}
+
+/// What one command printed and how long it took.
+#[derive(Debug)]
+pub struct Run {
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl Run {
+    fn from(out: Output, elapsed: Duration) -> Run {
+        Run {
+            ok: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            elapsed,
+        }
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_str(self.stdout.trim())
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:?}"))
+    }
+
+    #[track_caller]
+    pub fn assert_ok(&self) -> &Self {
+        assert!(self.ok, "command failed: {self:#?}");
+        self
+    }
+
+    /// cnitool prints the plugin's CNI error as its own error text: the code and message.
+    #[track_caller]
+    pub fn assert_err(&self, code: u32, msg_contains: &[&str]) -> &Self {
+        assert!(!self.ok, "command unexpectedly succeeded: {self:#?}");
+        let all = format!("{}{}", self.stdout, self.stderr);
+        for m in msg_contains {
+            assert!(all.contains(m), "{m:?} not in the error: {self:#?}");
+        }
+        if let Ok(v) = serde_json::from_str::<Value>(self.stdout.trim()) {
+            assert_eq!(v["code"], code, "{self:#?}");
+        } else {
+            assert!(
+                all.contains(&code.to_string()),
+                "code {code} not in {self:#?}"
+            );
+        }
+        self
+    }
+}
+
+pub struct Node {
+    pub ns: TestNetns,
+    pub dir: PathBuf,
+    pub api: FakeApi,
+    pub opts: NodeOptions,
+}
+
+impl Node {
+    pub fn new(opts: NodeOptions) -> Node {
+        require_tools();
+        let ns = TestNetns::with_prefix("cninode").unwrap();
+        let n = DIR_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("istio-cni-e2e-{}-{n}", std::process::id()));
+        for sub in ["run", "netconf", "ipam"] {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        let api = FakeApi::start(&ns);
+        let node = Node { ns, dir, api, opts };
+        node.write_conflist();
+        if node.opts.write_kubeconfig {
+            node.write_kubeconfig();
+        }
+        node
+    }
+
+    pub fn run_dir(&self) -> PathBuf {
+        self.dir.join("run")
+    }
+
+    pub fn plugin_conf(&self) -> Value {
+        json!({
+            "name": "istio-cni",
+            "type": "istio-cni",
+            "plugin_log_level": "debug",
+            "cni_agent_run_dir": self.run_dir(),
+            "exclude_namespaces": ["kube-system"],
+            "pod_namespace": "istio-system",
+            "native_nftables": false,
+            "redirect_backend": "auto",
+            "pod_lookup_attempts": self.opts.attempts,
+            "pod_lookup_interval_ms": self.opts.interval_ms,
+            "pod_lookup_timeout_ms": self.opts.timeout_ms,
+            "ambient_enabled": false
+        })
+    }
+
+    fn write_conflist(&self) {
+        let conflist = json!({
+            "cniVersion": self.opts.cni_version,
+            "name": NET,
+            "plugins": [
+                {
+                    "type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
+                    "hairpinMode": true,
+                    "ipam": {
+                        "type": "host-local", "dataDir": self.dir.join("ipam"),
+                        "ranges": [[{"subnet": "10.88.0.0/16", "gateway": GATEWAY}]],
+                        "routes": [{"dst": "0.0.0.0/0"}]
+                    }
+                },
+                {"type": "portmap", "capabilities": {"portMappings": true}, "snat": false},
+                self.plugin_conf()
+            ]
+        });
+        std::fs::write(
+            self.dir.join("netconf/10-k8s.conflist"),
+            serde_json::to_string_pretty(&conflist).unwrap(),
+        )
+        .unwrap();
+    }
+
+    pub fn write_kubeconfig(&self) {
+        let port = if self.opts.api_down { 1 } else { self.api.port };
+        let kubeconfig = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: istio-cni\n  context:\n    cluster: local\n    user: istio-cni\ncurrent-context: istio-cni\nusers:\n- name: istio-cni\n  user:\n    token: test-token\n"
+        );
+        std::fs::write(self.run_dir().join("istio-cni-kubeconfig"), kubeconfig).unwrap();
+    }
+
+    /// `cnitool <command> k8s-pod-network <pod netns>` inside the node, with the pod's CNI_ARGS.
+    pub fn cnitool(&self, command: &str, pod: &Path, k8s_ns: &str, name: &str) -> Run {
+        let args = if k8s_ns.is_empty() {
+            "IgnoreUnknown=1".to_string()
+        } else {
+            format!(
+                "IgnoreUnknown=1;K8S_POD_NAMESPACE={k8s_ns};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID=0123456789abcdef"
+            )
+        };
+        self.cnitool_args(command, pod, &args)
+    }
+
+    pub fn cnitool_args(&self, command: &str, pod: &Path, cni_args: &str) -> Run {
+        let plugin_dir = Path::new(PLUGIN).parent().unwrap();
+        let start = Instant::now();
+        let out = self
+            .ns
+            .run(|| {
+                Command::new(CNITOOL)
+                    .args([command, NET])
+                    .arg(pod)
+                    .env("NETCONFPATH", self.dir.join("netconf"))
+                    .env("CNI_PATH", format!("/usr/lib/cni:{}", plugin_dir.display()))
+                    .env("CNI_ARGS", cni_args)
+                    .env("CNI_IFNAME", "eth0")
+                    .env_remove("CAP_ARGS")
+                    .stdin(Stdio::null())
+                    .output()
+            })
+            .unwrap()
+            .unwrap();
+        Run::from(out, start.elapsed())
+    }
+
+    pub fn add(&self, pod: &TestNetns, k8s_ns: &str, name: &str) -> Run {
+        self.cnitool("add", pod.path(), k8s_ns, name)
+    }
+    pub fn check(&self, pod: &TestNetns, k8s_ns: &str, name: &str) -> Run {
+        self.cnitool("check", pod.path(), k8s_ns, name)
+    }
+    pub fn del(&self, pod: &TestNetns, k8s_ns: &str, name: &str) -> Run {
+        self.cnitool("del", pod.path(), k8s_ns, name)
+    }
+
+    /// The plugin alone, called the way a runtime calls it (inside the node namespace).
+    pub fn plugin(&self, env: &[(&str, &str)], stdin: &[u8]) -> Run {
+        let start = Instant::now();
+        let out = self
+            .ns
+            .run(|| {
+                let mut child = Command::new(PLUGIN)
+                    .env_clear()
+                    .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+                    .envs(env.iter().copied())
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()?;
+                child.stdin.take().unwrap().write_all(stdin)?;
+                child.wait_with_output()
+            })
+            .unwrap()
+            .unwrap();
+        Run::from(out, start.elapsed())
+    }
+
+    /// The istio-cni entry as a runtime hands it to the plugin.
+    pub fn plugin_stdin(&self, prev_result: Option<Value>) -> Vec<u8> {
+        let mut conf = self.plugin_conf();
+        conf["cniVersion"] = self.opts.cni_version.into();
+        if let Some(p) = prev_result {
+            conf["prevResult"] = p;
+        }
+        serde_json::to_vec(&conf).unwrap()
+    }
+
+    /// A cnitool run that failed in istio-cni: the message reached the client and the plugin
+    /// logged the same failure with `code` (cnitool does not print codes).
+    #[track_caller]
+    pub fn assert_failed(&self, run: &Run, code: u32, msg_contains: &[&str]) {
+        assert!(!run.ok, "command unexpectedly succeeded: {run:#?}");
+        assert!(
+            run.stderr.contains("plugin type=\"istio-cni\""),
+            "not istio-cni's failure: {run:#?}"
+        );
+        for m in msg_contains {
+            assert!(run.stderr.contains(m), "{m:?} not in the error: {run:#?}");
+        }
+        let last = self
+            .log()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|l| l["fields"]["message"] == "command failed")
+            .last()
+            .unwrap_or_else(|| panic!("no failure logged for {run:#?}"));
+        assert_eq!(last["fields"]["code"], code, "{last}");
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.run_dir().join("istio-cni.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// nft and iptables-legacy rules in a namespace ("" when there are none at all).
+pub fn rules(ns: &TestNetns) -> String {
+    let nft = ns.exec_ok("nft", &["list", "ruleset"]).unwrap();
+    let legacy = ns
+        .exec("iptables-legacy-save", &[])
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let legacy: String = legacy
+        .lines()
+        .filter(|l| l.starts_with("-A"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    nft.trim().to_string() + legacy.trim()
+}
+
+/// The pod's IPv4 address from an ADD result.
+pub fn pod_ip(result: &Value) -> std::net::IpAddr {
+    let addr = result["ips"][0]["address"].as_str().unwrap();
+    addr.split('/').next().unwrap().parse().unwrap()
+}
