@@ -213,6 +213,12 @@ fn add_link(
         link.world_v6,
         link.pod_v6,
     ))?;
+    // The kernel attaches the real qdisc only when its link watcher sees the carrier (it
+    // drops packets until then), which can lag under load; a SYN lost that way costs a
+    // 1 s retransmit, so wait until both ends report RUNNING.
+    for ns in [pod, world] {
+        ns.run(|| wait_running(name))??;
+    }
     Ok(link)
 }
 
@@ -262,8 +268,29 @@ fn check_status(what: &str, out: &Output) -> io::Result<()> {
     )))
 }
 
+/// Polls until `name` is RUNNING (carrier seen by the link watcher), at most 5 s.
+fn wait_running(name: &str) -> io::Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        if link_flags(name, None)? & libc::IFF_RUNNING as libc::c_short != 0 {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(io::Error::other(format!(
+                "{name} did not come up within 5 s"
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
 /// `ip link set NAME up` via SIOCSIFFLAGS, in the calling thread's namespace.
 fn set_link_up(name: &str) -> io::Result<()> {
+    link_flags(name, Some(libc::IFF_UP as libc::c_short)).map(drop)
+}
+
+/// Reads a link's flags (SIOCGIFFLAGS) and, with `add`, sets those flags too.
+fn link_flags(name: &str, add: Option<libc::c_short>) -> io::Result<libc::c_short> {
     // SAFETY: plain socket/ioctl calls on a zeroed ifreq whose name fits IFNAMSIZ; the fd is
     // owned and closed by OwnedFd.
     unsafe {
@@ -286,10 +313,13 @@ fn set_link_up(name: &str) -> io::Result<()> {
         if libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) < 0 {
             return Err(io::Error::last_os_error());
         }
-        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-        if libc::ioctl(fd.as_raw_fd(), libc::SIOCSIFFLAGS, &req) < 0 {
-            return Err(io::Error::last_os_error());
+        let flags = req.ifr_ifru.ifru_flags;
+        if let Some(add) = add {
+            req.ifr_ifru.ifru_flags |= add;
+            if libc::ioctl(fd.as_raw_fd(), libc::SIOCSIFFLAGS, &req) < 0 {
+                return Err(io::Error::last_os_error());
+            }
         }
+        Ok(flags)
     }
-    Ok(())
 }

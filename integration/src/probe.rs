@@ -20,8 +20,10 @@ use std::time::{Duration, Instant};
 /// listener). Everything in these tests is local, so a real connection takes well under 1 ms.
 pub const SHORT_TIMEOUT: Duration = Duration::from_millis(300);
 
-/// Default client timeout: generous enough for a loaded 2-core CI machine.
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default client timeout. A local connection takes well under 1 ms, but on a loaded 2-core
+/// machine a test thread can stall; staying above TCP's 1 s SYN retransmit also survives one
+/// lost SYN. Pass [`SHORT_TIMEOUT`] where no connection is expected.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Transport {
@@ -318,20 +320,23 @@ fn serve(name: &str, sockets: Vec<Socket>, wake: OwnedFd, records: &Mutex<Vec<Ac
                 continue;
             }
             p.revents = 0;
-            let rec = match s.listen.kind {
-                ListenKind::Udp => serve_udp(name, s),
-                _ => serve_tcp(name, s),
+            // Recorded before the answer goes out: a client that got its answer must find
+            // its connection in `accepted()`.
+            let record = |rec: Accepted| {
+                if let Ok(mut r) = records.lock() {
+                    r.push(rec);
+                }
             };
-            if let Some(rec) = rec
-                && let Ok(mut r) = records.lock()
-            {
-                r.push(rec);
-            }
+            // `None`: this wake-up had nothing to serve (e.g. the peer already reset).
+            let _ = match s.listen.kind {
+                ListenKind::Udp => serve_udp(name, s, record),
+                _ => serve_tcp(name, s, record),
+            };
         }
     }
 }
 
-fn serve_tcp(name: &str, s: &Socket) -> Option<Accepted> {
+fn serve_tcp(name: &str, s: &Socket, record: impl FnOnce(Accepted)) -> Option<()> {
     // SAFETY: accept4 on a listening socket; the peer address is not needed from it.
     let fd = unsafe {
         libc::accept4(
@@ -349,6 +354,14 @@ fn serve_tcp(name: &str, s: &Socket) -> Option<Accepted> {
     let local = sockname(&conn, false).ok()?;
     let peer = sockname(&conn, true).ok()?;
     let orig = original_dst(&conn, s.v6).unwrap_or(local);
+    record(Accepted {
+        probe: name.to_string(),
+        transport: Transport::Tcp,
+        port: s.listen.port,
+        local,
+        orig_dst: Some(orig),
+        peer,
+    });
     let line = format!("{name} {} {orig}\n", s.listen.port);
     // MSG_NOSIGNAL: a client that already gave up must not SIGPIPE the test process.
     // SAFETY: sending from a valid buffer on our own socket.
@@ -360,17 +373,10 @@ fn serve_tcp(name: &str, s: &Socket) -> Option<Accepted> {
             libc::MSG_NOSIGNAL,
         )
     };
-    Some(Accepted {
-        probe: name.to_string(),
-        transport: Transport::Tcp,
-        port: s.listen.port,
-        local,
-        orig_dst: Some(orig),
-        peer,
-    })
+    Some(())
 }
 
-fn serve_udp(name: &str, s: &Socket) -> Option<Accepted> {
+fn serve_udp(name: &str, s: &Socket, record: impl FnOnce(Accepted)) -> Option<()> {
     let mut buf = [0u8; 512];
     // SAFETY: zeroed sockaddr_storage is a valid out-buffer for recvfrom.
     let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
@@ -390,6 +396,14 @@ fn serve_udp(name: &str, s: &Socket) -> Option<Accepted> {
         return None;
     }
     let peer = from_storage(&ss)?;
+    record(Accepted {
+        probe: name.to_string(),
+        transport: Transport::Udp,
+        port: s.listen.port,
+        local: sockname(&s.fd, false).ok()?,
+        orig_dst: None,
+        peer,
+    });
     let line = format!("{name} {} -\n", s.listen.port);
     let (sa, sl) = to_storage(peer);
     // The reply's source may not be the redirected destination, so the client does not
@@ -405,14 +419,7 @@ fn serve_udp(name: &str, s: &Socket) -> Option<Accepted> {
             sl,
         )
     };
-    Some(Accepted {
-        probe: name.to_string(),
-        transport: Transport::Udp,
-        port: s.listen.port,
-        local: sockname(&s.fd, false).ok()?,
-        orig_dst: None,
-        peer,
-    })
+    Some(())
 }
 
 /// A client connection: destination, and who connects from where.

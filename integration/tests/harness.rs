@@ -92,7 +92,9 @@ fn refused_and_timeout_are_distinguished() {
     w.world
         .exec_ok(
             "iptables-legacy",
-            &["-A", "INPUT", "-p", "tcp", "--dport", "82", "-j", "DROP"],
+            &[
+                "-w", "-A", "INPUT", "-p", "tcp", "--dport", "82", "-j", "DROP",
+            ],
         )
         .unwrap();
     let t = std::time::Instant::now();
@@ -115,6 +117,7 @@ fn client_identity_is_per_thread() {
             .exec_ok(
                 "iptables-legacy",
                 &[
+                    "-w",
                     "-A",
                     "OUTPUT",
                     "-p",
