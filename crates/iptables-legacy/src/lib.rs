@@ -1,48 +1,429 @@
 //! iptables-legacy backend: the same `Plan` as the nft backend, rendered in istio-iptables'
-//! restore format (byte-identical to Istio's payloads).
+//! restore format (byte-identical to Istio's payloads) and applied with
+//! `iptables-legacy-restore --noflush` / `ip6tables-legacy-restore --noflush`, one call per
+//! family, atomic per table.
+//!
+//! Every function works on the *calling thread's* network namespace (enter it first, e.g.
+//! with `netns::run_in`). The `*_with` variants take a [`Tools`] to choose where binaries
+//! are looked up; the plain ones use `$PATH`, then /usr/sbin and /sbin.
+//!
+//! Re-applying is idempotent: when our `ISTIO_*` chains already exist, the same restore
+//! first deletes the jumps to them and the plan's own rules in built-in chains, flushes and
+//! deletes our chains, then re-creates everything, so a rerun yields exactly the same rules.
+//! Comparisons with live rules are made in iptables-save's canonical form: the expected rules
+//! are restored into a private scratch namespace and saved back (see [`check`]).
 
 mod render;
+mod save;
+mod tools;
 
 pub use render::{render_payload, rule_args};
+pub use tools::Tools;
 
 use capture::Plan;
-use std::path::Path;
+use save::{SavedTable, is_ours, jump_target};
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use tools::Fam;
 
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum LegacyError {
-    Unimplemented,
+    #[error(
+        "{binary} not found (searched {searched}); install iptables (legacy) or use the nft backend"
+    )]
+    BinaryNotFound { binary: String, searched: String },
+    #[error("could not run {command}: {source}")]
+    Spawn { command: String, source: io::Error },
+    #[error("{command} failed ({status}): {stderr}{}", offending_line.as_ref().map(|l| format!(" [input line: {l}]")).unwrap_or_default())]
+    Command {
+        command: String,
+        status: String,
+        stderr: String,
+        /// The restore input line the tool complained about, when it said which.
+        offending_line: Option<String>,
+    },
+    #[error("reading {path}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+    #[error("preparing a scratch namespace to compare rules: {0}")]
+    Scratch(io::Error),
 }
-
-impl std::fmt::Display for LegacyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("iptables-legacy backend not implemented yet")
-    }
-}
-
-impl std::error::Error for LegacyError {}
 
 /// Programs `plan` into the current network namespace with iptables-legacy-restore.
 /// `lock_file` scopes the xtables lock (e.g. to the pod's namespace file).
-pub fn apply(_plan: &Plan, _lock_file: Option<&Path>) -> Result<(), LegacyError> {
-    Err(LegacyError::Unimplemented)
+pub fn apply(plan: &Plan, lock_file: Option<&Path>) -> Result<(), LegacyError> {
+    apply_with(plan, lock_file, &Tools::default())
 }
 
-/// Differences between the live rules and `plan` (empty = in sync).
-pub fn check(_plan: &Plan) -> Result<Vec<String>, LegacyError> {
-    Err(LegacyError::Unimplemented)
+/// [`apply`] with explicit binary lookup.
+///
+/// Order of work, so that failures leave the namespace as it was: every binary is located
+/// first; then each family's complete input (removal of our old rules + the new payload) is
+/// checked with `--test`; only then are the families committed. A kernel-side refusal while
+/// committing (e.g. a missing module) cannot be caught by `--test`: if IPv6 fails after IPv4
+/// was committed, our IPv4 rules are removed again so the pod is never half-programmed.
+pub fn apply_with(plan: &Plan, lock_file: Option<&Path>, tools: &Tools) -> Result<(), LegacyError> {
+    let mut inputs: Vec<(Fam, String)> = Vec::new();
+    for fam in [Fam::V4, Fam::V6] {
+        let payload = render_payload(plan, fam == Fam::V6);
+        let wanted = !payload.is_empty();
+        // A family the plan does not use still gets our old rules removed, but its binaries
+        // are only required when there is something to remove (Istio tolerates a missing
+        // ip6tables when IPv6 is off).
+        let live = if wanted {
+            tools.find(fam.restore())?;
+            live_tables(tools, fam)?
+        } else if tables_instantiated(fam)? {
+            let live = live_tables(tools, fam)?;
+            if live.iter().any(SavedTable::has_ours) {
+                tools.find(fam.restore())?;
+            }
+            live
+        } else {
+            Vec::new()
+        };
+        let input = if live.iter().any(SavedTable::has_ours) {
+            // Only a rerun pays for the scratch namespace: the plan's built-in-chain rules
+            // must be recognised in canonical form to be removed before being re-added.
+            let expected = canonical(tools, fam, &payload)?;
+            with_removal(&payload, &removal(&live, &expected))
+        } else {
+            payload
+        };
+        if !input.is_empty() {
+            inputs.push((fam, input));
+        }
+    }
+    for (fam, input) in &inputs {
+        tools.restore(*fam, input, lock_file, true)?;
+    }
+    for (i, (fam, input)) in inputs.iter().enumerate() {
+        if let Err(e) = tools.restore(*fam, input, lock_file, false) {
+            for (done, _) in &inputs[..i] {
+                let _ = cleanup_family(tools, *done, lock_file);
+            }
+            return Err(e);
+        }
+    }
+    Ok(())
 }
 
-/// Removes our chains and the jumps to them. Returns whether any existed.
-pub fn cleanup(_lock_file: Option<&Path>) -> Result<bool, LegacyError> {
-    Err(LegacyError::Unimplemented)
+/// Differences between the live rules and `plan` (empty = in sync), as readable lines
+/// naming the family, table and chain. Our chains must match exactly, in order; in the
+/// built-in chains only the plan's rules and jumps to our chains are compared (foreign rules
+/// are ignored), again in order.
+pub fn check(plan: &Plan) -> Result<Vec<String>, LegacyError> {
+    check_with(plan, &Tools::default())
+}
+
+/// [`check`] with explicit binary lookup.
+pub fn check_with(plan: &Plan, tools: &Tools) -> Result<Vec<String>, LegacyError> {
+    let mut drift = Vec::new();
+    for fam in [Fam::V4, Fam::V6] {
+        let payload = render_payload(plan, fam == Fam::V6);
+        if payload.is_empty() && !tables_instantiated(fam)? {
+            continue;
+        }
+        let live = live_tables(tools, fam)?;
+        let expected = canonical(tools, fam, &payload)?;
+        diff(fam, &expected, &live, &mut drift);
+    }
+    Ok(drift)
+}
+
+/// Removes our chains and the jumps to them, both families. Returns whether any existed.
+/// Rules the plan put directly into built-in chains without a jump (e.g. `-c` interface
+/// RETURNs, TPROXY mark rules in mangle) are not recognisable without the plan and stay;
+/// they only RETURN or mark, they do not redirect.
+pub fn cleanup(lock_file: Option<&Path>) -> Result<bool, LegacyError> {
+    cleanup_with(lock_file, &Tools::default())
+}
+
+/// [`cleanup`] with explicit binary lookup.
+pub fn cleanup_with(lock_file: Option<&Path>, tools: &Tools) -> Result<bool, LegacyError> {
+    let mut any = false;
+    for fam in [Fam::V4, Fam::V6] {
+        any |= cleanup_family(tools, fam, lock_file)?;
+    }
+    Ok(any)
 }
 
 /// Whether the current namespace holds any iptables-legacy tables with rules.
 pub fn has_legacy_rules() -> Result<bool, LegacyError> {
-    Err(LegacyError::Unimplemented)
+    has_legacy_rules_with(&Tools::default())
+}
+
+/// [`has_legacy_rules`] with explicit binary lookup. Reads the kernel's table list first, so
+/// a namespace that never used legacy iptables costs no process.
+pub fn has_legacy_rules_with(tools: &Tools) -> Result<bool, LegacyError> {
+    for fam in [Fam::V4, Fam::V6] {
+        if tables_instantiated(fam)? && live_tables(tools, fam)?.iter().any(|t| !t.rules.is_empty())
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Whether our ISTIO_* chains exist in iptables-legacy in the current namespace.
 pub fn has_our_chains() -> Result<bool, LegacyError> {
-    Err(LegacyError::Unimplemented)
+    has_our_chains_with(&Tools::default())
+}
+
+/// [`has_our_chains`] with explicit binary lookup.
+pub fn has_our_chains_with(tools: &Tools) -> Result<bool, LegacyError> {
+    for fam in [Fam::V4, Fam::V6] {
+        if tables_instantiated(fam)? && live_tables(tools, fam)?.iter().any(SavedTable::has_ours) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+fn cleanup_family(tools: &Tools, fam: Fam, lock_file: Option<&Path>) -> Result<bool, LegacyError> {
+    if !tables_instantiated(fam)? {
+        return Ok(false);
+    }
+    let live = live_tables(tools, fam)?;
+    if !live.iter().any(SavedTable::has_ours) {
+        return Ok(false);
+    }
+    let input = with_removal("", &removal(&live, &[]));
+    tools.restore(fam, &input, lock_file, false)?;
+    Ok(true)
+}
+
+/// Whether the kernel has instantiated any legacy table of this family in this namespace.
+/// Tables appear on first use, so an empty list means nobody ever used legacy iptables here.
+fn tables_instantiated(fam: Fam) -> Result<bool, LegacyError> {
+    match std::fs::read_to_string(fam.names_file()) {
+        Ok(s) => Ok(!s.trim().is_empty()),
+        // The family's module is not even loaded.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(source) => Err(LegacyError::Read {
+            path: fam.names_file().into(),
+            source,
+        }),
+    }
+}
+
+fn live_tables(tools: &Tools, fam: Fam) -> Result<Vec<SavedTable>, LegacyError> {
+    Ok(save::parse(&tools.save(fam)?))
+}
+
+/// The plan's rules in iptables-save's canonical form: restored into a fresh, private network
+/// namespace (on a short-lived thread; it disappears with the thread) and saved back.
+fn canonical(tools: &Tools, fam: Fam, payload: &str) -> Result<Vec<SavedTable>, LegacyError> {
+    if payload.is_empty() {
+        return Ok(Vec::new());
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: unshare only affects the calling (scratch) thread's namespace.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                return Err(LegacyError::Scratch(io::Error::last_os_error()));
+            }
+            // The scratch namespace's own file as lock: nobody else can contend for it.
+            // (Read by the single-threaded iptables child, so "self" is the scratch namespace.)
+            let lock = Path::new("/proc/self/ns/net");
+            tools.restore(fam, payload, Some(lock), false)?;
+            live_tables(tools, fam)
+        })
+        .join()
+        .unwrap_or_else(|_| {
+            Err(LegacyError::Scratch(io::Error::other(
+                "scratch thread panicked",
+            )))
+        })
+    })
+}
+
+/// Restore lines (per table) that remove what we own from `live`: jumps to our chains from
+/// other chains, the plan's own rules in built-in chains (`expected`, canonical form), then
+/// flush and delete our chains. Flushing all before deleting any lets chains that jump to
+/// each other go in one pass.
+fn removal(live: &[SavedTable], expected: &[SavedTable]) -> BTreeMap<String, Vec<String>> {
+    let mut out = BTreeMap::new();
+    for t in live.iter().filter(|t| t.has_ours()) {
+        let exp = expected.iter().find(|e| e.name == t.name);
+        let mut lines = Vec::new();
+        for (chain, rule) in &t.rules {
+            if is_ours(chain) {
+                continue;
+            }
+            let jumps_to_ours = jump_target(rule).is_some_and(is_ours);
+            let planned = exp.is_some_and(|e| e.rules_of(chain).any(|r| r == rule));
+            if jumps_to_ours || planned {
+                lines.push(format!("-D {chain} {rule}"));
+            }
+        }
+        lines.extend(t.our_chains().map(|c| format!("-F {c}")));
+        lines.extend(t.our_chains().map(|c| format!("-X {c}")));
+        out.insert(t.name.clone(), lines);
+    }
+    out
+}
+
+/// `payload` with the removal lines placed at the top of each table's section (tables only
+/// in `removal` get a section of their own). With nothing to remove, `payload` is returned
+/// unchanged: a first apply feeds iptables exactly Istio's bytes.
+fn with_removal(payload: &str, removal: &BTreeMap<String, Vec<String>>) -> String {
+    if removal.is_empty() {
+        return payload.to_string();
+    }
+    // Split the payload into (table, header line, body lines).
+    let mut sections: Vec<(String, String, Vec<&str>)> = Vec::new();
+    for line in payload.lines() {
+        if let Some(name) = line.strip_prefix('*') {
+            sections.push((name.trim().to_string(), line.to_string(), Vec::new()));
+        } else if line != "COMMIT"
+            && let Some(s) = sections.last_mut()
+        {
+            s.2.push(line);
+        }
+    }
+    for name in removal.keys() {
+        if !sections.iter().any(|s| &s.0 == name) {
+            sections.push((name.clone(), format!("*{name}"), Vec::new()));
+        }
+    }
+    sections.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out = String::new();
+    for (name, header, body) in sections {
+        out.push_str(&header);
+        out.push('\n');
+        for l in removal.get(&name).into_iter().flatten() {
+            out.push_str(l);
+            out.push('\n');
+        }
+        for l in body {
+            out.push_str(l);
+            out.push('\n');
+        }
+        out.push_str("COMMIT\n");
+    }
+    out
+}
+
+/// Appends readable drift lines for one family.
+fn diff(fam: Fam, expected: &[SavedTable], live: &[SavedTable], out: &mut Vec<String>) {
+    let empty = SavedTable::default();
+    let mut names: Vec<&str> = expected.iter().map(|t| t.name.as_str()).collect();
+    names.extend(
+        live.iter()
+            .filter(|t| t.has_ours())
+            .map(|t| t.name.as_str()),
+    );
+    names.sort();
+    names.dedup();
+    for name in names {
+        let exp = expected.iter().find(|t| t.name == name).unwrap_or(&empty);
+        let liv = live.iter().find(|t| t.name == name).unwrap_or(&empty);
+        let at = |chain: &str| format!("{} {name} {chain}", fam.label());
+        for c in exp.our_chains() {
+            if !liv.chains.iter().any(|l| l == c) {
+                out.push(format!("{}: missing chain", at(c)));
+            }
+        }
+        for c in liv.our_chains() {
+            if !exp.chains.iter().any(|e| e == c) {
+                out.push(format!("{}: unexpected chain", at(c)));
+            }
+        }
+        // Rule by rule: every non-ISTIO chain of either side (built-ins; a foreign chain only
+        // counts for jumps into ours) and our chains present on both sides.
+        let mut chains: Vec<&str> = Vec::new();
+        for c in exp.chains.iter().chain(&liv.chains).map(String::as_str) {
+            let both = exp.chains.iter().any(|e| e == c) && liv.chains.iter().any(|l| l == c);
+            if (!is_ours(c) || both) && !chains.contains(&c) {
+                chains.push(c);
+            }
+        }
+        for chain in chains {
+            let want: Vec<&str> = exp.rules_of(chain).collect();
+            let have: Vec<&str> = liv
+                .rules_of(chain)
+                .filter(|r| {
+                    // In shared built-in chains only what we own counts.
+                    is_ours(chain) || want.contains(r) || jump_target(r).is_some_and(is_ours)
+                })
+                .collect();
+            diff_rules(&at(chain), chain, &want, &have, out);
+        }
+    }
+}
+
+fn diff_rules(at: &str, chain: &str, want: &[&str], have: &[&str], out: &mut Vec<String>) {
+    if want == have {
+        return;
+    }
+    let mut unmatched: Vec<&str> = have.to_vec();
+    let mut missing = false;
+    for w in want {
+        if let Some(i) = unmatched.iter().position(|h| h == w) {
+            unmatched.remove(i);
+        } else {
+            missing = true;
+            out.push(format!("{at}: missing rule: -A {chain} {w}"));
+        }
+    }
+    for h in &unmatched {
+        out.push(format!("{at}: unexpected rule: -A {chain} {h}"));
+    }
+    if !missing && unmatched.is_empty() {
+        out.push(format!("{at}: rules are in a different order than planned"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(text: &str) -> Vec<SavedTable> {
+        save::parse(text)
+    }
+
+    #[test]
+    fn no_residue_keeps_istio_bytes() {
+        let p = "* nat\n-N ISTIO_X\n-A OUTPUT -j ISTIO_X\nCOMMIT\n";
+        assert_eq!(with_removal(p, &BTreeMap::new()), p);
+    }
+
+    #[test]
+    fn removal_goes_first_in_each_table() {
+        let live = table(
+            "*nat\n:OUTPUT ACCEPT [0:0]\n:ISTIO_X - [0:0]\n:FOREIGN - [0:0]\n-A OUTPUT -j ISTIO_X\n-A OUTPUT -j FOREIGN\n-A OUTPUT -o eth9 -j RETURN\n-A ISTIO_X -j RETURN\nCOMMIT\n*raw\n:OUTPUT ACCEPT [0:0]\n:ISTIO_Y - [0:0]\nCOMMIT\n",
+        );
+        let expected = table("*nat\n:OUTPUT ACCEPT [0:0]\n-A OUTPUT -o eth9 -j RETURN\nCOMMIT\n");
+        let p = "* nat\n-N ISTIO_X\n-A OUTPUT -j ISTIO_X\nCOMMIT\n";
+        let got = with_removal(p, &removal(&live, &expected));
+        assert_eq!(
+            got,
+            "* nat\n-D OUTPUT -j ISTIO_X\n-D OUTPUT -o eth9 -j RETURN\n-F ISTIO_X\n-X ISTIO_X\n-N ISTIO_X\n-A OUTPUT -j ISTIO_X\nCOMMIT\n*raw\n-F ISTIO_Y\n-X ISTIO_Y\nCOMMIT\n"
+        );
+    }
+
+    #[test]
+    fn diff_reports_missing_unexpected_and_order() {
+        let exp = table(
+            "*nat\n:OUTPUT ACCEPT [0:0]\n:ISTIO_X - [0:0]\n:ISTIO_Z - [0:0]\n-A OUTPUT -j ISTIO_X\n-A ISTIO_X -p tcp -j RETURN\n-A ISTIO_X -p udp -j RETURN\nCOMMIT\n",
+        );
+        let live = table(
+            "*nat\n:OUTPUT ACCEPT [0:0]\n:ISTIO_X - [0:0]\n:ISTIO_Y - [0:0]\n-A OUTPUT -j FOREIGN\n-A ISTIO_X -p udp -j RETURN\n-A ISTIO_X -p tcp -j RETURN\nCOMMIT\n",
+        );
+        let mut out = Vec::new();
+        diff(Fam::V4, &exp, &live, &mut out);
+        assert_eq!(
+            out,
+            [
+                "IPv4 nat ISTIO_Z: missing chain",
+                "IPv4 nat ISTIO_Y: unexpected chain",
+                "IPv4 nat OUTPUT: missing rule: -A OUTPUT -j ISTIO_X",
+                "IPv4 nat ISTIO_X: rules are in a different order than planned",
+            ]
+        );
+        let mut none = Vec::new();
+        diff(Fam::V4, &exp, &exp, &mut none);
+        assert!(none.is_empty(), "{none:?}");
+    }
 }

@@ -1,0 +1,218 @@
+//! Finding and running the iptables-legacy binaries.
+
+use crate::LegacyError;
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// Seconds iptables waits for the xtables lock (`-w`), Istio's value.
+const LOCK_WAIT_SECS: &str = "30";
+
+/// Where the backend looks for the iptables-legacy binaries, and which xtables lock they use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tools {
+    /// Searched in order for each binary.
+    pub search_dirs: Vec<PathBuf>,
+}
+
+impl Default for Tools {
+    /// `$PATH`, then /usr/sbin and /sbin (CNI plugins often run with a minimal PATH that
+    /// lacks the sbin directories).
+    fn default() -> Self {
+        let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).collect())
+            .unwrap_or_default();
+        for d in ["/usr/sbin", "/sbin"] {
+            if !dirs.iter().any(|x| x == Path::new(d)) {
+                dirs.push(d.into());
+            }
+        }
+        Tools { search_dirs: dirs }
+    }
+}
+
+/// The two families' commands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fam {
+    V4,
+    V6,
+}
+
+impl Fam {
+    pub(crate) fn restore(self) -> &'static str {
+        match self {
+            Fam::V4 => "iptables-legacy-restore",
+            Fam::V6 => "ip6tables-legacy-restore",
+        }
+    }
+    pub(crate) fn save(self) -> &'static str {
+        match self {
+            Fam::V4 => "iptables-legacy-save",
+            Fam::V6 => "ip6tables-legacy-save",
+        }
+    }
+    /// The kernel's list of instantiated legacy tables, for the calling *thread's* namespace
+    /// (/proc/self/net would show the namespace of the process's main thread).
+    pub(crate) fn names_file(self) -> &'static str {
+        match self {
+            Fam::V4 => "/proc/thread-self/net/ip_tables_names",
+            Fam::V6 => "/proc/thread-self/net/ip6_tables_names",
+        }
+    }
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Fam::V4 => "IPv4",
+            Fam::V6 => "IPv6",
+        }
+    }
+}
+
+impl Tools {
+    /// Looks only in `dirs` (tests use this to simulate missing binaries).
+    pub fn in_dirs<I: IntoIterator<Item = P>, P: Into<PathBuf>>(dirs: I) -> Self {
+        Tools {
+            search_dirs: dirs.into_iter().map(Into::into).collect(),
+        }
+    }
+
+    /// The full path of `name`, or an error naming it and where we looked.
+    pub fn find(&self, name: &str) -> Result<PathBuf, LegacyError> {
+        self.search_dirs
+            .iter()
+            .map(|d| d.join(name))
+            .find(|p| is_executable(p))
+            .ok_or_else(|| LegacyError::BinaryNotFound {
+                binary: name.to_string(),
+                searched: self
+                    .search_dirs
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(":"),
+            })
+    }
+
+    /// `X-save` output for the current namespace.
+    pub(crate) fn save(&self, fam: Fam) -> Result<String, LegacyError> {
+        let bin = self.find(fam.save())?;
+        run(&bin, &[], None, None)
+    }
+
+    /// `X-restore --noflush -w 30 [--test]` with `input` on stdin.
+    pub(crate) fn restore(
+        &self,
+        fam: Fam,
+        input: &str,
+        lock_file: Option<&Path>,
+        test_only: bool,
+    ) -> Result<(), LegacyError> {
+        let bin = self.find(fam.restore())?;
+        let mut args = vec!["--noflush", "-w", LOCK_WAIT_SECS];
+        if test_only {
+            args.push("--test");
+        }
+        run(&bin, &args, Some(input), lock_file).map(drop)
+    }
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+fn run(
+    bin: &Path,
+    args: &[&str],
+    stdin: Option<&str>,
+    lock_file: Option<&Path>,
+) -> Result<String, LegacyError> {
+    let command = format!("{} {}", bin.display(), args.join(" "));
+    let mut cmd = Command::new(bin);
+    cmd.args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(lock) = lock_file {
+        // Istio's CNI mode: one lock per pod (its namespace file) instead of the node-wide
+        // /run/xtables.lock, so pods never wait on each other or on kube-proxy.
+        cmd.env("XTABLES_LOCKFILE", OsString::from(lock));
+    }
+    let spawn = |source| LegacyError::Spawn {
+        command: command.clone(),
+        source,
+    };
+    let mut child = cmd.spawn().map_err(spawn)?;
+    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        // A write error (EPIPE) means the tool exited early; its stderr says why.
+        let _ = pipe.write_all(input.as_bytes());
+    }
+    let out = child.wait_with_output().map_err(spawn)?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        return Err(LegacyError::Command {
+            offending_line: stdin.and_then(|i| offending_line(&stderr, i)),
+            command,
+            status: out.status.to_string(),
+            stderr,
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// iptables-restore reports "Error occurred at line: N" (or "line N failed"); quote that line.
+fn offending_line(stderr: &str, input: &str) -> Option<String> {
+    let n: usize = stderr
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("Error occurred at line: ")
+                .or_else(|| l.split("line ").nth(1)?.strip_suffix(" failed"))
+        })?
+        .trim()
+        .parse()
+        .ok()?;
+    input.lines().nth(n.checked_sub(1)?).map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offending_line_is_quoted() {
+        let input = "*nat\n-A OUTPUT -o bad -j RETURN\nCOMMIT\n";
+        assert_eq!(
+            offending_line("x\nError occurred at line: 2\nTry", input).as_deref(),
+            Some("-A OUTPUT -o bad -j RETURN")
+        );
+        assert_eq!(
+            offending_line("iptables-restore: line 3 failed", input).as_deref(),
+            Some("COMMIT")
+        );
+        assert_eq!(offending_line("garbage", input), None);
+        assert_eq!(offending_line("Error occurred at line: 0", input), None);
+    }
+
+    #[test]
+    fn missing_binary_names_it_and_the_search_path() {
+        let err = Tools::in_dirs(["/nonexistent"])
+            .find("iptables-legacy-restore")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("iptables-legacy-restore"), "{err}");
+        assert!(err.contains("/nonexistent"), "{err}");
+    }
+
+    #[test]
+    fn default_search_falls_back_to_sbin() {
+        let t = Tools::default();
+        let n = t.search_dirs.len();
+        assert!(n >= 2);
+        assert!(t.search_dirs.contains(&PathBuf::from("/usr/sbin")));
+        assert!(t.search_dirs.contains(&PathBuf::from("/sbin")));
+    }
+}
