@@ -47,6 +47,9 @@ pub enum LegacyError {
     Read { path: PathBuf, source: io::Error },
     #[error("preparing a scratch namespace to compare rules: {0}")]
     Scratch(io::Error),
+    /// TPROXY policy routing or the IPv6 inbound passthrough address (shared with nft).
+    #[error(transparent)]
+    Routes(#[from] nft_backend::routes::RouteError),
 }
 
 /// Programs `plan` into the current network namespace with iptables-legacy-restore.
@@ -62,6 +65,7 @@ pub fn apply(plan: &Plan, lock_file: Option<&Path>) -> Result<(), LegacyError> {
 /// checked with `--test`; only then are the families committed. A kernel-side refusal while
 /// committing (e.g. a missing module) cannot be caught by `--test`: if IPv6 fails after IPv4
 /// was committed, our IPv4 rules are removed again so the pod is never half-programmed.
+/// Finally the plan's routes/addresses are installed (`nft_backend::routes::apply`).
 pub fn apply_with(plan: &Plan, lock_file: Option<&Path>, tools: &Tools) -> Result<(), LegacyError> {
     let mut inputs: Vec<(Fam, String)> = Vec::new();
     for fam in [Fam::V4, Fam::V6] {
@@ -104,6 +108,13 @@ pub fn apply_with(plan: &Plan, lock_file: Option<&Path>, tools: &Tools) -> Resul
             }
             return Err(e);
         }
+    }
+    // What the plan needs beyond netfilter (TPROXY's `fwmark → local table` routes, ::6 on
+    // lo), the same code the nft backend uses. On failure our rules go again, as in nft:
+    // TPROXY rules without their routes would black-hole inbound traffic.
+    if let Err(e) = nft_backend::routes::apply(plan) {
+        let _ = cleanup_with(lock_file, tools);
+        return Err(e.into());
     }
     Ok(())
 }

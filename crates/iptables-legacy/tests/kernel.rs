@@ -176,6 +176,9 @@ fn tproxy_inbound_lands_on_the_transparent_listener() {
         ..Config::cni_default()
     });
     apply(&w.pod, &p).unwrap();
+    // TPROXY's policy routing comes with the rules (shared with the nft backend).
+    let rules = w.pod.exec_ok("ip", &["rule"]).unwrap();
+    assert!(rules.contains("fwmark 0x539 lookup 133"), "{rules}");
     let pod: IpAddr = w.pod_v4.into();
     lands(
         connect(w.world.path(), &ConnectSpec::new(pod, 8080)),
