@@ -456,6 +456,15 @@ fn merge(v4: &[usize], v6: &[usize]) -> Vec<usize> {
     let (mut i, mut j) = (0, 0);
     let mut out = Vec::with_capacity(v4.len() + v6.len());
     while i < v4.len() || j < v6.len() {
+        // A shared rule already placed from the other list is behind us in both orders.
+        if i < v4.len() && emitted.contains(&v4[i]) {
+            i += 1;
+            continue;
+        }
+        if j < v6.len() && emitted.contains(&v6[j]) {
+            j += 1;
+            continue;
+        }
         let pick = if i < v4.len() && !in_v6.contains(&v4[i]) {
             i += 1;
             v4[i - 1]
@@ -469,9 +478,24 @@ fn merge(v4: &[usize], v6: &[usize]) -> Vec<usize> {
             j += 1;
             v6[j - 1]
         };
-        if emitted.insert(pick) {
-            out.push(pick);
-        }
+        emitted.insert(pick);
+        out.push(pick);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge;
+
+    #[test]
+    fn merge_keeps_family_rules_before_the_next_shared_rule() {
+        // shared: 0, 3, 6; v4-only: 1, 4; v6-only: 2, 5
+        assert_eq!(
+            merge(&[0, 1, 3, 4, 6], &[0, 2, 3, 5, 6]),
+            vec![0, 1, 2, 3, 4, 5, 6]
+        );
+        // v6 starts with a family rule, v4 with a shared one.
+        assert_eq!(merge(&[0, 3], &[2, 0, 5, 3]), vec![2, 0, 5, 3]);
+    }
 }

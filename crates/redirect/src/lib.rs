@@ -89,9 +89,16 @@ pub fn read_facts(
     })
 }
 
-/// `--backend auto`: nft, unless the namespace already holds iptables-legacy rules.
+/// `--backend auto`: nft, unless the kernel has no nf_tables or the namespace already holds
+/// iptables-legacy rules (then mixing would make rule order depend on hook registration).
 pub fn detect(netns: Option<&Path>) -> Result<Detection, RedirectError> {
     netns::run_in(netns, || -> Result<Detection, RedirectError> {
+        if !nft_backend::kernel_supports_nftables() {
+            return Ok(Detection {
+                backend: Backend::IptablesLegacy,
+                reason: "the kernel has no nf_tables support".into(),
+            });
+        }
         if iptables_legacy::has_legacy_rules().unwrap_or(false) {
             return Ok(Detection {
                 backend: Backend::IptablesLegacy,
@@ -123,11 +130,18 @@ pub fn apply(
 ) -> Result<Detection, RedirectError> {
     let detection = resolve(choice, netns)?;
     netns::run_in(netns, || -> Result<(), RedirectError> {
+        // Never both kinds in one namespace: the other backend's rules of ours go first.
         match detection.backend {
             Backend::Nft => {
+                if iptables_legacy::has_our_chains().unwrap_or(false) {
+                    iptables_legacy::cleanup(netns)?;
+                }
                 nft_backend::apply(plan)?;
             }
-            Backend::IptablesLegacy => iptables_legacy::apply(plan, netns)?,
+            Backend::IptablesLegacy => {
+                nft_backend::cleanup()?;
+                iptables_legacy::apply(plan, netns)?;
+            }
         }
         Ok(())
     })??;
