@@ -119,7 +119,7 @@ fn run(cli: &str) -> Result<bool, Box<dyn std::error::Error>> {
         ),
     ];
     println!("\n== connections\n");
-    println!("{:<48} {:<42} {}", "connection", "landed on", "expected");
+    println!("{:<48} {:<42} expected", "connection", "landed on");
     let mut ok = true;
     for (what, ns, spec, expect) in cases {
         let outcome = connect(ns, &spec);

@@ -1,0 +1,16 @@
+#!/bin/bash
+# Every check the project has: formatting, lints, and all tests (unit, golden parity, and the
+# real-kernel tests that create their own network namespaces). Run as root on Debian 12.
+set -euo pipefail
+cd "$(dirname "$(readlink -f "$0")")/../.."
+[ "$(id -u)" = 0 ] || { echo "test: run as root (network namespaces, netfilter)" >&2; exit 1; }
+command -v cargo >/dev/null || { echo "test: needs cargo (Rust >= 1.85)" >&2; exit 1; }
+integration/scripts/install-deps.sh
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --locked --workspace --all-targets -- -D warnings
+echo "== cargo build --release (static binaries)"
+cargo build --locked --release --workspace --bins
+echo "== cargo test"
+cargo test --locked --workspace
