@@ -76,10 +76,15 @@ fn pod_plan(conf: &NetConf, env: &CniEnv, args: &K8sArgs) -> Result<Option<Plan>
     // netns. No resolv.conf: the CNI path captures all DNS, so nameservers are not needed.
     let facts: Facts = redirect::read_facts(env.netns.as_deref(), None)
         .map_err(|e| redirect_error(e, "reading the pod's addresses"))?;
+    // The annotations were valid; what fails here comes from the namespace (e.g. no address
+    // yet to tell IPv4 from IPv6), as in istio-iptables.
     let plan = Plan::build(&pc.config, &facts).map_err(|e| {
         CniError::new(
-            ErrorCode::InvalidPodSpec,
-            format!("pod {}: {e}; no rules were programmed", pod_ref(args)),
+            ErrorCode::Redirect,
+            format!(
+                "pod {}: cannot build the redirect rules for its namespace: {e}; no rules were programmed",
+                pod_ref(args)
+            ),
         )
     })?;
     tracing::debug!(config = ?pc.config, "redirect config");

@@ -11,10 +11,11 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use tracing::Level;
+use tracing_subscriber::Layer;
+use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{Layer, filter::LevelFilter};
 
 /// Size at which the log is rotated to `<file>.1` (Istio: 10 MB rolling file).
 pub const MAX_LOG_BYTES: u64 = 10 * 1024 * 1024;
@@ -121,22 +122,29 @@ impl<'a> MakeWriter<'a> for FileMaker {
 /// not writable) for the caller to log once the subscriber is up.
 pub fn init(level: &str, log_file: Option<&Path>) -> Vec<String> {
     let mut notes = Vec::new();
-    let filter = level_filter(level).unwrap_or_else(|e| {
+    let level = level_filter(level).unwrap_or_else(|e| {
         notes.push(e);
         LevelFilter::INFO
     });
+    // Our lines at the configured level; the libraries' (kube, hyper, rustls) only when they
+    // warn: their debug output is about connection pools, not about the pod.
+    let filter = Targets::new()
+        .with_target("istio_cni", level)
+        .with_default(level.min(LevelFilter::WARN));
+    // The span list (outermost first) puts the pod and container on every line, also on
+    // lines logged inside a library's own span.
     let stderr = tracing_subscriber::fmt::layer()
         .json()
-        .with_current_span(true)
-        .with_span_list(false)
+        .with_current_span(false)
+        .with_span_list(true)
         .with_writer(io::stderr)
-        .with_filter(filter);
+        .with_filter(filter.clone());
     let file = log_file.and_then(|p| match RotatingFile::open(p, MAX_LOG_BYTES) {
         Ok(f) => Some(
             tracing_subscriber::fmt::layer()
                 .json()
-                .with_current_span(true)
-                .with_span_list(false)
+                .with_current_span(false)
+                .with_span_list(true)
                 .with_writer(FileMaker(Arc::new(f)))
                 .with_filter(filter),
         ),

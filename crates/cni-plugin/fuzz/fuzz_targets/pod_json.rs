@@ -1,0 +1,10 @@
+//! Whatever the API server returns: Pod JSON → decision.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(pod) = serde_json::from_slice(data) {
+        let _ = istio_cni::pod::decide(&pod);
+    }
+});
