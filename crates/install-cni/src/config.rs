@@ -326,9 +326,7 @@ impl Config {
                 "expected a file name, not a path",
             ));
         }
-        if !conf_name.is_empty()
-            && !(conf_name.ends_with(".conf") || conf_name.ends_with(".conflist"))
-        {
+        if !conf_name.is_empty() && crate::discovery::format_of(&conf_name).is_none() {
             return Err(bad(
                 "CNI_CONF_NAME",
                 conf_name,

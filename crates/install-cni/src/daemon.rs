@@ -208,20 +208,23 @@ pub async fn run(
                         "{}",
                         if first { "installed" } else { "repaired" }
                     );
-                    if !first {
-                        if let Some(n) = throttle.record_repair(Instant::now()) {
-                            tracing::warn!(
-                                repairs = n,
-                                window_s = throttle.window.as_secs(),
-                                "{}; slowing down to one pass every {} s",
-                                culprit_hint(
-                                    &installer.conf_dir_names,
-                                    &installer.primary_types,
-                                    &watch::describe(dirty)
-                                ),
-                                throttle.interval.as_secs()
-                            );
-                        }
+                    let storm = if first {
+                        None
+                    } else {
+                        throttle.record_repair(Instant::now())
+                    };
+                    if let Some(n) = storm {
+                        tracing::warn!(
+                            repairs = n,
+                            window_s = throttle.window.as_secs(),
+                            "{}; slowing down to one pass every {} s",
+                            culprit_hint(
+                                &installer.conf_dir_names,
+                                &installer.primary_types,
+                                &watch::describe(dirty)
+                            ),
+                            throttle.interval.as_secs()
+                        );
                     }
                 } else if first {
                     tracing::info!("already installed; nothing to change");

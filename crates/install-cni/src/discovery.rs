@@ -243,10 +243,21 @@ pub fn plan_chained(files: &[ConfFile], conf_name: Option<&str>, entry: &Value) 
             rename_to: Some(format!("{}list", file.name)),
             before: Some(existing),
         },
-        _ if merged == existing => ConfPlan::Valid {
-            file: file.name.clone(),
-            warning: None,
-        },
+        _ if merged == existing => {
+            // With CNI_CONF_NAME the operator chose the file; if kubelet prefers another one,
+            // pods get no istio-cni. Istio only warns here, and so do we (their choice).
+            let warning = match (conf_name, select_primary(files)) {
+                (Some(_), Some((first, _))) if first.name != file.name => Some(format!(
+                    "CNI_CONF_NAME {} is not the config kubelet uses ({} sorts first); pods will not get istio-cni",
+                    file.name, first.name
+                )),
+                _ => None,
+            };
+            ConfPlan::Valid {
+                file: file.name.clone(),
+                warning,
+            }
+        }
         _ => ConfPlan::Write {
             file: file.name.clone(),
             content: merged,

@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::io::{self, Write};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -68,7 +68,7 @@ pub fn atomic_write_mode(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()>
         let mut f = fs::OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode_compat(mode)
+            .mode(mode)
             .open(&tmp)?;
         f.write_all(bytes)?;
         // chmod after create: the umask must not narrow the mode we were asked for.
@@ -137,17 +137,6 @@ pub fn stamp(path: &Path) -> io::Result<Stamp> {
         mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
         mode: m.mode(),
     })
-}
-
-trait ModeCompat {
-    fn mode_compat(&mut self, mode: u32) -> &mut Self;
-}
-
-impl ModeCompat for fs::OpenOptions {
-    fn mode_compat(&mut self, mode: u32) -> &mut Self {
-        use std::os::unix::fs::OpenOptionsExt;
-        self.mode(mode)
-    }
 }
 
 #[cfg(test)]

@@ -68,16 +68,16 @@ pub struct Installer {
     pub conf_dir_names: Vec<String>,
 }
 
+/// EROFS on Linux.
+const EROFS: i32 = 30;
+
+/// Istio users hit read-only host paths on GKE/COS; say what to do instead of just "EROFS".
 fn err_hint(e: &io::Error) -> &'static str {
-    if e.raw_os_error() == Some(libc_erofs()) {
+    if e.raw_os_error() == Some(EROFS) {
         " (read-only file system: on GKE/COS-like nodes set the chart's cniBinDir/global.platform)"
     } else {
         ""
     }
-}
-
-const fn libc_erofs() -> i32 {
-    30 // EROFS on Linux
 }
 
 impl Installer {
@@ -118,10 +118,12 @@ impl Installer {
                 let src_stamp =
                     fsutil::stamp(&src).map_err(|x| e(format!("source {}: {x}", src.display())))?;
                 let dst_stamp = fsutil::stamp(&dst).ok();
-                if let (Some(d), Some((rd, rs))) = (dst_stamp, self.bins.get(&dst)) {
-                    if d == *rd && src_stamp == *rs {
-                        continue;
-                    }
+                // Unchanged since our last verified copy (same inode, size, mtime on both sides).
+                if let (Some(d), Some((rd, rs))) = (dst_stamp, self.bins.get(&dst))
+                    && d == *rd
+                    && src_stamp == *rs
+                {
+                    continue;
                 }
                 let identical = dst_stamp.is_some()
                     && fsutil::existing_mode(&dst) == Some(0o755)
@@ -196,7 +198,7 @@ impl Installer {
         fs::create_dir_all(&self.cfg.run_dir).map_err(e)?;
         fsutil::atomic_write_mode(&path, text.as_bytes(), self.cfg.kubeconfig_mode).map_err(e)?;
         changes.push(format!(
-            "{} {} (mode {:o})",
+            "{} {} (mode {:04o})",
             if current.is_some() {
                 "rewrote"
             } else {

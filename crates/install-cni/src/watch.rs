@@ -59,7 +59,7 @@ impl Filter {
                 cat |= c; // the directory itself went away or was replaced
             } else if path.parent() == Some(dir.as_path()) {
                 cat |= match c {
-                    BINS if self.binaries.iter().any(|b| *b == name) => BINS,
+                    BINS if self.binaries.contains(&name) => BINS,
                     CONF if discovery::format_of(&name).is_some()
                         || name.ends_with(".cilium_bak") =>
                     {

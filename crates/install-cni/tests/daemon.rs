@@ -18,32 +18,113 @@ fn istio_install_cases() {
     let calico_out = "test-testdata/expected/10-calico.conflist-istioconfig";
     let minikube_out = "test-testdata/expected/minikube_cni.conflist.expected";
     let cases: &[(&str, &str, &str, &[&str])] = &[
-        ("00-calico.conflist", "00-calico.conflist", calico_out, &["calico.conflist"]),
-        ("00-minikube_cni.conf", "00-minikube_cni.conflist", minikube_out, &["minikube_cni.conf"]),
-        ("NONE", "00-calico.conflist", calico_out, &["calico.conflist", "minikube_cni.conf"]),
-        ("NONE", "00-minikube_cni.conflist", minikube_out, &["minikube_cni.conf", "calico.conflist"]),
-        ("NONE", "01-minikube_cni.conflist", minikube_out, &["non_json.conf", "minikube_cni.conf", "calico.conflist"]),
-        ("NONE", "01-calico.conflist", calico_out, &["non_json.conf", "calico.conflist", "minikube_cni.conf"]),
-        ("NONE", "01-minikube_cni.conflist", minikube_out, &["bad_minikube_cni.conf", "minikube_cni.conf", "calico.conflist"]),
-        ("NONE", "01-calico.conflist", calico_out, &["bad_minikube_cni.conf", "calico.conflist", "minikube_cni.conf"]),
-        ("NONE", "02-minikube_cni.conflist", minikube_out, &["noname_calico.conflist", "noplugins_calico.conflist", "minikube_cni.conf", "calico.conflist"]),
-        ("NONE", "02-calico.conflist", calico_out, &["noname_calico.conflist", "noplugins_calico.conflist", "calico.conflist", "minikube_cni.conf"]),
-        ("00-calico.conf", "00-calico.conflist", calico_out, &["calico.conflist"]),
+        (
+            "00-calico.conflist",
+            "00-calico.conflist",
+            calico_out,
+            &["calico.conflist"],
+        ),
+        (
+            "00-minikube_cni.conf",
+            "00-minikube_cni.conflist",
+            minikube_out,
+            &["minikube_cni.conf"],
+        ),
+        (
+            "NONE",
+            "00-calico.conflist",
+            calico_out,
+            &["calico.conflist", "minikube_cni.conf"],
+        ),
+        (
+            "NONE",
+            "00-minikube_cni.conflist",
+            minikube_out,
+            &["minikube_cni.conf", "calico.conflist"],
+        ),
+        (
+            "NONE",
+            "01-minikube_cni.conflist",
+            minikube_out,
+            &["non_json.conf", "minikube_cni.conf", "calico.conflist"],
+        ),
+        (
+            "NONE",
+            "01-calico.conflist",
+            calico_out,
+            &["non_json.conf", "calico.conflist", "minikube_cni.conf"],
+        ),
+        (
+            "NONE",
+            "01-minikube_cni.conflist",
+            minikube_out,
+            &[
+                "bad_minikube_cni.conf",
+                "minikube_cni.conf",
+                "calico.conflist",
+            ],
+        ),
+        (
+            "NONE",
+            "01-calico.conflist",
+            calico_out,
+            &[
+                "bad_minikube_cni.conf",
+                "calico.conflist",
+                "minikube_cni.conf",
+            ],
+        ),
+        (
+            "NONE",
+            "02-minikube_cni.conflist",
+            minikube_out,
+            &[
+                "noname_calico.conflist",
+                "noplugins_calico.conflist",
+                "minikube_cni.conf",
+                "calico.conflist",
+            ],
+        ),
+        (
+            "NONE",
+            "02-calico.conflist",
+            calico_out,
+            &[
+                "noname_calico.conflist",
+                "noplugins_calico.conflist",
+                "calico.conflist",
+                "minikube_cni.conf",
+            ],
+        ),
+        (
+            "00-calico.conf",
+            "00-calico.conflist",
+            calico_out,
+            &["calico.conflist"],
+        ),
     ];
     for (i, (conf_name, result, expected, files)) in cases.iter().enumerate() {
         let env = Env::new();
         for (j, f) in files.iter().enumerate() {
-            fs::write(env.net.join(format!("{j:02}-{f}")), golden(&format!("{pre}{f}"))).unwrap();
+            fs::write(
+                env.net.join(format!("{j:02}-{f}")),
+                golden(&format!("{pre}{f}")),
+            )
+            .unwrap();
         }
         let before = snapshot(&env.net);
         let run = env.run.display().to_string();
-        let mut envs = vec![("EXCLUDE_NAMESPACES", "istio-system"), ("PLUGIN_LOG_LEVEL", "debug")];
+        let mut envs = vec![
+            ("EXCLUDE_NAMESPACES", "istio-system"),
+            ("PLUGIN_LOG_LEVEL", "debug"),
+        ];
         if *conf_name != "NONE" {
             envs.push(("CNI_CONF_NAME", conf_name));
         }
         let d = env.start(&envs);
         d.wait_ready(T);
-        let out = read_json(&env.net.join(result)).unwrap_or_else(|| panic!("case {i}: {result} missing\n{}", d.log()));
+        let out = read_json(&env.net.join(result))
+            .unwrap_or_else(|| panic!("case {i}: {result} missing\n{}", d.log()));
         let mut want = golden_json(expected);
         // Istio's test runs with cni_agent_run_dir=/tmp; ours is the temp run dir.
         let last = want["plugins"].as_array().unwrap().len() - 1;
@@ -54,24 +135,52 @@ fn istio_install_cases() {
         assert!(st.success(), "case {i}: exit {st}\n{log}");
         // Istio leaves the de-istioed conflist; we go further and restore the directory as it
         // was (byte for byte, a converted .conf comes back as the .conf).
-        assert_eq!(snapshot(&env.net), before, "case {i}: net dir not restored\n{log}");
-        assert!(snapshot(&env.bin).is_empty() && snapshot(&env.run).is_empty(), "case {i}");
+        assert_eq!(
+            snapshot(&env.net),
+            before,
+            "case {i}: net dir not restored\n{log}"
+        );
+        assert!(
+            snapshot(&env.bin).is_empty() && snapshot(&env.run).is_empty(),
+            "case {i}"
+        );
     }
 }
 
 #[test]
 fn standalone_writes_own_file_and_removes_it() {
     let env = Env::new();
-    fs::write(env.net.join("10-calico.conflist"), golden("test-testdata/pre/calico.conflist")).unwrap();
+    fs::write(
+        env.net.join("10-calico.conflist"),
+        golden("test-testdata/pre/calico.conflist"),
+    )
+    .unwrap();
     let before = snapshot(&env.net);
-    let d = env.start(&[("CHAINED_CNI_PLUGIN", "false"), ("EXCLUDE_NAMESPACES", "istio-system"), ("PLUGIN_LOG_LEVEL", "debug")]);
+    let d = env.start(&[
+        ("CHAINED_CNI_PLUGIN", "false"),
+        ("EXCLUDE_NAMESPACES", "istio-system"),
+        ("PLUGIN_LOG_LEVEL", "debug"),
+    ]);
     d.wait_ready(T);
     let mut want = golden_json("test-testdata/expected/YYY-istio-cni.conf");
     want["cni_agent_run_dir"] = env.run.display().to_string().into();
-    assert_entry_matches(&read_json(&env.net.join("YYY-istio-cni.conf")).unwrap(), &want);
-    assert_eq!(fs::metadata(env.net.join("YYY-istio-cni.conf")).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_entry_matches(
+        &read_json(&env.net.join("YYY-istio-cni.conf")).unwrap(),
+        &want,
+    );
+    assert_eq!(
+        fs::metadata(env.net.join("YYY-istio-cni.conf"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600
+    );
     // The primary is untouched; kubelet prefers it, which is worth a warning.
-    assert_eq!(fs::read(env.net.join("10-calico.conflist")).unwrap(), golden("test-testdata/pre/calico.conflist"));
+    assert_eq!(
+        fs::read(env.net.join("10-calico.conflist")).unwrap(),
+        golden("test-testdata/pre/calico.conflist")
+    );
     assert!(d.wait_log("sorts before YYY-istio-cni.conf", T));
     let (st, _) = d.stop();
     assert!(st.success());
@@ -89,15 +198,32 @@ fn sigterm_cleanup_restores_dirs_and_keeps_modes() {
     let (net0, bin0, run0) = (snapshot(&env.net), snapshot(&env.bin), snapshot(&env.run));
     let d = env.start(&[("KUBECONFIG_MODE", "0640")]);
     d.wait_ready(T);
-    assert_eq!(fs::metadata(&conflist).unwrap().permissions().mode() & 0o777, 0o644, "mode kept");
-    assert_eq!(fs::metadata(env.kubeconfig()).unwrap().permissions().mode() & 0o777, 0o640);
+    assert_eq!(
+        fs::metadata(&conflist).unwrap().permissions().mode() & 0o777,
+        0o644,
+        "mode kept"
+    );
+    assert_eq!(
+        fs::metadata(env.kubeconfig()).unwrap().permissions().mode() & 0o777,
+        0o640
+    );
     for b in ["istio-cni", "istio-nftables"] {
-        assert_eq!(fs::metadata(env.bin.join(b)).unwrap().permissions().mode() & 0o777, 0o755);
-        assert_eq!(fs::read(env.bin.join(b)).unwrap(), fs::read(env.src.join(b)).unwrap());
+        assert_eq!(
+            fs::metadata(env.bin.join(b)).unwrap().permissions().mode() & 0o777,
+            0o755
+        );
+        assert_eq!(
+            fs::read(env.bin.join(b)).unwrap(),
+            fs::read(env.src.join(b)).unwrap()
+        );
     }
     let (st, log) = d.stop();
     assert!(st.success(), "{log}");
-    assert_eq!((snapshot(&env.net), snapshot(&env.bin), snapshot(&env.run)), (net0, bin0, run0), "{log}");
+    assert_eq!(
+        (snapshot(&env.net), snapshot(&env.bin), snapshot(&env.run)),
+        (net0, bin0, run0),
+        "{log}"
+    );
 }
 
 #[test]
@@ -129,13 +255,19 @@ fn repairs_removed_entry_deleted_binary_and_duplicate() {
     let lat = measure_repairs(&conflist, 3, Duration::from_millis(300));
     assert!(lat[2] < Duration::from_secs(2), "{lat:?}");
     fs::remove_file(env.bin.join("istio-cni")).unwrap();
-    assert!(wait_until(T, || env.bin.join("istio-cni").exists()), "binary not restored\n{}", d.log());
+    assert!(
+        wait_until(T, || env.bin.join("istio-cni").exists()),
+        "binary not restored\n{}",
+        d.log()
+    );
     // A second istio-cni entry (the reboot bug, Istio #27771) is collapsed to one.
     let mut v = read_json(&conflist).unwrap();
     let ours = v["plugins"].as_array().unwrap().last().unwrap().clone();
     v["plugins"].as_array_mut().unwrap().insert(0, ours);
     atomic_write(&conflist, &serde_json::to_vec(&v).unwrap());
-    assert!(wait_until(T, || read_json(&conflist).is_some_and(|v| types(&v) == ["calico", "portmap", "istio-cni"])));
+    assert!(wait_until(T, || read_json(&conflist).is_some_and(
+        |v| types(&v) == ["calico", "portmap", "istio-cni"]
+    )));
     drop(d);
 }
 
@@ -145,7 +277,11 @@ fn readyz_flips_with_validity_and_metrics_move() {
     let d = env.start(&[]);
     // Chained mode without a primary config: alive, not ready, nothing counted yet.
     assert!(wait_until(T, || d.get("/readyz").0 == 503));
-    assert!(d.get("/readyz").1.contains("primary CNI"), "{:?}", d.get("/readyz"));
+    assert!(
+        d.get("/readyz").1.contains("primary CNI"),
+        "{:?}",
+        d.get("/readyz")
+    );
     assert_eq!(d.get("/healthz").0, 200);
     assert_eq!(d.metric("istio_cni_install_ready"), 0.0);
     // Binaries and kubeconfig are installed while waiting (Istio does the same).
@@ -164,16 +300,30 @@ fn readyz_flips_with_validity_and_metrics_move() {
     d.wait_ready(T);
     assert!(d.metric("istio_cni_installs_total{result=\"SUCCESS\"}") > s0);
     assert_eq!(d.get("/metrics").0, 200);
-    assert_eq!(http_get(d.health, "/metrics").0, 404, "metrics live on MONITORING_PORT");
+    assert_eq!(
+        http_get(d.health, "/metrics").0,
+        404,
+        "metrics live on MONITORING_PORT"
+    );
 }
 
 #[test]
 fn pass_errors_back_off_and_recover() {
     let env = Env::new();
-    fs::write(env.net.join("10-calico.conflist"), golden("test-testdata/pre/calico.conflist")).unwrap();
+    fs::write(
+        env.net.join("10-calico.conflist"),
+        golden("test-testdata/pre/calico.conflist"),
+    )
+    .unwrap();
     fs::remove_file(env.sa.join("token")).unwrap();
     let d = env.start(&[]);
-    assert!(wait_until(T, || d.metric("istio_cni_installs_total{result=\"CREATE_KUBECONFIG_FAILURE\"}") >= 2.0), "{}", d.log());
+    assert!(
+        wait_until(T, || d.metric(
+            "istio_cni_installs_total{result=\"CREATE_KUBECONFIG_FAILURE\"}"
+        ) >= 2.0),
+        "{}",
+        d.log()
+    );
     let (code, body) = d.get("/readyz");
     assert_eq!(code, 503);
     assert!(body.contains("token"), "{body}");
@@ -181,7 +331,11 @@ fn pass_errors_back_off_and_recover() {
     assert!(d.child.id() > 0);
     fs::write(env.sa.join("token"), "late-token").unwrap();
     d.wait_ready(Duration::from_secs(40));
-    assert!(fs::read_to_string(env.kubeconfig()).unwrap().contains("late-token"));
+    assert!(
+        fs::read_to_string(env.kubeconfig())
+            .unwrap()
+            .contains("late-token")
+    );
 }
 
 /// kubelet's projected-volume update: new `..<ts>` dir, `..data_tmp` symlink renamed over
@@ -189,7 +343,11 @@ fn pass_errors_back_off_and_recover() {
 #[test]
 fn token_rotation_rewrites_kubeconfig() {
     let env = Env::new();
-    fs::write(env.net.join("10-calico.conflist"), golden("test-testdata/pre/calico.conflist")).unwrap();
+    fs::write(
+        env.net.join("10-calico.conflist"),
+        golden("test-testdata/pre/calico.conflist"),
+    )
+    .unwrap();
     let sa = &env.sa;
     fs::remove_file(sa.join("token")).unwrap();
     let ca = fs::read(sa.join("ca.crt")).unwrap();
@@ -207,13 +365,25 @@ fn token_rotation_rewrites_kubeconfig() {
     std::os::unix::fs::symlink("..data/ca.crt", sa.join("ca.crt")).unwrap();
     let d = env.start(&[]);
     d.wait_ready(T);
-    assert!(fs::read_to_string(env.kubeconfig()).unwrap().contains("token-one"));
+    assert!(
+        fs::read_to_string(env.kubeconfig())
+            .unwrap()
+            .contains("token-one")
+    );
     for (i, tok) in ["token-two", "token-three"].iter().enumerate() {
         put(&format!("..2026_01_01_00_00_0{}.1", i + 2), tok);
-        let old = if i == 0 { "..2026_01_01_00_00_00.1".to_string() } else { format!("..2026_01_01_00_00_0{}.1", i + 1) };
+        let old = if i == 0 {
+            "..2026_01_01_00_00_00.1".to_string()
+        } else {
+            format!("..2026_01_01_00_00_0{}.1", i + 1)
+        };
         fs::remove_dir_all(sa.join(old)).unwrap();
         assert!(
-            wait_until(Duration::from_secs(5), || fs::read_to_string(env.kubeconfig()).unwrap_or_default().contains(tok)),
+            wait_until(Duration::from_secs(5), || fs::read_to_string(
+                env.kubeconfig()
+            )
+            .unwrap_or_default()
+            .contains(tok)),
             "kubeconfig not rewritten for {tok}\n{}",
             d.log()
         );
@@ -265,13 +435,30 @@ fn repair_storm() {
         read_json(&list).is_some_and(|v| types(&v) == ["calico", "portmap", "istio-cni"])
     });
     let log = d.log();
-    assert!(ok, "not repaired after the storm: {:?}\n{log}", fs::read_to_string(&list));
+    assert!(
+        ok,
+        "not repaired after the storm: {:?}\n{log}",
+        fs::read_to_string(&list)
+    );
     let v = read_json(&list).unwrap();
-    assert_eq!(v["plugins"][0], calico["plugins"][0], "primary plugin content intact");
+    assert_eq!(
+        v["plugins"][0], calico["plugins"][0],
+        "primary plugin content intact"
+    );
     assert_eq!(v["plugins"][1], calico["plugins"][1]);
-    let names: Vec<String> = fs::read_dir(&env.net).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-    assert_eq!(names, vec!["10-calico.conflist"], "no temp files or stray .conf left");
-    assert!(log.contains("keeps being reverted"), "storm warning missing\n{log}");
+    let names: Vec<String> = fs::read_dir(&env.net)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        vec!["10-calico.conflist"],
+        "no temp files or stray .conf left"
+    );
+    assert!(
+        log.contains("keeps being reverted"),
+        "storm warning missing\n{log}"
+    );
     assert!(d.ready());
     let repairs = log.matches("repaired").count();
     eprintln!("storm: 1000 rewrites in {storm:?}, daemon repaired {repairs} times");
@@ -279,8 +466,15 @@ fn repair_storm() {
     // After the storm, isolated changes are repaired promptly again.
     std::thread::sleep(Duration::from_secs(11));
     let lat = measure_repairs(&list, 5, Duration::from_millis(1200));
-    eprintln!("repair latency after storm: p50 {:?} max {:?}", percentile(&lat, 0.5), lat.last().unwrap());
-    assert!(percentile(&lat, 0.5) < Duration::from_millis(500), "{lat:?}");
+    eprintln!(
+        "repair latency after storm: p50 {:?} max {:?}",
+        percentile(&lat, 0.5),
+        lat.last().unwrap()
+    );
+    assert!(
+        percentile(&lat, 0.5) < Duration::from_millis(500),
+        "{lat:?}"
+    );
 }
 
 #[test]
@@ -292,7 +486,10 @@ fn repair_latency() {
     d.wait_ready(T);
     let lat = measure_repairs(&list, 8, Duration::from_millis(1200));
     let (p50, p99) = (percentile(&lat, 0.5), percentile(&lat, 0.99));
-    eprintln!("repair latency over {} rewrites: p50 {p50:?} p99 {p99:?}", lat.len());
+    eprintln!(
+        "repair latency over {} rewrites: p50 {p50:?} p99 {p99:?}",
+        lat.len()
+    );
     assert!(p50 <= Duration::from_millis(100), "{lat:?}\n{}", d.log());
     drop(d);
 }
@@ -314,18 +511,31 @@ fn bad_env_values_fail_clearly() {
         assert!(!out.status.success(), "{var}={val} accepted");
         assert!(err.contains(var) && err.contains(val), "{var}={val}: {err}");
     }
-    let out = env.command().env_remove("KUBERNETES_SERVICE_HOST").output().unwrap();
+    let out = env
+        .command()
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("KUBERNETES_SERVICE_HOST"));
 }
 
 #[test]
 fn help_and_list_env() {
-    let out = std::process::Command::new(BIN).arg("--list-env").output().unwrap();
+    let out = std::process::Command::new(BIN)
+        .arg("--list-env")
+        .output()
+        .unwrap();
     assert!(out.status.success());
-    let listed: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect();
+    let listed: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(String::from)
+        .collect();
     assert_eq!(listed, install_cni::config::ENV_VARS);
-    let help = std::process::Command::new(BIN).arg("--help").output().unwrap();
+    let help = std::process::Command::new(BIN)
+        .arg("--help")
+        .output()
+        .unwrap();
     let help = String::from_utf8_lossy(&help.stdout);
     for v in &listed {
         assert!(help.contains(&format!("[env: {v}=")), "--help lacks {v}");

@@ -40,20 +40,31 @@ fn written(p: ConfPlan) -> Value {
 #[test]
 fn bridge_conf_becomes_list() {
     let p = plan("10-bridge.conf", "testdata/bridge.conf");
-    let ConfPlan::Write { rename_to, .. } = &p else { panic!() };
+    let ConfPlan::Write { rename_to, .. } = &p else {
+        panic!()
+    };
     assert_eq!(rename_to.as_deref(), Some("10-bridge.conflist"));
     assert_conflist_matches(&written(p), &golden_json("testdata/bridge.conf.golden"));
 }
 
 #[test]
 fn list_gets_entry_appended() {
-    assert_conflist_matches(&written(plan("10-list.conflist", "testdata/list.conflist")), &golden_json("testdata/list.conflist.golden"));
+    assert_conflist_matches(
+        &written(plan("10-list.conflist", "testdata/list.conflist")),
+        &golden_json("testdata/list.conflist.golden"),
+    );
 }
 
 #[test]
 fn list_with_old_istio_entry_is_replaced() {
-    let out = written(plan("10-list.conflist", "testdata/list-with-istio.conflist"));
-    assert_conflist_matches(&out, &golden_json("testdata/list-with-istio.conflist.golden"));
+    let out = written(plan(
+        "10-list.conflist",
+        "testdata/list-with-istio.conflist",
+    ));
+    assert_conflist_matches(
+        &out,
+        &golden_json("testdata/list-with-istio.conflist.golden"),
+    );
     // Removing our entry gives Istio's "no istio" list.
     let clean = discovery::remove_ours(&golden_json("testdata/list-with-istio.conflist")).unwrap();
     assert_eq!(clean, golden_json("testdata/list-no-istio.conflist"));
@@ -61,8 +72,14 @@ fn list_with_old_istio_entry_is_replaced() {
 
 #[test]
 fn invalid_lists_are_not_primaries() {
-    for f in ["testdata/invalid-arr.conflist", "testdata/invalid-map.conflist"] {
-        assert!(matches!(plan("10-x.conflist", f), ConfPlan::Wait { .. }), "{f}");
+    for f in [
+        "testdata/invalid-arr.conflist",
+        "testdata/invalid-map.conflist",
+    ] {
+        assert!(
+            matches!(plan("10-x.conflist", f), ConfPlan::Wait { .. }),
+            "{f}"
+        );
     }
 }
 
@@ -86,7 +103,10 @@ fn standalone_matches_istio() {
         ..Default::default()
     }
     .to_plugin_entry();
-    assert_entry_matches(&discovery::standalone_conf(&entry2), &golden_json("test-testdata/expected/YYY-istio-cni.conf"));
+    assert_entry_matches(
+        &discovery::standalone_conf(&entry2),
+        &golden_json("test-testdata/expected/YYY-istio-cni.conf"),
+    );
 }
 
 fn kc_json(kc: &Kubeconfig) -> Value {
@@ -98,9 +118,21 @@ fn kubeconfig_fixtures() {
     let ca = golden("testdata/kube-ca.crt");
     let token = "service_account_token_string";
     for (fixture, host, trust) in [
-        ("testdata/kubeconfig-tls", "10.96.0.1", Trust::Ca(ca.clone())),
-        ("testdata/kubeconfig-skip-tls", "10.96.0.1", Trust::SkipVerify),
-        ("testdata/kubeconfig-newhost", "50.76.2.1", Trust::Ca(ca.clone())),
+        (
+            "testdata/kubeconfig-tls",
+            "10.96.0.1",
+            Trust::Ca(ca.clone()),
+        ),
+        (
+            "testdata/kubeconfig-skip-tls",
+            "10.96.0.1",
+            Trust::SkipVerify,
+        ),
+        (
+            "testdata/kubeconfig-newhost",
+            "50.76.2.1",
+            Trust::Ca(ca.clone()),
+        ),
     ] {
         let ours = kubeconfig::build("https", host, 443, token, &trust).unwrap();
         // Through the YAML text, as the plugin will read it.

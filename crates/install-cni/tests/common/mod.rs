@@ -31,12 +31,28 @@ impl Env {
             fs::create_dir_all(&d).unwrap();
             d
         };
-        let (src, bin, net, run, sa) = (p("image-bin"), p("host-bin"), p("net.d"), p("run"), p("sa"));
+        let (src, bin, net, run, sa) =
+            (p("image-bin"), p("host-bin"), p("net.d"), p("run"), p("sa"));
         fs::write(src.join("istio-cni"), b"#!/bin/sh\necho istio-cni\n").unwrap();
-        fs::write(src.join("istio-nftables"), b"#!/bin/sh\necho istio-nftables\n").unwrap();
+        fs::write(
+            src.join("istio-nftables"),
+            b"#!/bin/sh\necho istio-nftables\n",
+        )
+        .unwrap();
         fs::write(sa.join("token"), "service_account_token_string").unwrap();
-        fs::copy(Path::new(GOLDEN).join("testdata/kube-ca.crt"), sa.join("ca.crt")).unwrap();
-        Env { tmp, src, bin, net, run, sa }
+        fs::copy(
+            Path::new(GOLDEN).join("testdata/kube-ca.crt"),
+            sa.join("ca.crt"),
+        )
+        .unwrap();
+        Env {
+            tmp,
+            src,
+            bin,
+            net,
+            run,
+            sa,
+        }
     }
 
     /// Daemon command with every directory pointed into the temp dir and ports left to the OS.
@@ -81,7 +97,11 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn spawn(mut c: Command) -> Daemon {
-        let mut child = c.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn install-cni");
+        let mut child = c
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn install-cni");
         let logs = Arc::new(Mutex::new(String::new()));
         let stderr = child.stderr.take().unwrap();
         let l2 = logs.clone();
@@ -95,8 +115,17 @@ impl Daemon {
                 g.push('\n');
             }
         });
-        let mut d = Daemon { child, logs, health: 0, metrics: 0 };
-        assert!(d.wait_log("listening", Duration::from_secs(20)), "daemon did not start:\n{}", d.log());
+        let mut d = Daemon {
+            child,
+            logs,
+            health: 0,
+            metrics: 0,
+        };
+        assert!(
+            d.wait_log("listening", Duration::from_secs(20)),
+            "daemon did not start:\n{}",
+            d.log()
+        );
         let log = d.log();
         let port = |key: &str| -> u16 {
             let at = log.find(key).unwrap() + key.len();
@@ -118,7 +147,11 @@ impl Daemon {
     }
 
     pub fn get(&self, path: &str) -> (u16, String) {
-        let port = if path == "/metrics" { self.metrics } else { self.health };
+        let port = if path == "/metrics" {
+            self.metrics
+        } else {
+            self.health
+        };
         http_get(port, path)
     }
 
@@ -127,7 +160,12 @@ impl Daemon {
     }
 
     pub fn wait_ready(&self, timeout: Duration) {
-        assert!(wait_until(timeout, || self.ready()), "not ready: {:?}\n{}", self.get("/readyz"), self.log());
+        assert!(
+            wait_until(timeout, || self.ready()),
+            "not ready: {:?}\n{}",
+            self.get("/readyz"),
+            self.log()
+        );
     }
 
     pub fn metric(&self, needle: &str) -> f64 {
@@ -140,7 +178,11 @@ impl Daemon {
     }
 
     pub fn signal(&self, sig: &str) {
-        let st = Command::new("kill").arg(format!("-{sig}")).arg(self.child.id().to_string()).status().unwrap();
+        let st = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
         assert!(st.success());
     }
 
@@ -180,8 +222,15 @@ pub fn http_get(port: u16, path: &str) -> (u16, String) {
     write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
     let mut resp = String::new();
     let _ = s.read_to_string(&mut resp);
-    let code = resp.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = resp.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let code = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     (code, body)
 }
 
@@ -205,7 +254,10 @@ pub fn snapshot(dir: &Path) -> BTreeMap<String, (Vec<u8>, u32)> {
         let p = e.path();
         if p.is_file() {
             let mode = fs::metadata(&p).unwrap().permissions().mode() & 0o7777;
-            m.insert(e.file_name().to_string_lossy().into_owned(), (fs::read(&p).unwrap(), mode));
+            m.insert(
+                e.file_name().to_string_lossy().into_owned(),
+                (fs::read(&p).unwrap(), mode),
+            );
         }
     }
     m
@@ -219,7 +271,11 @@ pub fn read_json(p: &Path) -> Option<serde_json::Value> {
 pub fn types(v: &serde_json::Value) -> Vec<String> {
     v["plugins"]
         .as_array()
-        .map(|a| a.iter().map(|p| p["type"].as_str().unwrap_or("").to_string()).collect())
+        .map(|a| {
+            a.iter()
+                .map(|p| p["type"].as_str().unwrap_or("").to_string())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -256,10 +312,16 @@ pub fn measure_repairs(conflist: &Path, n: usize, gap: Duration) -> Vec<Duration
         atomic_write(conflist, serde_json::to_vec_pretty(&v).unwrap().as_slice());
         // Fine-grained poll: the repair itself takes about a millisecond.
         loop {
-            if fs::read_to_string(conflist).map(|s| s.contains("\"istio-cni\"")).unwrap_or(false) {
+            if fs::read_to_string(conflist)
+                .map(|s| s.contains("\"istio-cni\""))
+                .unwrap_or(false)
+            {
                 break;
             }
-            assert!(t0.elapsed() < Duration::from_secs(10), "not repaired within 10 s");
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "not repaired within 10 s"
+            );
             std::thread::sleep(Duration::from_micros(100));
         }
         lat.push(t0.elapsed());
@@ -272,9 +334,20 @@ pub fn measure_repairs(conflist: &Path, n: usize, gap: Duration) -> Vec<Duration
 use serde_json::Value;
 
 /// Fields of Istio's entry we do not write; off/empty in every fixture.
-const ISTIO_ONLY: &[&str] = &["ambient_enabled", "enablement_selectors", "enable_ambient_detection_retry", "ipam", "dns"];
+const ISTIO_ONLY: &[&str] = &[
+    "ambient_enabled",
+    "enablement_selectors",
+    "enable_ambient_detection_retry",
+    "ipam",
+    "dns",
+];
 /// Fields we add.
-const OURS_ONLY: &[&str] = &["redirect_backend", "pod_lookup_attempts", "pod_lookup_interval_ms", "pod_lookup_timeout_ms"];
+const OURS_ONLY: &[&str] = &[
+    "redirect_backend",
+    "pod_lookup_attempts",
+    "pod_lookup_interval_ms",
+    "pod_lookup_timeout_ms",
+];
 
 fn off(v: &Value) -> bool {
     match v {
@@ -300,7 +373,10 @@ pub fn assert_entry_matches(ours: &Value, istio: &Value) {
         }
     }
     for k in o.keys() {
-        assert!(i.contains_key(k) || OURS_ONLY.contains(&k.as_str()), "unexpected field {k}");
+        assert!(
+            i.contains_key(k) || OURS_ONLY.contains(&k.as_str()),
+            "unexpected field {k}"
+        );
     }
 }
 
@@ -308,18 +384,24 @@ pub fn assert_entry_matches(ours: &Value, istio: &Value) {
 pub fn assert_conflist_matches(ours: &Value, istio: &Value) {
     let strip = |v: &Value| {
         let mut v = v.clone();
-        v["plugins"] = Value::Array(v["plugins"].as_array().unwrap()[..v["plugins"].as_array().unwrap().len() - 1].to_vec());
+        v["plugins"] = Value::Array(
+            v["plugins"].as_array().unwrap()[..v["plugins"].as_array().unwrap().len() - 1].to_vec(),
+        );
         v
     };
     assert_eq!(strip(ours), strip(istio), "primary part differs");
     let last = |v: &Value| v["plugins"].as_array().unwrap().last().unwrap().clone();
     assert_entry_matches(&last(ours), &last(istio));
     assert_eq!(
-        ours["plugins"].as_array().unwrap().iter().filter(|p| p["type"] == "istio-cni").count(),
+        ours["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["type"] == "istio-cni")
+            .count(),
         1
     );
 }
-
 
 pub fn golden(p: &str) -> Vec<u8> {
     fs::read(Path::new(GOLDEN).join(p)).unwrap()
