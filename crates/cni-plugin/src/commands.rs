@@ -76,6 +76,7 @@ fn pod_plan(conf: &NetConf, env: &CniEnv, args: &K8sArgs) -> Result<Option<Plan>
     // netns. No resolv.conf: the CNI path captures all DNS, so nameservers are not needed.
     let facts: Facts = redirect::read_facts(env.netns.as_deref(), None)
         .map_err(|e| redirect_error(e, "reading the pod's addresses"))?;
+    tracing::debug!(addresses = ?facts.local_addrs, "pod namespace read");
     // The annotations were valid; what fails here comes from the namespace (e.g. no address
     // yet to tell IPv4 from IPv6), as in istio-iptables.
     let plan = Plan::build(&pc.config, &facts).map_err(|e| {

@@ -78,6 +78,10 @@ async fn get_pod_async(
 ) -> Result<Pod, LookupError> {
     let start = Instant::now();
     let client = client(kubeconfig, lookup.timeout).await?;
+    tracing::debug!(
+        elapsed_us = start.elapsed().as_micros() as u64,
+        "client ready"
+    );
     let api: kube::Api<Pod> = kube::Api::namespaced(client, namespace);
     let mut last = String::new();
     for attempt in 1..=lookup.attempts {

@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 pub const CNITOOL: &str = "/usr/local/bin/cnitool";
 pub const NET: &str = "k8s-pod-network";
+/// The same chain without istio-cni (to time the plugin alone on a realistic pod).
+pub const BASE_NET: &str = "k8s-base";
 pub const PLUGIN: &str = env!("CARGO_BIN_EXE_istio-cni");
 /// Where the bridge plugin puts the gateway (in the node namespace).
 pub const GATEWAY: &str = "10.88.0.1";
@@ -165,6 +167,8 @@ pub struct NodeOptions {
     /// Point the kubeconfig at a port nobody listens on.
     pub api_down: bool,
     pub write_kubeconfig: bool,
+    /// The istio-cni binary (default: the one cargo built for this test).
+    pub plugin: PathBuf,
 }
 
 impl Default for NodeOptions {
@@ -176,6 +180,7 @@ impl Default for NodeOptions {
             timeout_ms: 1000,
             api_down: false,
             write_kubeconfig: true,
+            plugin: PathBuf::from(PLUGIN),
         }
     }
 }
@@ -263,7 +268,7 @@ impl Node {
         json!({
             "name": "istio-cni",
             "type": "istio-cni",
-            "plugin_log_level": "debug",
+            "plugin_log_level": std::env::var("CNI_TEST_LOG_LEVEL").unwrap_or("debug".into()),
             "cni_agent_run_dir": self.run_dir(),
             "exclude_namespaces": ["kube-system"],
             "pod_namespace": "istio-system",
@@ -277,9 +282,14 @@ impl Node {
     }
 
     fn write_conflist(&self) {
-        let conflist = json!({
+        self.write_conflist_as(NET, true);
+        self.write_conflist_as(BASE_NET, false);
+    }
+
+    fn write_conflist_as(&self, net: &str, with_istio: bool) {
+        let mut conflist = json!({
             "cniVersion": self.opts.cni_version,
-            "name": NET,
+            "name": net,
             "plugins": [
                 {
                     "type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
@@ -290,12 +300,17 @@ impl Node {
                         "routes": [{"dst": "0.0.0.0/0"}]
                     }
                 },
-                {"type": "portmap", "capabilities": {"portMappings": true}, "snat": false},
-                self.plugin_conf()
+                {"type": "portmap", "capabilities": {"portMappings": true}, "snat": false}
             ]
         });
+        if with_istio {
+            conflist["plugins"]
+                .as_array_mut()
+                .unwrap()
+                .push(self.plugin_conf());
+        }
         std::fs::write(
-            self.dir.join("netconf/10-k8s.conflist"),
+            self.dir.join(format!("netconf/{net}.conflist")),
             serde_json::to_string_pretty(&conflist).unwrap(),
         )
         .unwrap();
@@ -317,24 +332,21 @@ impl Node {
 
     /// `cnitool <command> k8s-pod-network <pod netns>` inside the node, with the pod's CNI_ARGS.
     pub fn cnitool(&self, command: &str, pod: &Path, k8s_ns: &str, name: &str) -> Run {
-        let args = if k8s_ns.is_empty() {
-            "IgnoreUnknown=1".to_string()
-        } else {
-            format!(
-                "IgnoreUnknown=1;K8S_POD_NAMESPACE={k8s_ns};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID=0123456789abcdef"
-            )
-        };
-        self.cnitool_args(command, pod, &args)
+        self.cnitool_args(command, pod, &k8s_args(k8s_ns, name))
     }
 
     pub fn cnitool_args(&self, command: &str, pod: &Path, cni_args: &str) -> Run {
-        let plugin_dir = Path::new(PLUGIN).parent().unwrap();
+        self.cnitool_net(NET, command, pod, cni_args)
+    }
+
+    pub fn cnitool_net(&self, net: &str, command: &str, pod: &Path, cni_args: &str) -> Run {
+        let plugin_dir = self.opts.plugin.parent().unwrap();
         let start = Instant::now();
         let out = self
             .ns
             .run(|| {
                 Command::new(CNITOOL)
-                    .args([command, NET])
+                    .args([command, net])
                     .arg(pod)
                     .env("NETCONFPATH", self.dir.join("netconf"))
                     .env("CNI_PATH", format!("/usr/lib/cni:{}", plugin_dir.display()))
@@ -365,7 +377,7 @@ impl Node {
         let out = self
             .ns
             .run(|| {
-                let mut child = Command::new(PLUGIN)
+                let mut child = Command::new(&self.opts.plugin)
                     .env_clear()
                     .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
                     .envs(env.iter().copied())
@@ -457,4 +469,15 @@ fn base64(data: &[u8]) -> String {
         }
     }
     out
+}
+
+/// CNI_ARGS as kubelet/containerd send them.
+pub fn k8s_args(k8s_ns: &str, name: &str) -> String {
+    if k8s_ns.is_empty() {
+        "IgnoreUnknown=1".to_string()
+    } else {
+        format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE={k8s_ns};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID=0123456789abcdef"
+        )
+    }
 }
