@@ -169,6 +169,8 @@ pub struct NodeOptions {
     pub write_kubeconfig: bool,
     /// The istio-cni binary (default: the one cargo built for this test).
     pub plugin: PathBuf,
+    /// `redirect_backend`.
+    pub backend: &'static str,
 }
 
 impl Default for NodeOptions {
@@ -181,6 +183,7 @@ impl Default for NodeOptions {
             api_down: false,
             write_kubeconfig: true,
             plugin: PathBuf::from(PLUGIN),
+            backend: "auto",
         }
     }
 }
@@ -273,7 +276,7 @@ impl Node {
             "exclude_namespaces": ["kube-system"],
             "pod_namespace": "istio-system",
             "native_nftables": false,
-            "redirect_backend": "auto",
+            "redirect_backend": self.opts.backend,
             "pod_lookup_attempts": self.opts.attempts,
             "pod_lookup_interval_ms": self.opts.interval_ms,
             "pod_lookup_timeout_ms": self.opts.timeout_ms,
@@ -393,6 +396,21 @@ impl Node {
         Run::from(out, start.elapsed())
     }
 
+    /// istio-cni's ADD again for a pod already set up (what Multus or a runtime retry does;
+    /// bridge itself refuses a second ADD, so the plugin is called directly).
+    pub fn readd(&self, pod: &TestNetns, k8s_ns: &str, name: &str, prev: &Value) -> Run {
+        let args = k8s_args(k8s_ns, name);
+        let netns = pod.path().display().to_string();
+        let env = [
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "readd"),
+            ("CNI_NETNS", netns.as_str()),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_ARGS", args.as_str()),
+        ];
+        self.plugin(&env, &self.plugin_stdin(Some(prev.clone())))
+    }
+
     /// The istio-cni entry as a runtime hands it to the plugin.
     pub fn plugin_stdin(&self, prev_result: Option<Value>) -> Vec<u8> {
         let mut conf = self.plugin_conf();
@@ -432,9 +450,9 @@ impl Drop for Node {
     }
 }
 
-/// nft and iptables-legacy rules in a namespace ("" when there are none at all).
+/// nft (stateless: no counters) and iptables-legacy rules in a namespace ("" when none).
 pub fn rules(ns: &TestNetns) -> String {
-    let nft = ns.exec_ok("nft", &["list", "ruleset"]).unwrap();
+    let nft = ns.exec_ok("nft", &["-s", "list", "ruleset"]).unwrap();
     let legacy = ns
         .exec("iptables-legacy-save", &[])
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
