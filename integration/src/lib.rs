@@ -11,6 +11,10 @@
 //! * [`connect`] / [`send_udp`]: a client that runs inside a namespace as a given uid/gid
 //!   (only its own thread changes identity) and reports where the connection landed.
 //!
+//! * [`cni`]: the CNI client side (`cnitool`, a local Kubernetes API server serving Pod JSON).
+//! * [`node`]: the whole product on one machine — a node namespace with a host layout,
+//!   the real `install-cni` daemon, and the [`pods`] a node sees.
+//!
 //! Everything runs in-process (no python, no `ip netns exec` per connection), with bounded
 //! timeouts, so a test can afford hundreds of namespaces and connections. All of it needs
 //! root (CAP_SYS_ADMIN, CAP_NET_ADMIN).
@@ -24,7 +28,10 @@
 //! assert_eq!(out.landed_port(), Some(80)); // nothing redirects yet
 //! ```
 
+pub mod cni;
+pub mod node;
 mod ns;
+pub mod pods;
 mod probe;
 
 pub use ns::{Link, PodWorld, TestNetns};

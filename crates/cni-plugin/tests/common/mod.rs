@@ -2,20 +2,19 @@
 //! (`cnitool`) runs Debian's bridge/host-local/portmap and then istio-cni, a fake Kubernetes
 //! API server serving pod JSON (bound inside the node namespace, where the plugin runs), and
 //! a kubeconfig pointing at it.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use integration::TestNetns;
+pub use integration::cni::{
+    ApiMode, CNITOOL, CniTool, FakeApi, Run, base64, k8s_args, pod_ip, require_cni_tools, rules,
+};
 use serde_json::{Value, json};
-use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Instant;
 
-pub const CNITOOL: &str = "/usr/local/bin/cnitool";
 pub const NET: &str = "k8s-pod-network";
 /// The same chain without istio-cni (to time the plugin alone on a realistic pod).
 pub const BASE_NET: &str = "k8s-base";
@@ -27,18 +26,7 @@ static DIR_COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// Fails the test clearly when the machine lacks what the end-to-end tests drive.
 pub fn require_tools() {
-    integration::require_root();
-    for p in [
-        CNITOOL,
-        "/usr/lib/cni/bridge",
-        "/usr/lib/cni/host-local",
-        "/usr/lib/cni/portmap",
-    ] {
-        assert!(
-            Path::new(p).exists(),
-            "{p} is missing: run `bash integration/scripts/install-deps.sh`"
-        );
-    }
+    require_cni_tools();
 }
 
 pub fn fixture(name: &str) -> Value {
@@ -46,115 +34,6 @@ pub fn fixture(name: &str) -> Value {
         .join("tests/fixtures")
         .join(format!("{name}.json"));
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
-}
-
-/// How the fake API server behaves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ApiMode {
-    Up = 0,
-    /// Accepts connections and never answers (per-request timeout).
-    Hang = 1,
-}
-
-/// `GET /api/v1/namespaces/{ns}/pods/{name}` from a map; 404 Status otherwise.
-pub struct FakeApi {
-    pub port: u16,
-    pods: Arc<Mutex<HashMap<String, Value>>>,
-    mode: Arc<AtomicU8>,
-    pub requests: Arc<AtomicUsize>,
-}
-
-impl FakeApi {
-    fn start(node: &TestNetns) -> FakeApi {
-        // A socket belongs to the namespace it was created in: bind inside the node.
-        let listener = node
-            .run(|| TcpListener::bind("127.0.0.1:0"))
-            .unwrap()
-            .unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let api = FakeApi {
-            port,
-            pods: Arc::default(),
-            mode: Arc::new(AtomicU8::new(ApiMode::Up as u8)),
-            requests: Arc::default(),
-        };
-        let (pods, mode, requests) = (api.pods.clone(), api.mode.clone(), api.requests.clone());
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(conn) = conn else { break };
-                let (pods, mode, requests) = (pods.clone(), mode.clone(), requests.clone());
-                std::thread::spawn(move || serve(conn, &pods, &mode, &requests));
-            }
-        });
-        api
-    }
-
-    /// Serves `pod` (a fixture) as `namespace/name`.
-    pub fn put(&self, namespace: &str, name: &str, mut pod: Value) {
-        pod["metadata"]["name"] = name.into();
-        pod["metadata"]["namespace"] = namespace.into();
-        self.pods
-            .lock()
-            .unwrap()
-            .insert(format!("{namespace}/{name}"), pod);
-    }
-
-    pub fn set_mode(&self, mode: ApiMode) {
-        self.mode.store(mode as u8, Ordering::SeqCst);
-    }
-}
-
-fn serve(
-    mut conn: TcpStream,
-    pods: &Mutex<HashMap<String, Value>>,
-    mode: &AtomicU8,
-    requests: &AtomicUsize,
-) {
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        match conn.read(&mut chunk) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-    requests.fetch_add(1, Ordering::SeqCst);
-    if mode.load(Ordering::SeqCst) == ApiMode::Hang as u8 {
-        // Hold the connection open without answering until the client gives up.
-        let _ = conn.read(&mut chunk);
-        return;
-    }
-    let head = String::from_utf8_lossy(&buf);
-    let path = head
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or("")
-        .split('?')
-        .next()
-        .unwrap_or("")
-        .to_string();
-    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let pod = match parts.as_slice() {
-        ["api", "v1", "namespaces", ns, "pods", name] => {
-            pods.lock().unwrap().get(&format!("{ns}/{name}")).cloned()
-        }
-        _ => None,
-    };
-    let (status, body) = match pod {
-        Some(p) => ("200 OK", p),
-        None => (
-            "404 Not Found",
-            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                   "message": format!("{path} not found"), "reason": "NotFound", "code": 404}),
-        ),
-    };
-    let body = body.to_string();
-    let _ = write!(
-        conn,
-        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
 }
 
 /// Settings of the istio-cni entry in the conflist.
@@ -188,56 +67,6 @@ impl Default for NodeOptions {
     }
 }
 
-/// What one command printed and how long it took.
-#[derive(Debug)]
-pub struct Run {
-    pub ok: bool,
-    pub stdout: String,
-    pub stderr: String,
-    pub elapsed: Duration,
-}
-
-impl Run {
-    fn from(out: Output, elapsed: Duration) -> Run {
-        Run {
-            ok: out.status.success(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            elapsed,
-        }
-    }
-
-    pub fn json(&self) -> Value {
-        serde_json::from_str(self.stdout.trim())
-            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:?}"))
-    }
-
-    #[track_caller]
-    pub fn assert_ok(&self) -> &Self {
-        assert!(self.ok, "command failed: {self:#?}");
-        self
-    }
-
-    /// cnitool prints the plugin's CNI error as its own error text: the code and message.
-    #[track_caller]
-    pub fn assert_err(&self, code: u32, msg_contains: &[&str]) -> &Self {
-        assert!(!self.ok, "command unexpectedly succeeded: {self:#?}");
-        let all = format!("{}{}", self.stdout, self.stderr);
-        for m in msg_contains {
-            assert!(all.contains(m), "{m:?} not in the error: {self:#?}");
-        }
-        if let Ok(v) = serde_json::from_str::<Value>(self.stdout.trim()) {
-            assert_eq!(v["code"], code, "{self:#?}");
-        } else {
-            assert!(
-                all.contains(&code.to_string()),
-                "code {code} not in {self:#?}"
-            );
-        }
-        self
-    }
-}
-
 pub struct Node {
     pub ns: TestNetns,
     pub dir: PathBuf,
@@ -254,7 +83,7 @@ impl Node {
         for sub in ["run", "netconf", "ipam"] {
             std::fs::create_dir_all(dir.join(sub)).unwrap();
         }
-        let api = FakeApi::start(&ns);
+        let api = FakeApi::start(&ns).unwrap();
         let node = Node { ns, dir, api, opts };
         node.write_conflist();
         if node.opts.write_kubeconfig {
@@ -344,24 +173,13 @@ impl Node {
 
     pub fn cnitool_net(&self, net: &str, command: &str, pod: &Path, cni_args: &str) -> Run {
         let plugin_dir = self.opts.plugin.parent().unwrap();
-        let start = Instant::now();
-        let out = self
-            .ns
-            .run(|| {
-                Command::new(CNITOOL)
-                    .args([command, net])
-                    .arg(pod)
-                    .env("NETCONFPATH", self.dir.join("netconf"))
-                    .env("CNI_PATH", format!("/usr/lib/cni:{}", plugin_dir.display()))
-                    .env("CNI_ARGS", cni_args)
-                    .env("CNI_IFNAME", "eth0")
-                    .env_remove("CAP_ARGS")
-                    .stdin(Stdio::null())
-                    .output()
-            })
-            .unwrap()
-            .unwrap();
-        Run::from(out, start.elapsed())
+        let netconf = self.dir.join("netconf");
+        CniTool {
+            node: &self.ns,
+            netconf: &netconf,
+            cni_path: format!("/usr/lib/cni:{}", plugin_dir.display()),
+        }
+        .run(net, command, pod, cni_args)
     }
 
     pub fn add(&self, pod: &TestNetns, k8s_ns: &str, name: &str) -> Run {
@@ -393,7 +211,7 @@ impl Node {
             })
             .unwrap()
             .unwrap();
-        Run::from(out, start.elapsed())
+        Run::from_output(out, start.elapsed())
     }
 
     /// istio-cni's ADD again for a pod already set up (what Multus or a runtime retry does;
@@ -447,55 +265,5 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// nft (stateless: no counters) and iptables-legacy rules in a namespace ("" when none).
-pub fn rules(ns: &TestNetns) -> String {
-    let nft = ns.exec_ok("nft", &["-s", "list", "ruleset"]).unwrap();
-    let legacy = ns
-        .exec("iptables-legacy-save", &[])
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    let legacy: String = legacy
-        .lines()
-        .filter(|l| l.starts_with("-A"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    nft.trim().to_string() + legacy.trim()
-}
-
-/// The pod's IPv4 address from an ADD result.
-pub fn pod_ip(result: &Value) -> std::net::IpAddr {
-    let addr = result["ips"][0]["address"].as_str().unwrap();
-    addr.split('/').next().unwrap().parse().unwrap()
-}
-
-fn base64(data: &[u8]) -> String {
-    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for c in data.chunks(3) {
-        let n = (c[0] as u32) << 16
-            | (*c.get(1).unwrap_or(&0) as u32) << 8
-            | *c.get(2).unwrap_or(&0) as u32;
-        for i in 0..4 {
-            if i <= c.len() {
-                out.push(T[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
-/// CNI_ARGS as kubelet/containerd send them.
-pub fn k8s_args(k8s_ns: &str, name: &str) -> String {
-    if k8s_ns.is_empty() {
-        "IgnoreUnknown=1".to_string()
-    } else {
-        format!(
-            "IgnoreUnknown=1;K8S_POD_NAMESPACE={k8s_ns};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID=0123456789abcdef"
-        )
     }
 }

@@ -1,0 +1,315 @@
+//! CNI client side of a node: the real `cnitool`, a local Kubernetes API server that serves
+//! Pod JSON, and helpers to read what a command printed. Shared by the plugin's end-to-end
+//! tests (`crates/cni-plugin/tests`) and the whole-product harness ([`crate::node`]).
+
+use crate::TestNetns;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The upstream CNI reference client (built by `integration/scripts/build-cnitool.sh`).
+pub const CNITOOL: &str = "/usr/local/bin/cnitool";
+/// Debian's reference plugins (`containernetworking-plugins`).
+pub const DEBIAN_CNI_DIR: &str = "/usr/lib/cni";
+/// A self-signed CA (test only): the plugin's kubeconfig carries CA data, as in production,
+/// which keeps the client from loading the system trust store; the test server speaks HTTP.
+pub const TEST_CA_PEM: &str = include_str!("../fixtures/ca.crt");
+
+/// Fails clearly when the machine lacks what the end-to-end tests drive.
+pub fn require_cni_tools() {
+    crate::require_root();
+    for p in [CNITOOL, "bridge", "host-local", "portmap", "loopback"]
+        .map(|p| Path::new(DEBIAN_CNI_DIR).join(p))
+    {
+        assert!(
+            p.exists(),
+            "{} is missing: run `integration/scripts/install-deps.sh`",
+            p.display()
+        );
+    }
+}
+
+/// How the local API server behaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApiMode {
+    Up = 0,
+    /// Accepts connections and never answers (per-request timeout).
+    Hang = 1,
+}
+
+/// `GET /api/v1/namespaces/{ns}/pods/{name}` from a map; a 404 `Status` otherwise. Plain
+/// HTTP/1.1, one thread per connection, bound to 127.0.0.1 inside a namespace.
+pub struct FakeApi {
+    pub port: u16,
+    pods: Arc<Mutex<HashMap<String, Value>>>,
+    mode: Arc<AtomicU8>,
+    pub requests: Arc<AtomicUsize>,
+    listener: TcpListener,
+}
+
+impl FakeApi {
+    /// Starts the server inside `ns` (a socket belongs to the namespace it was created in, so
+    /// it is reachable where the plugin runs).
+    pub fn start(ns: &TestNetns) -> std::io::Result<FakeApi> {
+        let listener = ns.run(|| TcpListener::bind("127.0.0.1:0"))??;
+        let port = listener.local_addr()?.port();
+        let api = FakeApi {
+            port,
+            pods: Arc::default(),
+            mode: Arc::new(AtomicU8::new(ApiMode::Up as u8)),
+            requests: Arc::default(),
+            listener: listener.try_clone()?,
+        };
+        let (pods, mode, requests) = (api.pods.clone(), api.mode.clone(), api.requests.clone());
+        std::thread::Builder::new()
+            .name("fake-api".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    let Ok(conn) = conn else { break };
+                    if mode.load(Ordering::SeqCst) == u8::MAX {
+                        break; // shut down by Drop
+                    }
+                    let (pods, mode, requests) = (pods.clone(), mode.clone(), requests.clone());
+                    std::thread::spawn(move || serve(conn, &pods, &mode, &requests));
+                }
+            })?;
+        Ok(api)
+    }
+
+    /// Serves `pod` as `namespace/name` (metadata.name/namespace are set accordingly).
+    pub fn put(&self, namespace: &str, name: &str, mut pod: Value) {
+        pod["metadata"]["name"] = name.into();
+        pod["metadata"]["namespace"] = namespace.into();
+        self.pods
+            .lock()
+            .unwrap()
+            .insert(format!("{namespace}/{name}"), pod);
+    }
+
+    pub fn set_mode(&self, mode: ApiMode) {
+        self.mode.store(mode as u8, Ordering::SeqCst);
+    }
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        // shutdown() on a listening socket makes the blocked accept() fail (EINVAL), which
+        // ends the accept loop and its thread.
+        use std::os::fd::AsRawFd;
+        self.mode.store(u8::MAX, Ordering::SeqCst);
+        // SAFETY: shutdown on a socket fd we own (a clone of the listener).
+        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
+    }
+}
+
+fn serve(
+    mut conn: TcpStream,
+    pods: &Mutex<HashMap<String, Value>>,
+    mode: &AtomicU8,
+    requests: &AtomicUsize,
+) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        match conn.read(&mut chunk) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    requests.fetch_add(1, Ordering::SeqCst);
+    if mode.load(Ordering::SeqCst) == ApiMode::Hang as u8 {
+        // Hold the connection open without answering until the client gives up.
+        let _ = conn.read(&mut chunk);
+        return;
+    }
+    let head = String::from_utf8_lossy(&buf);
+    let path = head
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("")
+        .split('?')
+        .next()
+        .unwrap_or("")
+        .to_string();
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let pod = match parts.as_slice() {
+        ["api", "v1", "namespaces", ns, "pods", name] => {
+            pods.lock().unwrap().get(&format!("{ns}/{name}")).cloned()
+        }
+        _ => None,
+    };
+    let (status, body) = match pod {
+        Some(p) => ("200 OK", p),
+        None => (
+            "404 Not Found",
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                   "message": format!("{path} not found"), "reason": "NotFound", "code": 404}),
+        ),
+    };
+    let body = body.to_string();
+    let _ = write!(
+        conn,
+        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+/// What one command printed and how long it took.
+#[derive(Debug)]
+pub struct Run {
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl Run {
+    pub fn from_output(out: Output, elapsed: Duration) -> Run {
+        Run {
+            ok: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            elapsed,
+        }
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_str(self.stdout.trim())
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:?}"))
+    }
+
+    #[track_caller]
+    pub fn assert_ok(&self) -> &Self {
+        assert!(self.ok, "command failed: {self:#?}");
+        self
+    }
+
+    /// cnitool prints the plugin's CNI error as its own error text: the code and message.
+    #[track_caller]
+    pub fn assert_err(&self, code: u32, msg_contains: &[&str]) -> &Self {
+        assert!(!self.ok, "command unexpectedly succeeded: {self:#?}");
+        let all = format!("{}{}", self.stdout, self.stderr);
+        for m in msg_contains {
+            assert!(all.contains(m), "{m:?} not in the error: {self:#?}");
+        }
+        if let Ok(v) = serde_json::from_str::<Value>(self.stdout.trim()) {
+            assert_eq!(v["code"], code, "{self:#?}");
+        } else {
+            assert!(
+                all.contains(&code.to_string()),
+                "code {code} not in {self:#?}"
+            );
+        }
+        self
+    }
+}
+
+/// How to call `cnitool` on a node.
+#[derive(Clone, Debug)]
+pub struct CniTool<'a> {
+    /// The node namespace cnitool (and so every plugin) runs in.
+    pub node: &'a TestNetns,
+    /// `NETCONFPATH`: the directory with the conflists.
+    pub netconf: &'a Path,
+    /// `CNI_PATH`, colon-separated.
+    pub cni_path: String,
+}
+
+impl CniTool<'_> {
+    /// `cnitool <command> <net> <pod netns>` inside the node with `CNI_ARGS`, as a runtime
+    /// calls the chain (`CNI_IFNAME=eth0`).
+    pub fn run(&self, net: &str, command: &str, pod: &Path, cni_args: &str) -> Run {
+        let start = Instant::now();
+        let out = self
+            .node
+            .run(|| {
+                Command::new(CNITOOL)
+                    .args([command, net])
+                    .arg(pod)
+                    .env("NETCONFPATH", self.netconf)
+                    .env("CNI_PATH", &self.cni_path)
+                    .env("CNI_ARGS", cni_args)
+                    .env("CNI_IFNAME", "eth0")
+                    .env_remove("CAP_ARGS")
+                    .stdin(Stdio::null())
+                    .output()
+            })
+            .expect("thread in the node namespace")
+            .expect("cnitool runs");
+        Run::from_output(out, start.elapsed())
+    }
+}
+
+/// nft (stateless: no counters) and iptables-legacy rules in a namespace ("" when none).
+pub fn rules(ns: &TestNetns) -> String {
+    let nft = ns.exec_ok("nft", &["-s", "list", "ruleset"]).unwrap();
+    let legacy = ns
+        .exec("iptables-legacy-save", &[])
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let legacy: String = legacy
+        .lines()
+        .filter(|l| l.starts_with("-A"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    nft.trim().to_string() + legacy.trim()
+}
+
+/// The pod's first address of the given family from an ADD result.
+pub fn result_ip(result: &Value, v6: bool) -> Option<std::net::IpAddr> {
+    result["ips"].as_array()?.iter().find_map(|ip| {
+        let a: std::net::IpAddr = ip["address"].as_str()?.split('/').next()?.parse().ok()?;
+        (a.is_ipv6() == v6).then_some(a)
+    })
+}
+
+/// The pod's IPv4 address from an ADD result.
+pub fn pod_ip(result: &Value) -> std::net::IpAddr {
+    result_ip(result, false).expect("an IPv4 address in the ADD result")
+}
+
+/// Standard base64 (kubeconfig CA data).
+pub fn base64(data: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in data.chunks(3) {
+        let n = (c[0] as u32) << 16
+            | (*c.get(1).unwrap_or(&0) as u32) << 8
+            | *c.get(2).unwrap_or(&0) as u32;
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(T[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// CNI_ARGS as kubelet/containerd send them.
+pub fn k8s_args(k8s_ns: &str, name: &str) -> String {
+    if k8s_ns.is_empty() {
+        "IgnoreUnknown=1".to_string()
+    } else {
+        format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE={k8s_ns};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID=0123456789abcdef"
+        )
+    }
+}
+
+/// Percentile of sorted samples (nearest rank).
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}

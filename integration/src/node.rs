@@ -1,0 +1,535 @@
+//! The whole product on one machine, the way a node runs it.
+//!
+//! A [`Node`] is a network namespace plus a temporary host layout:
+//!
+//! ```text
+//! <root>/opt/cni/bin/            bridge, host-local, portmap, loopback (Debian's, symlinked);
+//!                                install-cni copies istio-cni and istio-nftables here
+//! <root>/etc/cni/net.d/10-bridge.conflist   the primary CNI config (bridge + host-local, portmap)
+//! <root>/var/run/secrets/kubernetes.io/serviceaccount/{token,ca.crt}
+//! <root>/var/run/istio-cni/      the plugin's kubeconfig and log (written by install-cni / istio-cni)
+//! <root>/var/lib/cni/networks/   host-local's leases
+//! ```
+//!
+//! The real `install-cni` daemon runs inside the node namespace against that layout (as the
+//! DaemonSet does with its host mounts) and chains `istio-cni` into the conflist; a local API
+//! server serves the demo pods; `cnitool` ADDs pod namespaces through the whole chain with the
+//! `K8S_POD_*` CNI_ARGS kubelet sends. Everything is torn down on drop, also when a test
+//! panics: the daemon is killed (and dies with the process that started it, via
+//! `PR_SET_PDEATHSIG`), the directory removed, the namespace deleted.
+
+use crate::cni::{CniTool, DEBIAN_CNI_DIR, FakeApi, Run, TEST_CA_PEM, k8s_args, result_ip};
+use crate::pods::{Addrs, DemoPod, Expect, From};
+use crate::probe::{Outcome, Transport, connect, send_udp};
+use crate::{TestNetns, require_root};
+use serde_json::{Value, json};
+use std::fs;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The primary network's name (the conflist's `name`, what cnitool is given).
+pub const NET: &str = "k8s-pod-network";
+pub const CONFLIST: &str = "10-bridge.conflist";
+pub const GATEWAY_V4: &str = "10.88.0.1";
+pub const GATEWAY_V6: &str = "fd00:88::1";
+/// The product's binaries a node gets.
+pub const BINARIES: [&str; 3] = ["istio-cni", "install-cni", "istio-nftables"];
+/// Bound on every wait in this harness.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// Where the product's binaries are: `$ISTIO_CNI_BIN_DIR`, else the cargo profile directory
+/// of the running executable (`target/<triple>/<profile>/`, also for test binaries in
+/// `deps/`). `cargo test --workspace` and `cargo build --bins` put all three there.
+pub fn product_bin_dir() -> io::Result<PathBuf> {
+    let dir = match std::env::var_os("ISTIO_CNI_BIN_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            let exe = std::env::current_exe()?;
+            let mut d = exe.parent().unwrap_or(Path::new(".")).to_path_buf();
+            if d.ends_with("deps") {
+                d.pop();
+            }
+            d
+        }
+    };
+    for b in BINARIES {
+        if !dir.join(b).is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "{} missing: build the product first (`cargo build --bins`, or \
+                     `cargo test --workspace`), or point ISTIO_CNI_BIN_DIR at the binaries",
+                    dir.join(b).display()
+                ),
+            ));
+        }
+    }
+    Ok(dir)
+}
+
+/// Options for [`Node::start`].
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    /// Directory with istio-cni, install-cni and istio-nftables.
+    pub bin_source: PathBuf,
+    /// `REDIRECT_BACKEND` for the daemon.
+    pub backend: String,
+    /// `PLUGIN_LOG_LEVEL`.
+    pub plugin_log_level: String,
+    /// Extra daemon environment.
+    pub env: Vec<(String, String)>,
+    /// The conflist's host-local ranges include IPv6 (every pod dual stack).
+    pub dual_stack: bool,
+}
+
+impl NodeOptions {
+    pub fn new(bin_source: PathBuf) -> Self {
+        NodeOptions {
+            bin_source,
+            backend: "auto".into(),
+            plugin_log_level: "info".into(),
+            env: Vec::new(),
+            dual_stack: true,
+        }
+    }
+}
+
+/// A node: namespace, host layout, API server, install-cni.
+pub struct Node {
+    pub ns: TestNetns,
+    pub root: PathBuf,
+    pub bin_dir: PathBuf,
+    pub net_dir: PathBuf,
+    pub sa_dir: PathBuf,
+    pub run_dir: PathBuf,
+    pub ipam_dir: PathBuf,
+    pub api: FakeApi,
+    pub opts: NodeOptions,
+    daemon: Option<Daemon>,
+}
+
+impl Node {
+    /// Lays out the node and writes the primary conflist; the daemon is not started yet.
+    pub fn new(opts: NodeOptions) -> io::Result<Node> {
+        require_root();
+        let ns = TestNetns::with_prefix("node")?;
+        // IPv6 addresses on the bridge usable at once (no DAD wait); pods get theirs from
+        // the bridge plugin, which turns DAD off in the pod as well.
+        ns.sh(
+            "sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0 \
+             net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1",
+        )?;
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let root = std::env::temp_dir().join(format!("istio-cni-node-{}-{n}", std::process::id()));
+        let api = FakeApi::start(&ns)?;
+        let node = Node {
+            bin_dir: root.join("opt/cni/bin"),
+            net_dir: root.join("etc/cni/net.d"),
+            sa_dir: root.join("var/run/secrets/kubernetes.io/serviceaccount"),
+            run_dir: root.join("var/run/istio-cni"),
+            ipam_dir: root.join("var/lib/cni/networks"),
+            root,
+            ns,
+            api,
+            opts,
+            daemon: None,
+        };
+        // From here on Drop removes the directory.
+        for d in [
+            &node.bin_dir,
+            &node.net_dir,
+            &node.sa_dir,
+            &node.run_dir,
+            &node.ipam_dir,
+        ] {
+            fs::create_dir_all(d)?;
+        }
+        for p in ["bridge", "host-local", "portmap", "loopback"] {
+            std::os::unix::fs::symlink(Path::new(DEBIAN_CNI_DIR).join(p), node.bin_dir.join(p))?;
+        }
+        fs::write(node.sa_dir.join("token"), "demo-service-account-token")?;
+        fs::write(node.sa_dir.join("ca.crt"), TEST_CA_PEM)?;
+        fs::write(
+            node.conflist(),
+            serde_json::to_vec_pretty(&node.primary_conflist())?,
+        )?;
+        Ok(node)
+    }
+
+    pub fn conflist(&self) -> PathBuf {
+        self.net_dir.join(CONFLIST)
+    }
+
+    /// What the primary CNI (here: a kubeadm-style bridge setup) writes.
+    pub fn primary_conflist(&self) -> Value {
+        let mut ranges = vec![json!([{"subnet": "10.88.0.0/16", "gateway": GATEWAY_V4}])];
+        let mut routes = vec![json!({"dst": "0.0.0.0/0"})];
+        if self.opts.dual_stack {
+            ranges.push(json!([{"subnet": "fd00:88::/64", "gateway": GATEWAY_V6}]));
+            routes.push(json!({"dst": "::/0"}));
+        }
+        json!({
+            "cniVersion": "1.0.0",
+            "name": NET,
+            "plugins": [
+                {
+                    "type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
+                    "hairpinMode": true,
+                    "ipam": {"type": "host-local", "dataDir": self.ipam_dir, "ranges": ranges, "routes": routes}
+                },
+                {"type": "portmap", "capabilities": {"portMappings": true}, "snat": false}
+            ]
+        })
+    }
+
+    /// The daemon's environment: Istio's variable names, every host path pointed into the
+    /// layout, the API server reachable over plain HTTP inside the node.
+    pub fn daemon_env(&self) -> Vec<(String, String)> {
+        let p = |p: &Path| p.display().to_string();
+        let mut env: Vec<(String, String)> = [
+            ("MOUNTED_CNI_NET_DIR", p(&self.net_dir)),
+            ("CNI_AGENT_RUN_DIR", p(&self.run_dir)),
+            ("CNI_BIN_SOURCE_DIR", p(&self.opts.bin_source)),
+            ("CNI_BIN_TARGET_DIRS", p(&self.bin_dir)),
+            ("SERVICE_ACCOUNT_DIR", p(&self.sa_dir)),
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1".into()),
+            ("KUBERNETES_SERVICE_PORT", self.api.port.to_string()),
+            ("KUBERNETES_SERVICE_PROTOCOL", "http".into()),
+            ("HEALTH_PORT", "0".into()),
+            ("MONITORING_PORT", "0".into()),
+            ("LISTEN_ADDRESS", "127.0.0.1".into()),
+            ("EXCLUDE_NAMESPACES", "kube-system".into()),
+            ("POD_NAMESPACE", "istio-system".into()),
+            ("REDIRECT_BACKEND", self.opts.backend.clone()),
+            ("PLUGIN_LOG_LEVEL", self.opts.plugin_log_level.clone()),
+            ("LOG_LEVEL", "info".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        env.extend(self.opts.env.iter().cloned());
+        env
+    }
+
+    /// Starts install-cni in the node namespace and waits until it is ready (installed).
+    pub fn start_daemon(&mut self) -> io::Result<()> {
+        let mut cmd = Command::new(self.opts.bin_source.join("install-cni"));
+        cmd.env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .envs(self.daemon_env());
+        let d = Daemon::spawn(cmd, &self.ns)?;
+        self.daemon = Some(d);
+        let d = self.daemon.as_ref().unwrap();
+        if !wait_until(WAIT, || d.ready(&self.ns)) {
+            return Err(io::Error::other(format!(
+                "install-cni not ready within {WAIT:?}:\n{}",
+                d.log()
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn daemon(&self) -> &Daemon {
+        self.daemon.as_ref().expect("daemon started")
+    }
+
+    /// SIGTERM to the daemon; waits for it to exit (bounded) and returns status and log.
+    pub fn stop_daemon(&mut self) -> io::Result<(ExitStatus, String)> {
+        let d = self.daemon.take().expect("daemon started");
+        d.stop()
+    }
+
+    /// The installed conflist, parsed.
+    pub fn conflist_json(&self) -> Option<Value> {
+        serde_json::from_slice(&fs::read(self.conflist()).ok()?).ok()
+    }
+
+    /// Plugin types in the conflist, in chain order.
+    pub fn chain(&self) -> Vec<String> {
+        self.conflist_json()
+            .and_then(|v| {
+                v["plugins"].as_array().map(|a| {
+                    a.iter()
+                        .map(|p| p["type"].as_str().unwrap_or("").to_string())
+                        .collect()
+                })
+            })
+            .unwrap_or_default()
+    }
+
+    /// The primary CNI rewrites its conflist (atomic rename, as kubelet-side writers do),
+    /// dropping our entry; returns how long until the daemon had put it back.
+    pub fn primary_rewrites_conflist(&self) -> io::Result<Duration> {
+        let mut v = self
+            .conflist_json()
+            .ok_or_else(|| io::Error::other("no conflist"))?;
+        let plugins: Vec<Value> = v["plugins"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| p["type"] != "istio-cni")
+            .collect();
+        v["plugins"] = Value::Array(plugins);
+        let tmp = self.conflist().with_extension("tmp");
+        fs::write(&tmp, serde_json::to_vec_pretty(&v)?)?;
+        let t0 = Instant::now();
+        fs::rename(&tmp, self.conflist())?;
+        loop {
+            if self.chain().iter().any(|t| t == "istio-cni") {
+                return Ok(t0.elapsed());
+            }
+            if t0.elapsed() > WAIT {
+                return Err(io::Error::other(format!(
+                    "conflist not repaired within {WAIT:?}"
+                )));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// cnitool for this node: its conflists, its bin dir only (what a runtime's CNI_PATH is).
+    pub fn cnitool(&self) -> CniTool<'_> {
+        CniTool {
+            node: &self.ns,
+            netconf: &self.net_dir,
+            cni_path: self.bin_dir.display().to_string(),
+        }
+    }
+
+    /// Puts the pod into the API server.
+    pub fn serve(&self, pod: &DemoPod) {
+        self.api.put(&pod.namespace, &pod.name, pod.json.clone());
+    }
+
+    pub fn add(&self, pod: &TestNetns, p: &DemoPod) -> Run {
+        self.cni("add", pod, p)
+    }
+    pub fn check(&self, pod: &TestNetns, p: &DemoPod) -> Run {
+        self.cni("check", pod, p)
+    }
+    pub fn del(&self, pod: &TestNetns, p: &DemoPod) -> Run {
+        self.cni("del", pod, p)
+    }
+    fn cni(&self, command: &str, pod: &TestNetns, p: &DemoPod) -> Run {
+        self.cnitool()
+            .run(NET, command, pod.path(), &k8s_args(&p.namespace, &p.name))
+    }
+
+    /// Addresses for [`crate::pods::expectations`] from an ADD result.
+    pub fn addrs(&self, add_result: &Value) -> Addrs {
+        Addrs {
+            pod_v4: result_ip(add_result, false).expect("IPv4 in the ADD result"),
+            pod_v6: result_ip(add_result, true),
+            gw_v4: GATEWAY_V4.parse().unwrap(),
+            gw_v6: GATEWAY_V6.parse().unwrap(),
+        }
+    }
+
+    /// The plugin's log (JSON lines) in the run dir.
+    pub fn plugin_log(&self) -> String {
+        fs::read_to_string(self.run_dir.join("istio-cni.log")).unwrap_or_default()
+    }
+
+    /// Opens the connection `e` describes (from the pod or from the node) and reports where
+    /// it landed.
+    pub fn probe(&self, pod: &TestNetns, e: &Expect) -> Outcome {
+        let ns = match e.from {
+            From::Pod => pod.path(),
+            From::Node => self.ns.path(),
+        };
+        match e.transport {
+            Transport::Tcp => connect(ns, &e.spec),
+            Transport::Udp => send_udp(ns, &e.spec),
+        }
+    }
+
+    /// GET on the daemon's health or metrics port, from inside the node.
+    pub fn daemon_get(&self, path: &str) -> (u16, String) {
+        self.daemon().get(&self.ns, path)
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(d) = self.daemon.take() {
+            drop(d); // killed and reaped
+        }
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
+/// The running install-cni.
+pub struct Daemon {
+    child: Child,
+    logs: Arc<Mutex<String>>,
+    pub health: u16,
+    pub metrics: u16,
+}
+
+impl Daemon {
+    /// Spawns `cmd` inside `ns`. The child joins the namespace between fork and exec, and
+    /// gets SIGKILL should the spawning thread's process die first.
+    fn spawn(mut cmd: Command, ns: &TestNetns) -> io::Result<Daemon> {
+        let ns_file = fs::File::open(ns.path())?;
+        let ns_fd = ns_file.as_raw_fd();
+        // SAFETY: only async-signal-safe syscalls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(ns_fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        drop(ns_file);
+        let logs = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().expect("piped");
+        let l2 = logs.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if std::env::var_os("E2E_DAEMON_LOGS").is_some() {
+                    eprintln!("install-cni: {line}");
+                }
+                let mut g = l2.lock().unwrap();
+                g.push_str(&line);
+                g.push('\n');
+            }
+        });
+        let mut d = Daemon {
+            child,
+            logs,
+            health: 0,
+            metrics: 0,
+        };
+        if !wait_until(WAIT, || d.log().contains("listening")) {
+            return Err(io::Error::other(format!(
+                "install-cni did not start:\n{}",
+                d.log()
+            )));
+        }
+        let log = d.log();
+        let port = |key: &str| -> u16 {
+            log.find(key)
+                .map(|at| &log[at + key.len()..])
+                .and_then(|rest| {
+                    let end = rest
+                        .find(|c: char| c.is_whitespace() || c == '"' || c == ',')
+                        .unwrap_or(rest.len());
+                    rest[..end].rsplit(':').next()?.parse().ok()
+                })
+                .unwrap_or(0)
+        };
+        d.health = port("health_addr=");
+        d.metrics = port("metrics_addr=");
+        Ok(d)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log(&self) -> String {
+        self.logs.lock().unwrap().clone()
+    }
+
+    pub fn ready(&self, ns: &TestNetns) -> bool {
+        self.get(ns, "/readyz").0 == 200
+    }
+
+    /// GET `path` from the health port (or the metrics port for `/metrics`) inside `ns`.
+    pub fn get(&self, ns: &TestNetns, path: &str) -> (u16, String) {
+        let port = if path == "/metrics" {
+            self.metrics
+        } else {
+            self.health
+        };
+        ns.run(|| http_get(port, path))
+            .unwrap_or((0, String::new()))
+    }
+
+    /// SIGTERM, then wait (bounded; SIGKILL after [`WAIT`]).
+    pub fn stop(mut self) -> io::Result<(ExitStatus, String)> {
+        // SAFETY: kill on our own child's pid.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(st) = self.child.try_wait()? {
+                std::thread::sleep(Duration::from_millis(50)); // let the log reader drain
+                return Ok((st, self.log()));
+            }
+            if Instant::now() > deadline {
+                return Err(io::Error::other(format!(
+                    "install-cni did not exit within {WAIT:?} of SIGTERM:\n{}",
+                    self.log()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A bare HTTP/1.1 GET against 127.0.0.1 (in the calling thread's namespace).
+pub fn http_get(port: u16, path: &str) -> (u16, String) {
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    if write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .is_err()
+    {
+        return (0, String::new());
+    }
+    let mut resp = String::new();
+    let _ = s.read_to_string(&mut resp);
+    let code = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
+
+/// Polls `f` every 2 ms until it holds or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
