@@ -14,3 +14,4 @@ echo "== cargo build --release (static binaries)"
 cargo build --locked --release --workspace --bins
 echo "== cargo test"
 cargo test --locked --workspace
+deploy/scripts/check.sh
