@@ -1,19 +1,30 @@
-//! The README's main job: a demo pod namespace programmed by `istio-nftables` (the CNI
-//! default sidecar rules), the `nft list ruleset` a node admin sees in it, and real
-//! connections showing where traffic lands.
+//! The README's main job: the whole product on one node, end to end.
 //!
-//! Usage: `demo <path to istio-nftables>` (the quick-start script builds it first).
+//! A node namespace with a host layout (bin dir, conf dir with Debian's bridge + host-local +
+//! portmap conflist, service-account dir, run dir); the real `install-cni` daemon chains
+//! istio-cni into the conflist; a local API server serves the demo pods; `cnitool` ADDs each
+//! pod namespace through the whole chain as kubelet would. Then, for the sidecar pod, the
+//! `nft list ruleset` a node admin sees, and a table of real connections and where they landed
+//! for every pod; CHECK, a primary-CNI rewrite repaired, DEL and SIGTERM.
+//!
+//! Usage: `demo [bin dir]` (default: the directory of this binary, where cargo puts
+//! istio-cni, install-cni and istio-nftables). Exit 0 when everything landed as expected.
 
-use integration::*;
-use std::net::{IpAddr, Ipv4Addr};
-use std::process::{Command, ExitCode};
+use integration::cni::{Run, require_cni_tools, rules};
+use integration::node::{Node, NodeOptions, product_bin_dir};
+use integration::pods::{DemoPod, PodKind, expectations};
+use integration::{Probe, TestNetns};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn main() -> ExitCode {
-    let Some(cli) = std::env::args().nth(1) else {
-        eprintln!("usage: demo <path to istio-nftables>");
-        return ExitCode::from(2);
-    };
-    match run(&cli) {
+    if let Some(d) = std::env::args().nth(1) {
+        // SAFETY: single-threaded at this point.
+        unsafe { std::env::set_var("ISTIO_CNI_BIN_DIR", d) };
+    }
+    match run() {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
@@ -23,122 +34,174 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: &str) -> Result<bool, Box<dyn std::error::Error>> {
-    require_root();
-    let w = PodWorld::ipv4_only()?;
-    // The CNI plugin's default for a sidecar pod (istio-reference §1.6b).
-    let args = [
-        "--network-namespace",
-        w.pod.path().to_str().unwrap(),
-        "-p",
-        "15001",
-        "-z",
-        "15006",
-        "-u",
-        "1337",
-        "-g",
-        "1337",
-        "-m",
-        "REDIRECT",
-        "-i",
-        "*",
-        "-b",
-        "*",
-        "-d",
-        "15090,15021,15020",
-        "-o",
-        "15020",
-        "--ipv6",
-        "off",
-        "--backend",
-        "nft",
-    ];
-    println!(
-        "== pod namespace {} (eth0 {}), world namespace {} ({})",
-        w.pod.name(),
-        w.pod_v4,
-        w.world.name(),
-        w.world_v4
-    );
-    println!("== istio-nftables {}", args.join(" "));
-    let out = Command::new(cli).args(args).output()?;
-    if !out.status.success() {
-        return Err(format!(
-            "istio-nftables failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into());
-    }
-    println!("\n== nft list ruleset (inside the pod namespace)\n");
-    print!("{}", w.pod.exec_ok("nft", &["list", "ruleset"])?);
+fn ms(r: &Run) -> String {
+    format!("{:.1} ms", r.elapsed.as_secs_f64() * 1000.0)
+}
 
-    let _sidecar = Probe::sidecar(w.pod.path())?;
-    let _world = Probe::world(w.world.path())?;
-    let (pod, world) = (IpAddr::V4(w.pod_v4), IpAddr::V4(w.world_v4));
-    let cases: Vec<(&str, &std::path::Path, ConnectSpec, Option<u16>)> = vec![
-        (
-            "app (uid 1000) -> world:80",
-            w.pod.path(),
-            ConnectSpec::new(world, 80).uid(1000).gid(1000),
-            Some(15001),
-        ),
-        (
-            "world -> pod:8080",
-            w.world.path(),
-            ConnectSpec::new(pod, 8080),
-            Some(15006),
-        ),
-        (
-            "world -> pod:15021 (health)",
-            w.world.path(),
-            ConnectSpec::new(pod, 15021),
-            Some(15021),
-        ),
-        (
-            "envoy (uid 1337) -> world:80",
-            w.pod.path(),
-            ConnectSpec::new(world, 80).uid(1337).gid(1337),
-            Some(80),
-        ),
-        (
-            "app -> 127.0.0.1:8080",
-            w.pod.path(),
-            ConnectSpec::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 8080)
-                .uid(1000)
-                .gid(1000),
-            Some(8080),
-        ),
-        (
-            "validation probe (uid 1337) -> 127.0.0.6:15002",
-            w.pod.path(),
-            ConnectSpec::new("127.0.0.6".parse()?, 15002)
-                .uid(1337)
-                .gid(1337)
-                .src(IpAddr::V4(Ipv4Addr::LOCALHOST)),
-            Some(15006),
-        ),
-    ];
-    println!("\n== connections\n");
-    println!("{:<48} {:<42} expected", "connection", "landed on");
-    let mut ok = true;
-    for (what, ns, spec, expect) in cases {
-        let outcome = connect(ns, &spec);
-        let good = outcome.landed_port() == expect;
-        ok &= good;
+fn ok(r: &Run, what: &str) -> Res<()> {
+    if r.ok {
+        Ok(())
+    } else {
+        Err(format!("{what} failed:\n{}{}", r.stdout, r.stderr).into())
+    }
+}
+
+fn run() -> Res<bool> {
+    require_cni_tools();
+    let bins: PathBuf = product_bin_dir()?;
+    let mut node = Node::new(NodeOptions::new(bins.clone()))?;
+    let mut all_ok = true;
+
+    println!("== node");
+    println!(
+        "namespace {} (the host), layout under {}",
+        node.ns.name(),
+        node.root.display()
+    );
+    println!("primary CNI conflist: {}", node.chain().join(" -> "));
+
+    node.start_daemon()?;
+    println!(
+        "\n== install-cni (pid {}, from {}) is ready",
+        node.daemon().pid(),
+        bins.display()
+    );
+    println!("conflist now:          {}", node.chain().join(" -> "));
+    println!(
+        "installed:             {} (+ istio-cni-kubeconfig in {})",
+        ["istio-cni", "istio-nftables"]
+            .map(|b| node.bin_dir.join(b).display().to_string())
+            .join(", "),
+        node.run_dir.display()
+    );
+
+    // ADD every pod through the full chain, as kubelet would.
+    println!("\n== cnitool add (bridge + host-local, portmap, istio-cni; CNI_ARGS K8S_POD_*)");
+    println!(
+        "{:<26} {:<33} {:>9}  {:<6} check",
+        "pod", "kind", "ADD", "rules"
+    );
+    let _world = Probe::world(node.ns.path())?;
+    let mut pods = Vec::new();
+    for (i, kind) in PodKind::ALL.into_iter().enumerate() {
+        let name = match kind {
+            PodKind::Sidecar => "productpage-v1".to_string(),
+            _ => format!("demo-{i}"),
+        };
+        let spec = DemoPod::new(kind, &name);
+        node.serve(&spec);
+        let ns = TestNetns::with_prefix("pod")?;
+        let add = node.add(&ns, &spec);
+        ok(&add, &format!("ADD {}/{}", spec.namespace, spec.name))?;
+        let r = rules(&ns);
+        let captured = r.contains("istio-proxy-");
+        all_ok &= captured == kind.captured();
+        let check = node.check(&ns, &spec);
+        all_ok &= check.ok;
         println!(
-            "{what:<48} {:<42} {} {}",
-            outcome.to_string(),
-            expect.map(|p| p.to_string()).unwrap_or_default(),
-            if good { "ok" } else { "MISMATCH" }
+            "{:<26} {:<33} {:>9}  {:<6} {}",
+            format!("{}/{}", spec.namespace, spec.name),
+            kind.describe(),
+            ms(&add),
+            if captured { "yes" } else { "none" },
+            if check.ok { "ok" } else { "FAILED" }
+        );
+        pods.push((spec, ns, add.json()));
+    }
+
+    // Connections: every pod runs a stand-in sidecar (Envoy's ports) and app (8080); the
+    // node runs the "world" servers.
+    let mut table = Vec::new();
+    for (spec, ns, result) in &pods {
+        let _sidecar = Probe::sidecar(ns.path())?;
+        for e in expectations(spec.kind, &node.addrs(result)) {
+            let out = node.probe(ns, &e);
+            let good = e.matches(&out);
+            all_ok &= good;
+            let landed = match out.landed() {
+                Some(l) => format!("{}:{}", l.probe, l.port),
+                None => out.to_string(),
+            };
+            let expected = e.expected();
+            table.push((spec.name.clone(), e.what, landed, expected, good));
+        }
+    }
+
+    let (sidecar, sidecar_ns, result) = &pods[0];
+    println!(
+        "\n== nft list ruleset in {}/{} (nsenter --net={} nft list ruleset)\n",
+        sidecar.namespace,
+        sidecar.name,
+        sidecar_ns.path().display()
+    );
+    print!("{}", sidecar_ns.exec_ok("nft", &["list", "ruleset"])?);
+    let a = node.addrs(result);
+    println!(
+        "\n== connections (pod {} / {}; node {} / {}; \"pod:\" = the pod's sidecar/app listeners, \"world:\" = servers on the node)\n",
+        a.pod_v4,
+        a.pod_v6.map(|v| v.to_string()).unwrap_or_default(),
+        a.gw_v4,
+        a.gw_v6
+    );
+    println!(
+        "{:<16} {:<36} {:<12} {:<12}",
+        "pod", "connection", "landed on", "expected"
+    );
+    for (pod, what, landed, expected, good) in &table {
+        println!(
+            "{pod:<16} {what:<36} {landed:<12} {expected:<12}{}",
+            if *good { "" } else { " MISMATCH" }
         );
     }
+
+    // The primary CNI rewrites its conflist; the daemon repairs it before the next ADD.
+    let took = node.primary_rewrites_conflist()?;
+    let spec = DemoPod::new(PodKind::Sidecar, "reviews-v1");
+    node.serve(&spec);
+    let late = TestNetns::with_prefix("pod")?;
+    let add = node.add(&late, &spec);
+    ok(&add, "ADD after the repair")?;
+    let captured = rules(&late).contains("istio-proxy-");
+    all_ok &= captured;
+    println!(
+        "\n== the primary CNI rewrote {} without istio-cni: repaired in {:.2} ms; next pod ADDed in {}, {}",
+        node.conflist().display(),
+        took.as_secs_f64() * 1000.0,
+        ms(&add),
+        if captured { "captured" } else { "NOT CAPTURED" }
+    );
+    pods.push((spec, late, add.json()));
+
+    // DEL and uninstall.
+    let mut left = 0;
+    for (spec, ns, _) in &pods {
+        ok(&node.del(ns, spec), "DEL")?;
+        left += usize::from(rules(ns).contains("istio-proxy-"));
+    }
+    all_ok &= left == 0;
+    println!(
+        "== cnitool del of {} pods: {} with rules left",
+        pods.len(),
+        left
+    );
+    let (status, _) = node.stop_daemon()?;
+    let removed = !node.chain().iter().any(|t| t == "istio-cni")
+        && !node.bin_dir.join("istio-cni").exists()
+        && !node.run_dir.join("istio-cni-kubeconfig").exists();
+    all_ok &= status.success() && removed;
+    println!(
+        "== SIGTERM to install-cni: exit {}, conflist back to {}, binaries and kubeconfig {}",
+        status.code().unwrap_or(-1),
+        node.chain().join(" -> "),
+        if removed { "removed" } else { "LEFT BEHIND" }
+    );
     println!(
         "\n{}",
-        if ok {
-            "all connections landed where Istio sends them"
+        if all_ok {
+            "all pods got the rules Istio gives them, and every connection landed where Istio sends it"
         } else {
-            "SOME CONNECTIONS LANDED ELSEWHERE"
+            "SOMETHING DID NOT GO AS EXPECTED (see MISMATCH / FAILED above)"
         }
     );
-    Ok(ok)
+    Ok(all_ok)
 }
