@@ -211,6 +211,9 @@ impl Node {
             ("REDIRECT_BACKEND", self.opts.backend.clone()),
             ("PLUGIN_LOG_LEVEL", self.opts.plugin_log_level.clone()),
             ("LOG_LEVEL", "info".into()),
+            // The local API server answers pod GETs only (what the plugin uses); the repair
+            // controller's pod watch is tested with its own crate.
+            ("REPAIR_ENABLED", "false".into()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

@@ -133,7 +133,7 @@ fn main() {
         sample(n, |ns| timed(ns, "nft", &["-f", "-"], Some(&nft_text))),
     ));
     rows.push((
-        "`iptables-legacy-restore` of Istio's payload".into(),
+        "`iptables-legacy-restore` of Istio's payload (= our legacy backend's payload)".into(),
         sample(n, |ns| {
             timed(
                 ns,
@@ -150,8 +150,19 @@ fn main() {
         }),
     ));
     rows.push((
-        "in-process nft backend (build + send + ACKs)".into(),
+        "in-process nft backend (dump + build + send + ACKs)".into(),
         in_process(n, &plan),
+    ));
+    rows.push((
+        "our iptables-legacy backend, in-process (`--test` pre-pass, then restore)".into(),
+        sample(n, |ns| {
+            netns::run_in(Some(ns.path()), || {
+                let start = Instant::now();
+                iptables_legacy::apply(&plan, None).expect("legacy apply");
+                start.elapsed()
+            })
+            .unwrap()
+        }),
     ));
     for count in [0u32, 100, 1_000, 10_000] {
         let cfg = Config {

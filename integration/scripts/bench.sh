@@ -1,0 +1,77 @@
+#!/bin/bash
+# Every benchmark in one command (run as root on Debian 12; ~5 minutes). Each table is measured
+# side by side in the same run; results go to integration/results/bench.md and into README.md
+# between the `bench:begin` / `bench:end` markers, with the machine and the date.
+#   rule programming      integration/src/bin/bench-apply.rs   (CLI vs nft -f vs iptables-*-restore, in-process, CIDR scaling)
+#   per-connection cost   integration/src/bin/bench-conn.rs    (10,000 excluded CIDRs: interval set vs linear rules)
+#   CNI ADD               integration/src/bin/bench-cni.rs     (cnitool through the full chain on an install-cni node)
+#   plugin size/RSS       crates/cni-plugin/tests/bench.rs     (-> integration/results/cni-plugin.txt)
+#   daemon RSS/repair     crates/install-cni/tests/bench.rs    (-> integration/results/install-cni.txt)
+# Env: SAMPLES (apply, default 30), CONNS (default 3000), PODS (200), PAR (100), SKIP_CRATE_BENCHES=1.
+set -euo pipefail
+cd "$(dirname "$(readlink -f "$0")")/../.."
+[ "$(id -u)" = 0 ] || { echo "bench: run as root (network namespaces, netfilter)" >&2; exit 1; }
+command -v cargo >/dev/null || { echo "bench: needs cargo (Rust >= 1.85)" >&2; exit 1; }
+integration/scripts/install-deps.sh >&2
+echo "bench: building (release)" >&2
+cargo build --release --locked -q -p istio-cni -p install-cni -p istio-nftables -p integration --bins
+bin=$(pwd)/target/x86_64-unknown-linux-gnu/release
+res=integration/results
+out=$res/bench.md
+tmp=$(mktemp); trap 'rm -f "$tmp"' EXIT
+
+if [ "${SKIP_CRATE_BENCHES:-0}" != 1 ]; then
+  echo "bench: plugin (ADD alone, peak RSS, binary) -> $res/cni-plugin.txt" >&2
+  ISTIO_CNI_BIN=$bin/istio-cni cargo test --release --locked -q -p istio-cni --test bench -- --ignored >/dev/null
+  echo "bench: daemon (idle RSS, repair latency) -> $res/install-cni.txt" >&2
+  cargo test --release --locked -q -p install-cni --test bench -- --ignored >/dev/null
+fi
+
+cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1)
+mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)
+{
+  echo "Measured $(date -u +%Y-%m-%d) by \`integration/scripts/bench.sh\` on $(. /etc/os-release; echo "$PRETTY_NAME"), kernel $(uname -r), $(nproc) vCPU ($cpu), $mem; load average at the start: $(cut -d' ' -f1-3 /proc/loadavg). Release build."
+  echo
+  echo "**Rule programming** (default sidecar rules, a fresh network namespace per sample):"
+  echo
+  echo "bench: apply latency" >&2
+  "$bin/bench-apply" "$bin/istio-nftables" "${SAMPLES:-30}"
+  echo
+  echo "**Per-connection setup cost with 10,000 excluded CIDRs** (median of ${CONNS:-3000} connections per case):"
+  echo
+  echo "bench: per-connection cost" >&2
+  "$bin/bench-conn" "${CONNS:-3000}" 10000
+  echo
+  echo "**CNI ADD** (sidecar demo pod, node set up by install-cni):"
+  echo
+  echo "bench: CNI ADD" >&2
+  "$bin/bench-cni" "${PODS:-200}" "${PAR:-100}"
+  echo
+  echo "**Binaries and memory:**"
+  echo
+  echo "| what | measured |"
+  echo "|---|---|"
+  for b in istio-cni istio-nftables install-cni; do
+    needed=$(readelf -d "$bin/$b" 2>/dev/null | grep -c NEEDED || true)
+    echo "| \`$b\` size, linkage | $(du -k "$bin/$b" | awk '{printf "%.1f MB", $1/1024}'), $([ "$needed" = 0 ] && echo "static (no NEEDED entries)" || echo "$needed NEEDED entries") |"
+  done
+  sed -n 's/^plugin peak RSS[^:]*: \(.*\)$/| istio-cni peak RSS (wait4 ru_maxrss, max over 200 ADDs) | \1 |/p' $res/cni-plugin.txt
+  sed -n 's/^plugin alone[^:]*: \(.*\)$/| istio-cni ADD alone (fork+exec+GET+netns+nft batch, 200 pods) | \1 |/p' $res/cni-plugin.txt
+  sed -n 's/^idle RSS: \([^ ]*\) kB.*$/| install-cni idle RSS | \1 kB |/p' $res/install-cni.txt
+  awk '/^repair latency/ {getline; sub(/^ +/, ""); sub(/ +\[.*$/, ""); print "| install-cni repair latency (primary drops our entry -> back) | " $0 " |"}' $res/install-cni.txt
+} > "$tmp"
+cp "$tmp" "$out"
+
+python3 - "$out" README.md <<'PY'
+import sys
+res, readme = sys.argv[1], sys.argv[2]
+body = open(res).read().rstrip() + "\n"
+s = open(readme).read()
+b, e = "<!-- bench:begin -->\n", "<!-- bench:end -->"
+if b not in s or e not in s:
+    sys.exit("README.md has no bench:begin/bench:end markers")
+i, j = s.index(b) + len(b), s.index(e)
+open(readme, "w").write(s[:i] + body + s[j:])
+PY
+cat "$out"
+echo "bench: results in $out and README.md" >&2

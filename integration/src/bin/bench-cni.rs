@@ -1,0 +1,131 @@
+//! CNI ADD through the whole chain on a node set up by install-cni (issue 7): cnitool runs
+//! bridge + host-local, portmap and istio-cni for the sidecar demo pod, p50/p99 over N pods
+//! one after another, then M pods at once; every pod must end up with our rules.
+//!
+//! Usage: bench-cni [sequential pods] [parallel pods] — prints a Markdown table. Uses the
+//! binaries next to itself (or ISTIO_CNI_BIN_DIR); run the release build.
+
+use integration::TestNetns;
+use integration::cni::{Run, percentile, require_cni_tools, rules};
+use integration::node::{Node, NodeOptions, product_bin_dir};
+use integration::pods::{DemoPod, PodKind};
+use std::time::{Duration, Instant};
+
+fn ms(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64() * 1000.0)
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let seq: usize = args.next().map(|s| s.parse().expect("pods")).unwrap_or(200);
+    let par: usize = args.next().map(|s| s.parse().expect("pods")).unwrap_or(100);
+    require_cni_tools();
+    let mut node = Node::new(NodeOptions::new(product_bin_dir().unwrap())).unwrap();
+    node.start_daemon().unwrap();
+
+    let pod = |i: usize| {
+        let spec = DemoPod::new(PodKind::Sidecar, &format!("bench-{i}"));
+        node.serve(&spec);
+        (spec, TestNetns::with_prefix("bcni").unwrap())
+    };
+    let captured = |ns: &TestNetns| rules(ns).contains("istio-proxy-nat");
+
+    // Sequential.
+    let mut adds = Vec::new();
+    let mut dels = Vec::new();
+    for i in 0..seq {
+        let (spec, ns) = pod(i);
+        let r = node.add(&ns, &spec);
+        r.assert_ok();
+        assert!(captured(&ns), "pod {i} has no rules");
+        adds.push(r.elapsed);
+        let d = node.del(&ns, &spec);
+        d.assert_ok();
+        dels.push(d.elapsed);
+    }
+    adds.sort();
+    dels.sort();
+    let own_seq = plugin_adds(&node.plugin_log());
+
+    // Parallel: all ADDs released at once.
+    let pods: Vec<_> = (0..par).map(|i| pod(seq + i)).collect();
+    let barrier = std::sync::Barrier::new(par);
+    let t0 = Instant::now();
+    let runs: Vec<Run> = std::thread::scope(|s| {
+        let hs: Vec<_> = pods
+            .iter()
+            .map(|(spec, ns)| {
+                let (node, barrier) = (&node, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    node.add(ns, spec)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let wall = t0.elapsed();
+    let own_all = plugin_adds(&node.plugin_log());
+    let mut own_par: Vec<Duration> = own_all[own_seq.len().min(own_all.len())..].to_vec();
+    own_par.sort();
+    let failed = runs.iter().filter(|r| !r.ok).count();
+    let uncaptured = pods.iter().filter(|(_, ns)| !captured(ns)).count();
+    let mut par_t: Vec<Duration> = runs.iter().map(|r| r.elapsed).collect();
+    par_t.sort();
+    for (spec, ns) in &pods {
+        node.del(ns, spec);
+    }
+    node.stop_daemon().unwrap();
+
+    println!(
+        "| CNI ADD through cnitool (bridge + host-local, portmap, istio-cni) | p50 ms | p99 ms | pods |"
+    );
+    println!("|---|---:|---:|---:|");
+    println!(
+        "| ADD, one pod after another | {} | {} | {seq} |",
+        ms(percentile(&adds, 0.5)),
+        ms(percentile(&adds, 0.99))
+    );
+    println!(
+        "| DEL, one pod after another | {} | {} | {seq} |",
+        ms(percentile(&dels, 0.5)),
+        ms(percentile(&dels, 0.99))
+    );
+    println!(
+        "| ADD, {par} pods at once (each ADD's latency; all {par} done in {} ms; {failed} failed, {uncaptured} without rules) | {} | {} | {par} |",
+        ms(wall),
+        ms(percentile(&par_t, 0.5)),
+        ms(percentile(&par_t, 0.99))
+    );
+    if !own_seq.is_empty() {
+        let mut own_seq = own_seq;
+        own_seq.sort();
+        println!(
+            "| of which istio-cni itself (its log: start to result), one after another | {} | {} | {} |",
+            ms(percentile(&own_seq, 0.5)),
+            ms(percentile(&own_seq, 0.99)),
+            own_seq.len()
+        );
+    }
+    if !own_par.is_empty() {
+        println!(
+            "| of which istio-cni itself, {par} at once | {} | {} | {} |",
+            ms(percentile(&own_par, 0.5)),
+            ms(percentile(&own_par, 0.99)),
+            own_par.len()
+        );
+    }
+    assert_eq!((failed, uncaptured), (0, 0));
+}
+
+/// The plugin's own duration of every successful ADD, in log order.
+fn plugin_adds(log: &str) -> Vec<Duration> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|l| {
+            l["fields"]["message"] == "command succeeded" && l["spans"][0]["command"] == "ADD"
+        })
+        .filter_map(|l| l["fields"]["elapsed_us"].as_u64())
+        .map(Duration::from_micros)
+        .collect()
+}
