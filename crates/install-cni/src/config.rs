@@ -36,6 +36,23 @@ pub const ENV_VARS: &[&str] = &[
     "CNI_BINARIES",
     "SERVICE_ACCOUNT_DIR",
     "AMBIENT_ENABLED",
+    "REPAIR_ENABLED",
+    "REPAIR_REPAIR_PODS",
+    "REPAIR_DELETE_PODS",
+    "REPAIR_LABEL_PODS",
+    "REPAIR_RUN_AS_DAEMON",
+    "REPAIR_NODE_NAME",
+    "KUBERNETES_NODE_NAME",
+    "REPAIR_FIELD_SELECTORS",
+    "REPAIR_LABEL_SELECTORS",
+    "REPAIR_SIDECAR_ANNOTATION",
+    "REPAIR_INIT_CONTAINER_NAME",
+    "REPAIR_INIT_CONTAINER_EXIT_CODE",
+    "REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE",
+    "REPAIR_BROKEN_POD_LABEL_KEY",
+    "REPAIR_BROKEN_POD_LABEL_VALUE",
+    "REPAIR_PROC_ROOT",
+    "KUBECONFIG",
 ];
 
 /// Name of the standalone config file (Istio's).
@@ -165,6 +182,94 @@ pub struct Args {
     #[arg(long, env = "AMBIENT_ENABLED", default_value = "false", value_parser = parse_bool, action = ArgAction::Set)]
     pub ambient_enabled: bool,
 
+    /// Repair controller (istio-reference §6): watch this node's pods and fix those that started
+    /// without the plugin (their istio-validation init container fails with 126).
+    #[arg(long, env = "REPAIR_ENABLED", default_value = "true", value_parser = parse_bool, action = ArgAction::Set)]
+    pub repair_enabled: bool,
+
+    /// Repair a broken pod by programming its redirect rules in place (first in precedence).
+    #[arg(long, env = "REPAIR_REPAIR_PODS", default_value = "true", value_parser = parse_bool, action = ArgAction::Set)]
+    pub repair_repair_pods: bool,
+
+    /// Delete a broken pod (UID and resourceVersion preconditions) when REPAIR_REPAIR_PODS is false.
+    #[arg(long, env = "REPAIR_DELETE_PODS", default_value = "false", value_parser = parse_bool, action = ArgAction::Set)]
+    pub repair_delete_pods: bool,
+
+    /// Label a broken pod (pods/status) when neither repair nor delete is on.
+    #[arg(long, env = "REPAIR_LABEL_PODS", default_value = "false", value_parser = parse_bool, action = ArgAction::Set)]
+    pub repair_label_pods: bool,
+
+    /// Accepted for Istio's chart (always a daemon here); must be a boolean.
+    #[arg(long, env = "REPAIR_RUN_AS_DAEMON", default_value = "true", value_parser = parse_bool, action = ArgAction::Set)]
+    pub repair_run_as_daemon: bool,
+
+    /// This node's name (the chart sets it from spec.nodeName; empty: KUBERNETES_NODE_NAME,
+    /// then the hostname).
+    #[arg(long, env = "REPAIR_NODE_NAME", default_value = "")]
+    pub repair_node_name: String,
+
+    /// Fallback for REPAIR_NODE_NAME (Istio's K8sNodeName).
+    #[arg(long, env = "KUBERNETES_NODE_NAME", default_value = "")]
+    pub kubernetes_node_name: String,
+
+    /// Extra field selectors for the pod watch (spec.nodeName=<node> is always added).
+    #[arg(long, env = "REPAIR_FIELD_SELECTORS", default_value = "")]
+    pub repair_field_selectors: String,
+
+    /// Label selectors for the pod watch.
+    #[arg(long, env = "REPAIR_LABEL_SELECTORS", default_value = "")]
+    pub repair_label_selectors: String,
+
+    /// Only pods with this annotation are considered (empty: any pod).
+    #[arg(
+        long,
+        env = "REPAIR_SIDECAR_ANNOTATION",
+        default_value = "sidecar.istio.io/status"
+    )]
+    pub repair_sidecar_annotation: String,
+
+    /// Init container that fails when the plugin did not run (empty: any init container).
+    #[arg(
+        long,
+        env = "REPAIR_INIT_CONTAINER_NAME",
+        default_value = "istio-validation"
+    )]
+    pub repair_init_container_name: String,
+
+    /// Its exit code when the redirect is missing (0: any non-zero exit).
+    #[arg(long, env = "REPAIR_INIT_CONTAINER_EXIT_CODE", default_value = "126")]
+    pub repair_init_container_exit_code: i32,
+
+    /// Its expected termination message (empty: any).
+    #[arg(
+        long,
+        env = "REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE",
+        default_value = ""
+    )]
+    pub repair_init_container_termination_message: String,
+
+    /// Label key set on broken pods in label mode.
+    #[arg(
+        long,
+        env = "REPAIR_BROKEN_POD_LABEL_KEY",
+        default_value = "cni.istio.io/uninitialized"
+    )]
+    pub repair_broken_pod_label_key: String,
+
+    /// Label value set on broken pods in label mode.
+    #[arg(long, env = "REPAIR_BROKEN_POD_LABEL_VALUE", default_value = "true")]
+    pub repair_broken_pod_label_value: String,
+
+    /// The host's /proc as mounted in the container (pod network namespaces are found there;
+    /// <dir>/1/ns/net is the host's).
+    #[arg(long, env = "REPAIR_PROC_ROOT", default_value = "/host/proc")]
+    pub repair_proc_root: PathBuf,
+
+    /// Kubeconfig for the repair controller's API client (empty: in-cluster, from
+    /// KUBERNETES_SERVICE_* and the service-account directory).
+    #[arg(long, env = "KUBECONFIG", default_value = "")]
+    pub kubeconfig: String,
+
     /// Print the environment variables this daemon reads, one per line, and exit.
     #[arg(long)]
     pub list_env: bool,
@@ -198,6 +303,98 @@ pub struct Config {
     pub bin_target_dirs: Vec<PathBuf>,
     pub binaries: Vec<String>,
     pub sa_dir: PathBuf,
+    pub repair: RepairConfig,
+}
+
+/// Which action the repair controller takes on a broken pod (Istio's precedence).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RepairAction {
+    Repair,
+    Delete,
+    Label,
+}
+
+impl RepairAction {
+    /// The `type` label of `istio_cni_repair_pods_repaired_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RepairAction::Repair => "repair",
+            RepairAction::Delete => "delete",
+            RepairAction::Label => "label",
+        }
+    }
+}
+
+/// Repair controller settings (Istio's `RepairConfig`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RepairConfig {
+    pub enabled: bool,
+    pub repair_pods: bool,
+    pub delete_pods: bool,
+    pub label_pods: bool,
+    pub node_name: String,
+    pub field_selectors: String,
+    pub label_selectors: String,
+    pub sidecar_annotation: String,
+    pub init_container_name: String,
+    pub init_exit_code: i32,
+    pub init_termination_message: String,
+    pub label_key: String,
+    pub label_value: String,
+    pub proc_root: PathBuf,
+    pub kubeconfig: Option<PathBuf>,
+}
+
+impl RepairConfig {
+    /// Istio's defaults, repair off (for tests and the bench).
+    pub fn disabled() -> RepairConfig {
+        RepairConfig {
+            enabled: false,
+            repair_pods: true,
+            delete_pods: false,
+            label_pods: false,
+            node_name: String::new(),
+            field_selectors: String::new(),
+            label_selectors: String::new(),
+            sidecar_annotation: "sidecar.istio.io/status".into(),
+            init_container_name: "istio-validation".into(),
+            init_exit_code: 126,
+            init_termination_message: String::new(),
+            label_key: "cni.istio.io/uninitialized".into(),
+            label_value: "true".into(),
+            proc_root: PathBuf::from("/host/proc"),
+            kubeconfig: None,
+        }
+    }
+
+    /// repair > delete > label; `None`: detect only.
+    pub fn action(&self) -> Option<RepairAction> {
+        if self.repair_pods {
+            Some(RepairAction::Repair)
+        } else if self.delete_pods {
+            Some(RepairAction::Delete)
+        } else if self.label_pods {
+            Some(RepairAction::Label)
+        } else {
+            None
+        }
+    }
+
+    /// The pod watch's field selector: ours first, then spec.nodeName (Istio's order).
+    pub fn field_selector(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.field_selectors.trim().is_empty() {
+            parts.push(self.field_selectors.trim().to_string());
+        }
+        parts.push(format!("spec.nodeName={}", self.node_name));
+        parts.join(",")
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -257,6 +454,64 @@ pub fn split_list(s: &str) -> Vec<String> {
         .filter(|x| !x.is_empty())
         .map(String::from)
         .collect()
+}
+
+fn repair_config(a: &Args) -> Result<RepairConfig, ConfigError> {
+    let node_name = [&a.repair_node_name, &a.kubernetes_node_name]
+        .into_iter()
+        .map(|s| s.trim().to_string())
+        .find(|s| !s.is_empty())
+        .unwrap_or_else(hostname);
+    if a.repair_enabled && node_name.is_empty() {
+        return Err(bad(
+            "REPAIR_NODE_NAME",
+            "",
+            "not set and neither KUBERNETES_NODE_NAME nor the hostname gives the node name",
+        ));
+    }
+    if node_name.contains(',') || node_name.contains('=') {
+        return Err(bad("REPAIR_NODE_NAME", node_name, "not a node name"));
+    }
+    if a.repair_init_container_exit_code < 0 || a.repair_init_container_exit_code > 255 {
+        return Err(bad(
+            "REPAIR_INIT_CONTAINER_EXIT_CODE",
+            a.repair_init_container_exit_code.to_string(),
+            "expected an exit code in 0..255 (0: any)",
+        ));
+    }
+    let label_pods = a.repair_label_pods;
+    if label_pods && a.repair_broken_pod_label_key.trim().is_empty() {
+        return Err(bad(
+            "REPAIR_BROKEN_POD_LABEL_KEY",
+            "",
+            "REPAIR_LABEL_PODS=true needs a label key",
+        ));
+    }
+    if !a.repair_proc_root.is_absolute() {
+        return Err(bad(
+            "REPAIR_PROC_ROOT",
+            a.repair_proc_root.display().to_string(),
+            "expected an absolute path",
+        ));
+    }
+    let kubeconfig = a.kubeconfig.trim();
+    Ok(RepairConfig {
+        enabled: a.repair_enabled,
+        repair_pods: a.repair_repair_pods,
+        delete_pods: a.repair_delete_pods,
+        label_pods,
+        node_name,
+        field_selectors: a.repair_field_selectors.trim().to_string(),
+        label_selectors: a.repair_label_selectors.trim().to_string(),
+        sidecar_annotation: a.repair_sidecar_annotation.trim().to_string(),
+        init_container_name: a.repair_init_container_name.trim().to_string(),
+        init_exit_code: a.repair_init_container_exit_code,
+        init_termination_message: a.repair_init_container_termination_message.clone(),
+        label_key: a.repair_broken_pod_label_key.trim().to_string(),
+        label_value: a.repair_broken_pod_label_value.trim().to_string(),
+        proc_root: a.repair_proc_root.clone(),
+        kubeconfig: (!kubeconfig.is_empty()).then(|| PathBuf::from(kubeconfig)),
+    })
 }
 
 impl Config {
@@ -352,6 +607,7 @@ impl Config {
         } else {
             PathBuf::from(a.kube_ca_file.trim())
         };
+        let repair = repair_config(&a)?;
         Ok(Config {
             cni_conf_name: (!conf_name.is_empty()).then_some(conf_name),
             chained: a.chained_cni_plugin,
@@ -377,6 +633,7 @@ impl Config {
             bin_target_dirs,
             binaries,
             sa_dir: a.service_account_dir,
+            repair,
         })
     }
 
@@ -413,6 +670,7 @@ impl Config {
             bin_target_dirs: vec![bin_target],
             binaries: vec!["istio-cni".into(), "istio-nftables".into()],
             sa_dir,
+            repair: RepairConfig::disabled(),
         }
     }
 
@@ -455,6 +713,52 @@ mod tests {
         assert_eq!(c.backend_choice, BackendChoice::Auto);
         assert_eq!(c.k8s_protocol, "https");
         assert_eq!(c.k8s_port, 443);
+        let r = &c.repair;
+        assert!(r.enabled && r.repair_pods && !r.delete_pods && !r.label_pods);
+        assert_eq!(r.action(), Some(RepairAction::Repair));
+        assert_eq!(r.sidecar_annotation, "sidecar.istio.io/status");
+        assert_eq!(r.init_container_name, "istio-validation");
+        assert_eq!(r.init_exit_code, 126);
+        assert_eq!(r.label_key, "cni.istio.io/uninitialized");
+        assert_eq!(r.label_value, "true");
+        assert_eq!(r.proc_root, PathBuf::from("/host/proc"));
+        assert_eq!(r.kubeconfig, None);
+        assert!(!r.node_name.is_empty(), "falls back to the hostname");
+    }
+
+    #[test]
+    fn repair_settings() {
+        let c = parse(&[
+            "--repair-repair-pods=false",
+            "--repair-delete-pods=true",
+            "--repair-label-pods=true",
+            "--kubernetes-node-name=node-b",
+            "--repair-field-selectors=status.phase=Running",
+            "--repair-init-container-exit-code=0",
+            "--kubeconfig=/tmp/kc",
+        ])
+        .unwrap();
+        let r = &c.repair;
+        assert_eq!(r.action(), Some(RepairAction::Delete));
+        assert_eq!(r.node_name, "node-b");
+        assert_eq!(
+            r.field_selector(),
+            "status.phase=Running,spec.nodeName=node-b"
+        );
+        assert_eq!(r.init_exit_code, 0);
+        assert_eq!(r.kubeconfig, Some(PathBuf::from("/tmp/kc")));
+        let c = parse(&[
+            "--repair-node-name=node-a",
+            "--kubernetes-node-name=node-b",
+            "--repair-repair-pods=false",
+            "--repair-label-pods=true",
+        ])
+        .unwrap();
+        assert_eq!(c.repair.node_name, "node-a");
+        assert_eq!(c.repair.field_selector(), "spec.nodeName=node-a");
+        assert_eq!(c.repair.action(), Some(RepairAction::Label));
+        let c = parse(&["--repair-repair-pods=0"]).unwrap();
+        assert_eq!(c.repair.action(), None);
     }
 
     #[test]
@@ -503,6 +807,20 @@ mod tests {
             ),
             (vec!["--ambient-enabled=true"], "AMBIENT_ENABLED"),
             (vec!["--log-level=chatty"], "LOG_LEVEL"),
+            (vec!["--repair-enabled=yes"], "REPAIR_ENABLED"),
+            (
+                vec!["--repair-init-container-exit-code=300"],
+                "REPAIR_INIT_CONTAINER_EXIT_CODE",
+            ),
+            (
+                vec!["--repair-init-container-exit-code=x"],
+                "REPAIR_INIT_CONTAINER_EXIT_CODE",
+            ),
+            (vec!["--repair-proc-root=proc"], "REPAIR_PROC_ROOT"),
+            (
+                vec!["--repair-label-pods=true", "--repair-broken-pod-label-key="],
+                "REPAIR_BROKEN_POD_LABEL_KEY",
+            ),
         ] {
             let err = parse(&args).unwrap_err();
             assert!(err.contains(needle), "{args:?}: {err}");

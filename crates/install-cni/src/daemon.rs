@@ -140,6 +140,10 @@ pub async fn main(cfg: Config) -> Result<(), StartError> {
         ));
     }
 
+    // After the listeners (metrics must be up to count repairs), before the install loop (Istio's
+    // order); never blocks the install: the watch connects and retries on its own.
+    crate::repair::start(&cfg, decision.backend, state.clone()).await;
+
     let watch = Watch::new(Filter::new(&cfg))?;
     let installer = Installer::new(cfg, entry);
     let (mut installer, signal) = run(installer, state.clone(), watch, shutdown).await;

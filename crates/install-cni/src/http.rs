@@ -15,6 +15,10 @@ pub const RESULTS: [&str; 4] = [
     "CREATE_CNI_CONFIG_FAILURE",
 ];
 
+/// `type` and `result` label values of `istio_cni_repair_pods_repaired_total`.
+pub const REPAIR_TYPES: [&str; 3] = ["repair", "delete", "label"];
+pub const REPAIR_RESULTS: [&str; 3] = ["success", "fail", "skip"];
+
 /// Shared between the install loop and the HTTP servers.
 #[derive(Debug, Default)]
 pub struct State {
@@ -22,6 +26,8 @@ pub struct State {
     /// Why we are not ready (shown on /readyz).
     reason: Mutex<String>,
     installs: [AtomicU64; 4],
+    /// Indexed `type * 3 + result` (REPAIR_TYPES × REPAIR_RESULTS).
+    repaired: [AtomicU64; 9],
 }
 
 impl State {
@@ -61,6 +67,23 @@ impl State {
             .map_or(0, |i| self.installs[i].load(Ordering::Relaxed))
     }
 
+    fn repair_index(kind: &str, result: &str) -> Option<usize> {
+        let t = REPAIR_TYPES.iter().position(|x| *x == kind)?;
+        let r = REPAIR_RESULTS.iter().position(|x| *x == result)?;
+        Some(t * REPAIR_RESULTS.len() + r)
+    }
+
+    /// One repair-controller outcome (`kind`: repair|delete|label, `result`: success|fail|skip).
+    pub fn count_repair(&self, kind: &str, result: &str) {
+        if let Some(i) = Self::repair_index(kind, result) {
+            self.repaired[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn repaired(&self, kind: &str, result: &str) -> u64 {
+        Self::repair_index(kind, result).map_or(0, |i| self.repaired[i].load(Ordering::Relaxed))
+    }
+
     /// Prometheus text exposition (version 0.0.4).
     pub fn render_metrics(&self) -> String {
         let mut s = String::new();
@@ -80,6 +103,16 @@ impl State {
             "istio_cni_install_ready {}\n",
             u8::from(self.is_ready())
         ));
+        s.push_str("# HELP istio_cni_repair_pods_repaired_total Total number of pods repaired by repair controller\n");
+        s.push_str("# TYPE istio_cni_repair_pods_repaired_total counter\n");
+        for t in REPAIR_TYPES {
+            for r in REPAIR_RESULTS {
+                s.push_str(&format!(
+                    "istio_cni_repair_pods_repaired_total{{type=\"{t}\",result=\"{r}\"}} {}\n",
+                    self.repaired(t, r)
+                ));
+            }
+        }
         s
     }
 
@@ -191,6 +224,19 @@ mod tests {
         assert!(m.contains("istio_cni_installs_total{result=\"SUCCESS\"} 2\n"));
         assert!(m.contains("istio_cni_installs_total{result=\"CREATE_KUBECONFIG_FAILURE\"} 1\n"));
         assert!(m.contains("istio_cni_install_ready 1\n"));
+        s.count_repair("repair", "success");
+        s.count_repair("label", "skip");
+        s.count_repair("bogus", "success");
+        let m = s.render_metrics();
+        assert!(m.contains(
+            "istio_cni_repair_pods_repaired_total{type=\"repair\",result=\"success\"} 1\n"
+        ));
+        assert!(
+            m.contains("istio_cni_repair_pods_repaired_total{type=\"label\",result=\"skip\"} 1\n")
+        );
+        assert!(
+            m.contains("istio_cni_repair_pods_repaired_total{type=\"delete\",result=\"fail\"} 0\n")
+        );
         let health_only = Routes {
             health: true,
             metrics: false,

@@ -12,5 +12,6 @@ pub mod fsutil;
 pub mod http;
 pub mod install;
 pub mod kubeconfig;
+pub mod repair;
 pub mod throttle;
 pub mod watch;

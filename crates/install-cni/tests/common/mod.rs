@@ -2,6 +2,8 @@
 //! /etc/cni/net.d, the service-account dir and the run dir, and the real daemon binary.
 #![allow(dead_code)]
 
+pub mod kube_api;
+
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};

@@ -1,0 +1,687 @@
+//! Repair controller (Istio's `cni/pkg/repair`, istio-reference §6): pods that started before
+//! the plugin was in place (node boot, a primary CNI rewriting its config) run without their
+//! redirect, and their `istio-validation` init container crash-loops with exit code 126.
+//!
+//! The controller watches this node's pods, picks the broken ones with Istio's filter
+//! ([`filter::matches`]) and, in Istio's precedence:
+//! * repair: finds the pod's network namespace through the host's /proc by the pod IP
+//!   ([`procfs::find_pod_netns`]) and programs exactly what the plugin would (the plugin's own
+//!   pod → config mapping, `istio_cni::pod::decide`, and the node's backend);
+//! * else delete the pod (UID + resourceVersion preconditions);
+//! * else label it through the status subresource.
+//!
+//! Each outcome emits a Kubernetes Event on the pod and counts in
+//! `istio_cni_repair_pods_repaired_total{type,result}`. A pod (UID) is acted on at most once;
+//! failures are retried with backoff, at most [`MAX_ATTEMPTS`] times per episode.
+
+pub mod filter;
+pub mod procfs;
+
+use crate::config::{Config, RepairAction, RepairConfig};
+use crate::http::State;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::config::{AuthInfo, Cluster, Context, KubeConfigOptions, Kubeconfig};
+use kube::config::{NamedAuthInfo, NamedCluster, NamedContext};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use redirect::BackendChoice;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Attempts per broken pod before giving up until its next change (Istio's queue: 5).
+pub const MAX_ATTEMPTS: u32 = 5;
+const RETRY_BASE: Duration = Duration::from_millis(500);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+/// Event source / reporting component (Istio's recorder name).
+pub const COMPONENT: &str = "cni-repair";
+pub const REASON_REPAIR: &str = "RepairBrokenPod";
+pub const REASON_DELETE: &str = "DeleteBrokenPod";
+pub const REASON_LABEL: &str = "LabelBrokenPod";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("reading kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: PathBuf,
+        source: kube::config::KubeconfigError,
+    },
+    #[error("building the Kubernetes client: {0}")]
+    Client(#[from] kube::Error),
+    #[error("service-account token {0} is missing (not running in a pod?)")]
+    NoToken(PathBuf),
+}
+
+/// The API client: `KUBECONFIG` when given (tests, running outside a pod), else in-cluster from
+/// KUBERNETES_SERVICE_* with the service account's CA and token FILE (re-read by kube, so
+/// projected-token rotation needs nothing from us).
+pub async fn client(cfg: &Config) -> Result<Client, ClientError> {
+    let (kc, path) = match &cfg.repair.kubeconfig {
+        Some(p) => (
+            Kubeconfig::read_from(p).map_err(|source| ClientError::Kubeconfig {
+                path: p.clone(),
+                source,
+            })?,
+            p.clone(),
+        ),
+        None => {
+            let token = cfg.token_path();
+            if !token.exists() {
+                return Err(ClientError::NoToken(token));
+            }
+            (in_cluster(cfg, &token), cfg.sa_dir.clone())
+        }
+    };
+    let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .map_err(|source| ClientError::Kubeconfig { path, source })?;
+    config.connect_timeout = Some(Duration::from_secs(10));
+    // Longer than the watch's server-side timeout (290 s), so a quiet watch is not cut.
+    config.read_timeout = Some(Duration::from_secs(300));
+    config.write_timeout = Some(Duration::from_secs(10));
+    Ok(Client::try_from(config)?)
+}
+
+fn in_cluster(cfg: &Config, token: &Path) -> Kubeconfig {
+    let mut cluster = Cluster {
+        server: Some(format!(
+            "{}://{}",
+            cfg.k8s_protocol,
+            crate::kubeconfig::join_host_port(&cfg.k8s_host, cfg.k8s_port)
+        )),
+        ..Default::default()
+    };
+    if cfg.skip_tls_verify {
+        cluster.insecure_skip_tls_verify = Some(true);
+    } else {
+        cluster.certificate_authority = Some(cfg.kube_ca_file.display().to_string());
+    }
+    Kubeconfig {
+        clusters: vec![NamedCluster {
+            name: "in-cluster".into(),
+            cluster: Some(cluster),
+            other: Default::default(),
+        }],
+        auth_infos: vec![NamedAuthInfo {
+            name: "install-cni".into(),
+            auth_info: Some(AuthInfo {
+                token_file: Some(token.display().to_string()),
+                ..Default::default()
+            }),
+            other: Default::default(),
+        }],
+        contexts: vec![NamedContext {
+            name: "in-cluster".into(),
+            context: Some(Context {
+                cluster: "in-cluster".into(),
+                user: Some("install-cni".into()),
+                ..Default::default()
+            }),
+            other: Default::default(),
+        }],
+        current_context: Some("in-cluster".into()),
+        ..Default::default()
+    }
+}
+
+/// What the repair needs besides the pod: the same inputs the plugin gets from its config.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub repair: RepairConfig,
+    pub exclude_namespaces: Vec<String>,
+    /// This DaemonSet's namespace (its pods bypass the plugin, so they are never repaired).
+    pub pod_namespace: String,
+    /// The node's backend, as written into the plugin config.
+    pub backend: BackendChoice,
+}
+
+/// A finished action.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Done {
+    Success(String),
+    Skip(String),
+}
+
+/// A failed attempt; `permanent` ones are not retried (retrying cannot change the outcome).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    pub message: String,
+    pub permanent: bool,
+}
+
+impl Failure {
+    fn retry(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            permanent: false,
+        }
+    }
+    fn permanent(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            permanent: true,
+        }
+    }
+}
+
+/// The plugin's verdict and rules for `pod`, programmed into its namespace found under the
+/// proc root. Blocking (namespace threads, netlink).
+pub fn repair_pod(s: &Settings, pod: &Pod) -> Result<Done, Failure> {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("");
+    let name = pod.metadata.name.as_deref().unwrap_or("");
+    if pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false)
+    {
+        return Ok(Done::Skip("host-network pod".into()));
+    }
+    // The plugin's routing (commands::route): self-bypass and excluded namespaces.
+    if istio_cni::pod::is_self(name, ns, &s.pod_namespace) {
+        return Ok(Done::Skip("istio-cni's own pod".into()));
+    }
+    if s.exclude_namespaces.iter().any(|n| n == ns) {
+        return Ok(Done::Skip(format!("namespace {ns} is excluded")));
+    }
+    let pc = match istio_cni::pod::decide(pod) {
+        Ok(istio_cni::pod::Decision::Skip(reason)) => {
+            return Ok(Done::Skip(format!(
+                "the plugin would not program it: {reason}"
+            )));
+        }
+        Ok(istio_cni::pod::Decision::Capture(pc)) => pc,
+        Err(e) => {
+            return Err(Failure::permanent(format!(
+                "invalid pod configuration: {e}"
+            )));
+        }
+    };
+    for w in &pc.warnings {
+        tracing::warn!(pod = %filter::key(pod), warning = %w, "pod configuration");
+    }
+    let ip_text = pod
+        .status
+        .as_ref()
+        .and_then(|st| st.pod_ip.as_deref())
+        .unwrap_or("");
+    let ip: IpAddr = ip_text
+        .parse()
+        .map_err(|_| Failure::retry(format!("pod has no usable status.podIP ({ip_text:?})")))?;
+    let netns = procfs::find_pod_netns(&s.repair.proc_root, ip)
+        .map_err(|e| Failure::retry(format!("finding the pod's network namespace: {e}")))?;
+    let facts = redirect::read_facts(Some(&netns), None).map_err(|e| {
+        Failure::retry(format!("reading the addresses in {}: {e}", netns.display()))
+    })?;
+    let plan = redirect::capture::Plan::build(&pc.config, &facts).map_err(|e| {
+        Failure::retry(format!(
+            "building the redirect rules for {}: {e}",
+            netns.display()
+        ))
+    })?;
+    let d = redirect::apply(&plan, Some(&netns), s.backend)
+        .map_err(|e| Failure::retry(format!("programming {}: {e}", netns.display())))?;
+    Ok(Done::Success(format!(
+        "redirect programmed in {} ({} backend)",
+        netns.display(),
+        d.backend
+    )))
+}
+
+async fn delete_pod(client: &Client, pod: &Pod) -> Result<Done, Failure> {
+    let (ns, name) = ns_name(pod);
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: pod.metadata.uid.clone(),
+            resource_version: pod.metadata.resource_version.clone(),
+        }),
+        ..Default::default()
+    };
+    match api.delete(name, &dp).await {
+        Ok(_) => Ok(Done::Success("deleted".into())),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Done::Skip("already gone".into())),
+        Err(e) => Err(Failure::retry(format!("deleting: {e}"))),
+    }
+}
+
+async fn label_pod(client: &Client, cfg: &RepairConfig, pod: &Pod) -> Result<Done, Failure> {
+    let (ns, name) = ns_name(pod);
+    if pod
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(&cfg.label_key))
+    {
+        return Ok(Done::Skip(format!("already labeled {}", cfg.label_key)));
+    }
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let patch = serde_json::json!({"metadata": {"labels": {&cfg.label_key: &cfg.label_value}}});
+    // pods/status may change metadata too and needs less privilege than pods (as in Istio).
+    match api
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(Done::Success(format!(
+            "labeled {}={}",
+            cfg.label_key, cfg.label_value
+        ))),
+        Err(e) => Err(Failure::retry(format!("labeling: {e}"))),
+    }
+}
+
+fn ns_name(pod: &Pod) -> (&str, &str) {
+    (
+        pod.metadata.namespace.as_deref().unwrap_or(""),
+        pod.metadata.name.as_deref().unwrap_or(""),
+    )
+}
+
+/// A core/v1 Event on the pod (what Istio's recorder writes).
+pub fn event_for(pod: &Pod, node: &str, warning: bool, reason: &str, message: &str) -> Event {
+    let (ns, name) = ns_name(pod);
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let nanos = now.as_nanosecond();
+    Event {
+        metadata: ObjectMeta {
+            name: Some(format!("{name}.{nanos:x}")),
+            namespace: Some(ns.to_string()),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(name.to_string()),
+            namespace: Some(ns.to_string()),
+            uid: pod.metadata.uid.clone(),
+            resource_version: pod.metadata.resource_version.clone(),
+            ..Default::default()
+        },
+        reason: Some(reason.to_string()),
+        message: Some(message.to_string()),
+        type_: Some(if warning { "Warning" } else { "Normal" }.into()),
+        source: Some(EventSource {
+            component: Some(COMPONENT.into()),
+            host: Some(node.to_string()),
+        }),
+        reporting_component: Some(COMPONENT.into()),
+        reporting_instance: Some(node.to_string()),
+        first_timestamp: Some(Time(now)),
+        last_timestamp: Some(Time(now)),
+        count: Some(1),
+        ..Default::default()
+    }
+}
+
+/// Backoff before attempt `n + 1` (n ≥ 1 failures so far).
+pub fn retry_delay(failures: u32) -> Duration {
+    let exp = failures.saturating_sub(1).min(16);
+    (RETRY_BASE * 2u32.pow(exp)).min(RETRY_MAX)
+}
+
+struct Retry {
+    failures: u32,
+    due: Instant,
+}
+
+/// The controller's state; driven by watch events, one action at a time.
+pub struct Controller {
+    client: Client,
+    settings: Arc<Settings>,
+    state: Arc<State>,
+    action: Option<RepairAction>,
+    /// Latest object per `namespace/name`.
+    cache: HashMap<String, Pod>,
+    /// UIDs already acted on (success, skip or a permanent failure).
+    done: HashSet<String>,
+    retries: HashMap<String, Retry>,
+    queue: VecDeque<String>,
+    /// Keys seen during a re-list (to forget pods deleted while the watch was down).
+    relist: Option<HashSet<String>>,
+}
+
+impl Controller {
+    pub fn new(client: Client, settings: Settings, state: Arc<State>) -> Controller {
+        Controller {
+            client,
+            action: settings.repair.action(),
+            settings: Arc::new(settings),
+            state,
+            cache: HashMap::new(),
+            done: HashSet::new(),
+            retries: HashMap::new(),
+            queue: VecDeque::new(),
+            relist: None,
+        }
+    }
+
+    fn wanted(&self, pod: &Pod) -> bool {
+        pod.metadata.deletion_timestamp.is_none()
+            && !self.done.contains(filter::uid(pod))
+            && filter::matches(&self.settings.repair, pod)
+    }
+
+    fn observe(&mut self, pod: Pod) {
+        let key = filter::key(&pod);
+        if let Some(seen) = &mut self.relist {
+            seen.insert(key.clone());
+        }
+        if let Some(old) = self.cache.get(&key)
+            && filter::uid(old) != filter::uid(&pod)
+        {
+            // Same name, new pod: the old one's bookkeeping goes.
+            self.done.remove(filter::uid(old));
+            self.retries.remove(&key);
+        }
+        let wanted = self.wanted(&pod);
+        self.cache.insert(key.clone(), pod);
+        // A pending retry picks up the newest object when it is due.
+        if wanted && !self.retries.contains_key(&key) && !self.queue.contains(&key) {
+            self.queue.push_back(key);
+        }
+    }
+
+    fn forget(&mut self, key: &str) {
+        if let Some(old) = self.cache.remove(key) {
+            self.done.remove(filter::uid(&old));
+        }
+        self.retries.remove(key);
+        self.queue.retain(|k| k != key);
+    }
+
+    pub fn on_event(&mut self, ev: watcher::Event<Pod>) {
+        match ev {
+            watcher::Event::Apply(p) | watcher::Event::InitApply(p) => self.observe(p),
+            watcher::Event::Delete(p) => self.forget(&filter::key(&p)),
+            watcher::Event::Init => self.relist = Some(HashSet::new()),
+            watcher::Event::InitDone => {
+                if let Some(seen) = self.relist.take() {
+                    let gone: Vec<String> = self
+                        .cache
+                        .keys()
+                        .filter(|k| !seen.contains(*k))
+                        .cloned()
+                        .collect();
+                    for k in gone {
+                        self.forget(&k);
+                    }
+                }
+            }
+        }
+    }
+
+    fn next_due(&self) -> Option<Instant> {
+        self.retries.values().map(|r| r.due).min()
+    }
+
+    fn promote_due(&mut self, now: Instant) {
+        let mut due: Vec<(Instant, String)> = self
+            .retries
+            .iter()
+            .filter(|(_, r)| r.due <= now)
+            .map(|(k, r)| (r.due, k.clone()))
+            .collect();
+        due.sort();
+        for (_, k) in due {
+            if !self.queue.contains(&k) {
+                self.queue.push_back(k);
+            }
+        }
+    }
+
+    /// Works the queue until it is empty.
+    pub async fn drain(&mut self) {
+        while let Some(key) = self.queue.pop_front() {
+            self.process(&key).await;
+        }
+    }
+
+    async fn process(&mut self, key: &str) {
+        let Some(pod) = self.cache.get(key).cloned() else {
+            self.retries.remove(key);
+            return;
+        };
+        if !self.wanted(&pod) {
+            // Recovered (or handled) since it was queued.
+            self.retries.remove(key);
+            return;
+        }
+        let Some(action) = self.action else {
+            tracing::info!(pod = %key, "pod detected as broken; no repair action is enabled");
+            self.done.insert(filter::uid(&pod).to_string());
+            return;
+        };
+        let attempt = self.retries.get(key).map_or(0, |r| r.failures) + 1;
+        tracing::info!(pod = %key, action = action.as_str(), attempt, "pod detected as broken");
+        let result = match action {
+            RepairAction::Repair => {
+                let s = self.settings.clone();
+                let p = pod.clone();
+                tokio::task::spawn_blocking(move || repair_pod(&s, &p))
+                    .await
+                    .unwrap_or_else(|e| Err(Failure::retry(format!("repair task failed: {e}"))))
+            }
+            RepairAction::Delete => delete_pod(&self.client, &pod).await,
+            RepairAction::Label => label_pod(&self.client, &self.settings.repair, &pod).await,
+        };
+        let reason = match action {
+            RepairAction::Repair => REASON_REPAIR,
+            RepairAction::Delete => REASON_DELETE,
+            RepairAction::Label => REASON_LABEL,
+        };
+        match result {
+            Ok(Done::Success(what)) => {
+                self.state.count_repair(action.as_str(), "success");
+                tracing::info!(pod = %key, action = action.as_str(), "{what}");
+                self.retries.remove(key);
+                self.done.insert(filter::uid(&pod).to_string());
+                // Delete and label are Warnings in Istio; a repair in place is good news.
+                let warning = action != RepairAction::Repair;
+                let msg = format!("pod detected as broken, {what}");
+                self.emit(&pod, warning, reason, &msg).await;
+            }
+            Ok(Done::Skip(why)) => {
+                self.state.count_repair(action.as_str(), "skip");
+                tracing::info!(pod = %key, action = action.as_str(), "pod detected as broken; skipped: {why}");
+                self.retries.remove(key);
+                self.done.insert(filter::uid(&pod).to_string());
+            }
+            Err(f) => {
+                self.state.count_repair(action.as_str(), "fail");
+                let give_up = f.permanent || attempt >= MAX_ATTEMPTS;
+                if give_up {
+                    tracing::error!(pod = %key, action = action.as_str(), attempt, error = %f.message, "pod detected as broken; giving up");
+                    self.retries.remove(key);
+                    if f.permanent {
+                        self.done.insert(filter::uid(&pod).to_string());
+                    }
+                    let msg = format!(
+                        "pod detected as broken, but {} failed: {}",
+                        action.as_str(),
+                        f.message
+                    );
+                    self.emit(&pod, true, reason, &msg).await;
+                } else {
+                    let delay = retry_delay(attempt);
+                    tracing::warn!(pod = %key, action = action.as_str(), attempt, retry_in_ms = delay.as_millis() as u64, error = %f.message, "pod detected as broken; attempt failed");
+                    self.retries.insert(
+                        key.to_string(),
+                        Retry {
+                            failures: attempt,
+                            due: Instant::now() + delay,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    async fn emit(&self, pod: &Pod, warning: bool, reason: &str, message: &str) {
+        let ev = event_for(
+            pod,
+            &self.settings.repair.node_name,
+            warning,
+            reason,
+            message,
+        );
+        let api: Api<Event> = Api::namespaced(self.client.clone(), ns_name(pod).0);
+        if let Err(e) = api.create(&PostParams::default(), &ev).await {
+            tracing::warn!(pod = %filter::key(pod), error = %e, "could not write the event");
+        }
+    }
+
+    /// Watches this node's pods until the task is dropped.
+    pub async fn run(mut self) {
+        let r = &self.settings.repair;
+        let mut wc = watcher::Config::default().fields(&r.field_selector());
+        if !r.label_selectors.is_empty() {
+            wc = wc.labels(&r.label_selectors);
+        }
+        tracing::info!(
+            node = %r.node_name,
+            field_selector = %r.field_selector(),
+            label_selector = %r.label_selectors,
+            action = self.action.map_or("none", |a| a.as_str()),
+            "repair controller watching pods"
+        );
+        let api: Api<Pod> = Api::all(self.client.clone());
+        let stream = watcher(api, wc).default_backoff();
+        futures::pin_mut!(stream);
+        let mut last_error: Option<String> = None;
+        loop {
+            let due = self.next_due();
+            tokio::select! {
+                ev = stream.next() => match ev {
+                    Some(Ok(ev)) => {
+                        if matches!(ev, watcher::Event::InitDone) {
+                            if last_error.take().is_some() {
+                                tracing::info!("repair controller: pod watch recovered");
+                            } else {
+                                tracing::debug!("repair controller: pods listed");
+                            }
+                        }
+                        self.on_event(ev);
+                    }
+                    Some(Err(e)) => {
+                        let msg = e.to_string();
+                        if last_error.as_deref() != Some(msg.as_str()) {
+                            tracing::warn!(error = %msg, "repair controller: pod watch failed; retrying with backoff");
+                            last_error = Some(msg);
+                        }
+                    }
+                    None => return,
+                },
+                _ = sleep_until(due) => {}
+            }
+            self.promote_due(Instant::now());
+            self.drain().await;
+        }
+    }
+}
+
+async fn sleep_until(due: Option<Instant>) {
+    match due {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Starts the controller when enabled and a client can be built; otherwise logs why not.
+pub async fn start(cfg: &Config, backend: redirect::Backend, state: Arc<State>) -> bool {
+    if !cfg.repair.enabled {
+        tracing::info!("repair controller disabled (REPAIR_ENABLED=false)");
+        return false;
+    }
+    let client = match client(cfg).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "repair controller not started: no Kubernetes client");
+            return false;
+        }
+    };
+    let settings = Settings {
+        repair: cfg.repair.clone(),
+        exclude_namespaces: cfg.exclude_namespaces.clone(),
+        pod_namespace: cfg.pod_namespace.clone(),
+        backend: BackendChoice::Fixed(backend),
+    };
+    tokio::spawn(Controller::new(client, settings, state).run());
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_is_bounded() {
+        assert_eq!(retry_delay(1), Duration::from_millis(500));
+        assert_eq!(retry_delay(2), Duration::from_secs(1));
+        assert_eq!(retry_delay(4), Duration::from_secs(4));
+        assert_eq!(retry_delay(100), RETRY_MAX);
+    }
+
+    #[test]
+    fn event_names_the_pod() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u-1", "resourceVersion": "7"}
+        }))
+        .unwrap();
+        let e = event_for(&pod, "node-a", true, REASON_DELETE, "deleted");
+        assert!(e.metadata.name.unwrap().starts_with("web."));
+        assert_eq!(e.involved_object.uid.as_deref(), Some("u-1"));
+        assert_eq!(e.involved_object.kind.as_deref(), Some("Pod"));
+        assert_eq!(e.type_.as_deref(), Some("Warning"));
+        assert_eq!(e.reason.as_deref(), Some("DeleteBrokenPod"));
+        assert_eq!(e.source.unwrap().host.as_deref(), Some("node-a"));
+    }
+
+    #[test]
+    fn plugin_rules_decide_what_a_repair_programs() {
+        let s = Settings {
+            repair: RepairConfig::disabled(),
+            exclude_namespaces: vec!["kube-system".into()],
+            pod_namespace: "istio-system".into(),
+            backend: BackendChoice::Auto,
+        };
+        let pod = |ns: &str, name: &str, extra: serde_json::Value| -> Pod {
+            let mut v = serde_json::json!({
+                "metadata": {"name": name, "namespace": ns, "annotations": {"sidecar.istio.io/status": "{}"}},
+                "spec": {"containers": [{"name": "app"}, {"name": "istio-proxy", "args": ["proxy", "sidecar"]}]},
+                "status": {"podIP": "not-an-ip"}
+            });
+            if let Some(o) = extra.as_object() {
+                for (k, val) in o {
+                    v["spec"][k] = val.clone();
+                }
+            }
+            serde_json::from_value(v).unwrap()
+        };
+        let skip = |p: &Pod| matches!(repair_pod(&s, p), Ok(Done::Skip(_)));
+        assert!(skip(&pod(
+            "default",
+            "w",
+            serde_json::json!({"hostNetwork": true})
+        )));
+        assert!(skip(&pod("kube-system", "w", serde_json::json!({}))));
+        assert!(skip(&pod(
+            "istio-system",
+            "istio-cni-node-x",
+            serde_json::json!({})
+        )));
+        assert!(skip(&pod(
+            "default",
+            "w",
+            serde_json::json!({"initContainers": [{"name": "istio-init"}]})
+        )));
+        // A sidecar pod gets as far as its IP.
+        let e = repair_pod(&s, &pod("default", "w", serde_json::json!({}))).unwrap_err();
+        assert!(!e.permanent && e.message.contains("podIP"), "{e:?}");
+    }
+}
