@@ -15,6 +15,7 @@ mod netlink;
 pub mod routes;
 
 use capture::{Plan, Table};
+use mnl_impl as _; // links our Rust libmnl (mnl_* for libnftnl.a and the mnl crate)
 use std::io;
 
 pub use model::{expand_for_nft, render_text};
