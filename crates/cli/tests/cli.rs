@@ -348,3 +348,22 @@ fn apply_check_and_cleanup_a_namespace() {
         "{left}"
     );
 }
+
+#[test]
+fn the_binary_is_fully_static() {
+    // Runs on any node OS: no dynamic loader, no libc/libnftnl/libmnl of ours expected there.
+    let out = Command::new("readelf")
+        .args(["-d", CLI])
+        .output()
+        .expect("readelf (binutils)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !text.contains("(NEEDED)"),
+        "istio-nftables has dynamic dependencies:\n{text}"
+    );
+    let interp = Command::new("readelf").args(["-l", CLI]).output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&interp.stdout).contains("Requesting program interpreter"),
+        "istio-nftables needs a dynamic loader"
+    );
+}

@@ -63,27 +63,34 @@ pub fn apply_poisoned(plan: &Plan) -> Result<ApplyReport, NftError> {
 
 fn apply_inner(plan: &Plan, poison: bool) -> Result<ApplyReport, NftError> {
     let sock = netlink::Socket::open().map_err(open_err)?;
-    let existing = our_tables(&sock)?;
-    let built = batch::build(plan, &existing, poison);
-    let messages = built.descriptions.len();
-    let nacks = sock
-        .send_batch(&built.batch)
+    // Hot path (CNI ADD into a fresh namespace): create-only, tables exclusive. Only if one of
+    // our tables already exists do we look at what is there and replace it.
+    let mut built = batch::build(plan, &[], poison);
+    let mut nacks = sock
+        .send_batch(&built.batch, true)
         .map_err(io_err("sending the nftables batch"))?;
+    let mut replaced = false;
+    if nacks.iter().any(|n| n.errno == libc::EEXIST) {
+        let existing = our_tables(&sock)?;
+        built = batch::build(plan, &existing, poison);
+        nacks = sock
+            .send_batch(&built.batch, false)
+            .map_err(io_err("sending the nftables batch"))?;
+        replaced = true;
+    }
     if let Some(first) = nacks.first() {
         return Err(NftError::Refused {
             what: built.describe(first.seq),
             source: io::Error::from_raw_os_error(first.errno),
         });
     }
+    let messages = built.descriptions.len();
     drop(sock);
     if let Err(e) = routes::apply(plan) {
         let _ = cleanup();
         return Err(e.into());
     }
-    Ok(ApplyReport {
-        replaced: !existing.is_empty(),
-        messages,
-    })
+    Ok(ApplyReport { replaced, messages })
 }
 
 fn open_err(e: io::Error) -> NftError {
@@ -110,7 +117,7 @@ pub fn cleanup() -> Result<bool, NftError> {
     if !existing.is_empty() {
         let b = batch::delete(&existing);
         let nacks = sock
-            .send_batch(&b)
+            .send_batch(&b, false)
             .map_err(io_err("sending the nftables batch"))?;
         if let Some(n) = nacks.first() {
             return Err(NftError::Refused {

@@ -45,13 +45,12 @@ impl Socket {
         setsockopt(self.fd(), libc::SO_RCVTIMEO, &tv)
     }
 
-    /// Sizes the socket buffers for a batch of `bytes` with `messages` ACKs coming back, as
-    /// `nft` does; the FORCE variants work because we run as root (CAP_NET_ADMIN).
-    fn size_buffers(&self, bytes: usize, messages: usize) -> io::Result<()> {
+    /// Sizes the send buffer for a batch of `bytes` (as `nft` does; the FORCE variant works
+    /// because we run with CAP_NET_ADMIN) and the receive buffer for the error replies, which
+    /// echo the refused message.
+    fn size_buffers(&self, bytes: usize) -> io::Result<()> {
         let snd = (bytes + 64 * 1024) as libc::c_int;
-        // Each ACK echoes the header of the message it acknowledges (~36 bytes with overhead);
-        // an error echoes the whole message. Keep generous headroom for the error case.
-        let rcv = ((messages * 1024) + 256 * 1024) as libc::c_int;
+        let rcv = (bytes + 256 * 1024) as libc::c_int;
         if setsockopt(self.fd(), libc::SO_SNDBUFFORCE, &snd).is_err() {
             setsockopt(self.fd(), libc::SO_SNDBUF, &snd)?;
         }
@@ -61,48 +60,51 @@ impl Socket {
         Ok(())
     }
 
-    /// Sends every page of a batch in ONE sendmsg (a batch split over several datagrams is
-    /// rejected with EINVAL) and returns the messages the kernel refused. An empty result
-    /// means the transaction committed.
-    pub fn send_batch(&self, batch: &nftnl::FinalizedBatch) -> io::Result<Vec<Nack>> {
-        let pages: Vec<&[u8]> = batch.iter().collect();
-        let bytes: usize = pages.iter().map(|p| p.len()).sum();
-        let seqs = batch.sequence_numbers();
-        self.size_buffers(bytes, seqs.len())?;
-        let iov: Vec<io::IoSlice> = pages.iter().map(|p| io::IoSlice::new(p)).collect();
+    /// Sends a whole batch in ONE sendmsg (a batch split over several datagrams is rejected
+    /// with EINVAL) and returns the messages the kernel refused; empty means committed.
+    ///
+    /// nfnetlink processes a batch synchronously inside `sendmsg`, so every reply is queued
+    /// when it returns: instead of one ACK per message (nftnl asks for them), we clear
+    /// NLM_F_ACK and drain what is there without blocking, as `nft` does. Errors are reported
+    /// whether or not an ACK was asked for. With `exclusive_tables`, creating a table that
+    /// already exists fails (EEXIST) instead of silently merging into it.
+    pub fn send_batch(
+        &self,
+        batch: &nftnl::FinalizedBatch,
+        exclusive_tables: bool,
+    ) -> io::Result<Vec<Nack>> {
+        let mut buf: Vec<u8> = Vec::new();
+        for page in batch.iter() {
+            buf.extend_from_slice(page);
+        }
+        rewrite_flags(&mut buf, exclusive_tables);
+        self.size_buffers(buf.len())?;
         let addr = nix::sys::socket::NetlinkAddr::new(0, 0);
         let sent = nix::sys::socket::sendmsg(
             self.fd().as_raw_fd(),
-            &iov,
+            &[io::IoSlice::new(&buf)],
             &[],
             nix::sys::socket::MsgFlags::empty(),
             Some(&addr),
         )
         .map_err(io::Error::from)?;
-        if sent != bytes {
+        if sent != buf.len() {
             return Err(io::Error::other(format!(
-                "short netlink send: {sent} of {bytes} bytes"
+                "short netlink send: {sent} of {} bytes",
+                buf.len()
             )));
         }
-        self.collect_acks(seqs)
+        self.drain_replies()
     }
 
-    fn collect_acks(&self, seqs: std::ops::Range<u32>) -> io::Result<Vec<Nack>> {
-        let mut pending: std::collections::BTreeSet<u32> = seqs.collect();
+    fn drain_replies(&self) -> io::Result<Vec<Nack>> {
         let mut nacks = Vec::new();
         let mut buf = vec![0u64; RECV_WORDS];
         let portid = self.sock.portid();
-        while !pending.is_empty() {
-            // After a refusal the kernel aborts the transaction and may not answer the rest.
-            let flags = if nacks.is_empty() {
-                0
-            } else {
-                libc::MSG_DONTWAIT
-            };
-            let n = recv(self.fd(), &mut buf, flags);
-            let n = match n {
+        loop {
+            let n = match recv(self.fd(), &mut buf, libc::MSG_DONTWAIT) {
                 Ok(n) => n,
-                Err(e) if !nacks.is_empty() && e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(nacks),
                 Err(e) => return Err(e),
             };
             for (hdr, payload) in messages(bytes_of(&buf, n)) {
@@ -114,7 +116,6 @@ impl Socket {
                         .get(..4)
                         .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
                         .unwrap_or(0);
-                    pending.remove(&hdr.nlmsg_seq);
                     if errno != 0 {
                         nacks.push(Nack {
                             seq: hdr.nlmsg_seq,
@@ -124,7 +125,6 @@ impl Socket {
                 }
             }
         }
-        Ok(nacks)
     }
 
     /// Sends a dump request and passes every reply message to `each` until NLMSG_DONE.
@@ -247,4 +247,28 @@ pub fn dump_request(
         buf.truncate(len);
     }
     buf
+}
+
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+
+/// Clears NLM_F_ACK on every message of a batch buffer and, with `exclusive_tables`, marks
+/// table creations NLM_F_EXCL (so an existing table fails the batch instead of being merged).
+fn rewrite_flags(buf: &mut [u8], exclusive_tables: bool) {
+    let hl = std::mem::size_of::<libc::nlmsghdr>();
+    let new_table = (NFNL_SUBSYS_NFTABLES << 8) | libc::NFT_MSG_NEWTABLE as u16;
+    let mut off = 0;
+    while off + hl <= buf.len() {
+        let len = u32::from_ne_bytes(buf[off..off + 4].try_into().unwrap()) as usize;
+        if len < hl || off + len > buf.len() {
+            break;
+        }
+        let ty = u16::from_ne_bytes(buf[off + 4..off + 6].try_into().unwrap());
+        let mut flags = u16::from_ne_bytes(buf[off + 6..off + 8].try_into().unwrap());
+        flags &= !(libc::NLM_F_ACK as u16);
+        if exclusive_tables && ty == new_table {
+            flags |= (libc::NLM_F_CREATE | libc::NLM_F_EXCL) as u16;
+        }
+        buf[off + 6..off + 8].copy_from_slice(&flags.to_ne_bytes());
+        off += (len + 3) & !3;
+    }
 }

@@ -483,3 +483,32 @@ fn ten_thousand_excluded_cidrs_apply_in_one_batch() {
         None,
     );
 }
+
+#[test]
+fn virtual_interface_traffic_goes_to_envoy_outbound_and_excluded_interfaces_bypass() {
+    require_root();
+    let mut w = PodWorld::ipv4_only().unwrap();
+    let virt = w.add_link("eth1").unwrap();
+    let excluded = w.add_link("eth2").unwrap();
+    let cfg = Config {
+        reroute_virtual_interfaces: vec!["eth1".into()],
+        exclude_interfaces: vec!["eth2".into()],
+        ..cni_default(Ipv6Mode::Off)
+    };
+    apply(w.pod.path(), &cfg);
+    let _sidecar = Probe::sidecar(w.pod.path()).unwrap();
+    let pod_on = |ip: Ipv4Addr| ConnectSpec::new(IpAddr::V4(ip), 8080);
+    // KubeVirt: what enters on the virtual interface is the VM's outbound traffic → 15001.
+    landed(
+        &connect(w.world.path(), &pod_on(virt.pod_v4)),
+        15001,
+        Some(SocketAddr::new(IpAddr::V4(virt.pod_v4), 8080)),
+    );
+    // Ordinary inbound on eth0 still goes to 15006; nothing on the excluded interface is captured.
+    landed(&connect(w.world.path(), &pod_on(w.pod_v4)), 15006, None);
+    landed(
+        &connect(w.world.path(), &pod_on(excluded.pod_v4)),
+        8080,
+        None,
+    );
+}
