@@ -22,9 +22,11 @@ tmp=$(mktemp); trap 'rm -f "$tmp"' EXIT
 
 if [ "${SKIP_CRATE_BENCHES:-0}" != 1 ]; then
   echo "bench: plugin (ADD alone, peak RSS, binary) -> $res/cni-plugin.txt" >&2
-  ISTIO_CNI_BIN=$bin/istio-cni cargo test --release --locked -q -p istio-cni --test bench -- --ignored >/dev/null
+  ISTIO_CNI_BIN=$bin/istio-cni cargo test --release --locked -q -p istio-cni --test bench -- --ignored >"$tmp" 2>&1 \
+    || { tail -30 "$tmp" >&2; echo "bench: plugin bench FAILED; keeping the previous $res/cni-plugin.txt" >&2; }
   echo "bench: daemon (idle RSS, repair latency) -> $res/install-cni.txt" >&2
-  cargo test --release --locked -q -p install-cni --test bench -- --ignored >/dev/null
+  cargo test --release --locked -q -p install-cni --test bench -- --ignored >"$tmp" 2>&1 \
+    || { tail -30 "$tmp" >&2; echo "bench: daemon bench FAILED; keeping the previous $res/install-cni.txt" >&2; }
 fi
 
 cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1)
