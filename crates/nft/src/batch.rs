@@ -10,7 +10,24 @@ use std::ffi::CString;
 pub struct Built {
     pub batch: FinalizedBatch,
     /// What each message creates, in batch order (for error messages).
-    pub descriptions: Vec<String>,
+    pub descriptions: Notes,
+}
+
+/// One note per batch message. The text is only made when asked for: formatting it costs more
+/// than building the batch, and the hot path only needs it when the kernel refuses something.
+pub struct Notes {
+    with_text: bool,
+    pub count: usize,
+    text: Vec<String>,
+}
+
+impl Notes {
+    fn note(&mut self, text: impl FnOnce() -> String) {
+        self.count += 1;
+        if self.with_text {
+            self.text.push(text());
+        }
+    }
 }
 
 impl Built {
@@ -18,13 +35,13 @@ impl Built {
     pub fn describe(&self, seq: u32) -> String {
         let seqs = self.batch.sequence_numbers();
         // With ACKed batch begin/end (kernel >= 6.10) the first sequence number is BATCH_BEGIN.
-        let offset = if seqs.len() == self.descriptions.len() + 2 {
+        let offset = if seqs.len() == self.descriptions.count + 2 {
             seqs.start + 1
         } else {
             seqs.start
         };
         seq.checked_sub(offset)
-            .and_then(|i| self.descriptions.get(i as usize))
+            .and_then(|i| self.descriptions.text.get(i as usize))
             .cloned()
             .unwrap_or_else(|| "the nftables batch".into())
     }
@@ -69,14 +86,19 @@ fn chain_type(kind: &str) -> ChainType {
 }
 
 /// The batch for `plan`: delete `existing` (ours) first, then create every table of the plan.
-pub fn build(plan: &Plan, existing: &[Table], poison: bool) -> Built {
-    let specs = model::tables(plan);
+/// `with_text` describes every message (for error messages and `--check`).
+pub fn build(plan: &Plan, existing: &[Table], poison: bool, with_text: bool) -> Built {
+    let specs = model::tables(plan, with_text);
     let mut batch = Batch::new();
-    let mut descriptions = Vec::new();
+    let mut descriptions = Notes {
+        with_text,
+        count: 0,
+        text: Vec::new(),
+    };
     for t in existing {
         let table = nftnl::Table::new(cstr(t.nft_name()), ProtoFamily::Inet);
         batch.add(&table, MsgType::Del);
-        descriptions.push(format!("deleting table inet {}", t.nft_name()));
+        descriptions.note(|| format!("deleting table inet {}", t.nft_name()));
     }
     for spec in &specs {
         add_table(&mut batch, &mut descriptions, spec);
@@ -88,7 +110,7 @@ pub fn build(plan: &Plan, existing: &[Table], poison: bool) -> Built {
         let mut rule = Rule::new(&chain);
         rule.add_expr(&crate::expr::jump("no-such-chain"));
         batch.add(&rule, MsgType::Add);
-        descriptions.push("the poisoned test rule".into());
+        descriptions.note(|| "the poisoned test rule".into());
     }
     Built {
         batch: batch.finalize(),
@@ -96,11 +118,11 @@ pub fn build(plan: &Plan, existing: &[Table], poison: bool) -> Built {
     }
 }
 
-fn add_table(batch: &mut Batch, descriptions: &mut Vec<String>, spec: &TableSpec) {
+fn add_table(batch: &mut Batch, descriptions: &mut Notes, spec: &TableSpec) {
     let tname = spec.table.nft_name();
     let table = nftnl::Table::new(cstr(tname), ProtoFamily::Inet);
     batch.add(&table, MsgType::Add);
-    descriptions.push(format!("table inet {tname}"));
+    descriptions.note(|| format!("table inet {tname}"));
     // Chains first (rules may jump forward), then rules in order.
     let chains: Vec<Chain> = spec
         .chains
@@ -117,10 +139,7 @@ fn add_table(batch: &mut Batch, descriptions: &mut Vec<String>, spec: &TableSpec
         .collect();
     for (c, chain) in spec.chains.iter().zip(&chains) {
         batch.add(chain, MsgType::Add);
-        descriptions.push(format!(
-            "chain {} in table inet {tname}",
-            c.chain.nft_name()
-        ));
+        descriptions.note(|| format!("chain {} in table inet {tname}", c.chain.nft_name()));
     }
     for (c, chain) in spec.chains.iter().zip(&chains) {
         for r in &c.rules {
@@ -134,18 +153,20 @@ fn add_table(batch: &mut Batch, descriptions: &mut Vec<String>, spec: &TableSpec
             // Comments are at most 128 bytes; ours are short constants, never user input.
             let _ = rule.set_comment(cstr(&r.comment));
             batch.add(&rule, MsgType::Add);
-            descriptions.push(format!(
-                "rule `{}` in chain {} of table inet {tname}",
-                r.text,
-                c.chain.nft_name()
-            ));
+            descriptions.note(|| {
+                format!(
+                    "rule `{}` in chain {} of table inet {tname}",
+                    r.text,
+                    c.chain.nft_name()
+                )
+            });
         }
     }
 }
 
 fn add_set(
     batch: &mut Batch,
-    descriptions: &mut Vec<String>,
+    descriptions: &mut Notes,
     table: &nftnl::Table,
     s: &model::SetSpec,
     rule_text: &str,
@@ -178,7 +199,7 @@ fn add_set(
 
 fn emit_set<K>(
     batch: &mut Batch,
-    descriptions: &mut Vec<String>,
+    descriptions: &mut Notes,
     set: Set<'_, K>,
     s: &model::SetSpec,
     rule_text: &str,
@@ -213,10 +234,10 @@ fn emit_set<K>(
         }
     }
     batch.add(&set, MsgType::Add);
-    descriptions.push(format!("the set of rule `{rule_text}`"));
+    descriptions.note(|| format!("the set of rule `{rule_text}`"));
     for msg in set.elems_iter() {
         batch.add(&msg, MsgType::Add);
-        descriptions.push(format!("the elements of the set of rule `{rule_text}`"));
+        descriptions.note(|| format!("the elements of the set of rule `{rule_text}`"));
     }
 }
 

@@ -219,14 +219,14 @@ fn live(sock: &Socket) -> Result<Listing, NftError> {
 
 fn expected(plan: &Plan) -> (Listing, BTreeMap<String, String>) {
     let ours: Vec<&str> = Table::ALL.iter().map(|t| t.nft_name()).collect();
-    let built = batch::build(plan, &[], false);
+    let built = batch::build(plan, &[], false, true);
     let mut listing = Listing::new();
     for page in built.batch.iter() {
         for_each_message(page, |hdr, raw| collect(&mut listing, hdr, raw, &ours));
     }
     // Map each expected rule's normalised form to its nft text for readable reports.
     let mut names = BTreeMap::new();
-    let specs = model::tables(plan);
+    let specs = model::tables(plan, true);
     for t in &specs {
         for c in &t.chains {
             let key = (

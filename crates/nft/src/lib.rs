@@ -65,26 +65,33 @@ fn apply_inner(plan: &Plan, poison: bool) -> Result<ApplyReport, NftError> {
     let sock = netlink::Socket::open().map_err(open_err)?;
     // Hot path (CNI ADD into a fresh namespace): create-only, tables exclusive. Only if one of
     // our tables already exists do we look at what is there and replace it.
-    let mut built = batch::build(plan, &[], poison);
+    let mut built = batch::build(plan, &[], poison, false);
     let mut nacks = sock
         .send_batch(&built.batch, true)
         .map_err(io_err("sending the nftables batch"))?;
     let mut replaced = false;
     if nacks.iter().any(|n| n.errno == libc::EEXIST) {
         let existing = our_tables(&sock)?;
-        built = batch::build(plan, &existing, poison);
+        built = batch::build(plan, &existing, poison, false);
         nacks = sock
             .send_batch(&built.batch, false)
             .map_err(io_err("sending the nftables batch"))?;
         replaced = true;
     }
     if let Some(first) = nacks.first() {
+        // Rare path: rebuild the same batch with descriptions to name the refused object.
+        let existing = if replaced {
+            our_tables(&sock)?
+        } else {
+            Vec::new()
+        };
+        let described = batch::build(plan, &existing, poison, true);
         return Err(NftError::Refused {
-            what: built.describe(first.seq),
+            what: described.describe(first.seq),
             source: io::Error::from_raw_os_error(first.errno),
         });
     }
-    let messages = built.descriptions.len();
+    let messages = built.descriptions.count;
     drop(sock);
     if let Err(e) = routes::apply(plan) {
         let _ = cleanup();

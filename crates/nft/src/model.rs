@@ -85,8 +85,9 @@ pub fn expand_for_nft(m: &Match) -> bool {
     )
 }
 
-/// Builds every table of the plan. Set ids are unique across the whole batch.
-pub fn tables(plan: &Plan) -> Vec<TableSpec> {
+/// Builds every table of the plan. Set ids are unique across the whole batch. `with_text`
+/// also renders each rule in nft syntax (for `--dry-run`, `--check` and error messages).
+pub fn tables(plan: &Plan, with_text: bool) -> Vec<TableSpec> {
     let mut set_ids = 0u32;
     let chains = plan.chains(expand_for_nft);
     plan.tables()
@@ -101,7 +102,9 @@ pub fn tables(plan: &Plan) -> Vec<TableSpec> {
                     let rules = c
                         .rules
                         .iter()
-                        .flat_map(|r| rule_specs(r, base.is_some(), plan.ipv6, &mut set_ids))
+                        .flat_map(|r| {
+                            rule_specs(r, base.is_some(), plan.ipv6, with_text, &mut set_ids)
+                        })
                         .collect();
                     ChainSpec {
                         chain: c.chain,
@@ -114,8 +117,19 @@ pub fn tables(plan: &Plan) -> Vec<TableSpec> {
         .collect()
 }
 
+/// Records nft text for a rule, only when text was asked for: formatting is a large part of
+/// building the batch, and the hot path (CNI ADD) never prints it.
+macro_rules! say {
+    ($b:expr, $($t:tt)*) => {
+        if $b.with_text {
+            $b.text.push(String::from($($t)*));
+        }
+    };
+}
+
 /// Accumulates the expressions and the nft text of one rule.
 struct RuleBuilder<'a> {
+    with_text: bool,
     exprs: Vec<Expr>,
     text: Vec<String>,
     sets: Vec<SetSpec>,
@@ -125,9 +139,6 @@ struct RuleBuilder<'a> {
 impl RuleBuilder<'_> {
     fn push(&mut self, e: Expr) {
         self.exprs.push(e);
-    }
-    fn say(&mut self, t: impl Into<String>) {
-        self.text.push(t.into());
     }
     fn new_set(
         &mut self,
@@ -172,24 +183,34 @@ fn addr_bytes(a: IpAddr) -> Vec<u8> {
 }
 
 /// The rules one plan rule becomes (two for TPROXY: the redirect and its fail-closed drop).
-fn rule_specs(rule: &capture::Rule, base: bool, ipv6: bool, set_ids: &mut u32) -> Vec<RuleSpec> {
+fn rule_specs(
+    rule: &capture::Rule,
+    base: bool,
+    ipv6: bool,
+    with_text: bool,
+    set_ids: &mut u32,
+) -> Vec<RuleSpec> {
     let build = |b: &mut RuleBuilder, action: &Action| {
         matches_into(b, rule, base, ipv6);
         b.push(expr::counter());
-        b.say("counter");
+        say!(b, "counter");
         action_into(b, action, rule.family);
     };
     let mut out = Vec::new();
     let mut one = |action: &Action, comment: String| {
         let mut b = RuleBuilder {
+            with_text,
             exprs: Vec::new(),
             text: Vec::new(),
             sets: Vec::new(),
             set_ids,
         };
         build(&mut b, action);
-        let mut text = b.text.join(" ");
-        text.push_str(&format!(" comment \"{comment}\""));
+        let text = if with_text {
+            format!("{} comment \"{comment}\"", b.text.join(" "))
+        } else {
+            String::new()
+        };
         out.push(RuleSpec {
             exprs: b.exprs,
             sets: b.sets,
@@ -215,7 +236,7 @@ fn matches_into(b: &mut RuleBuilder, rule: &capture::Rule, base: bool, ipv6: boo
     if rule.family == Family::Any && base && !ipv6 {
         b.push(expr::meta_load(libc::NFT_META_NFPROTO as u32));
         b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &[NFPROTO_IPV4]));
-        b.say("meta nfproto ipv4");
+        say!(b, "meta nfproto ipv4");
     }
     for m in &rule.matches {
         if let Match::InIface(v) | Match::OutIface(v) = m {
@@ -229,7 +250,7 @@ fn matches_into(b: &mut RuleBuilder, rule: &capture::Rule, base: bool, ipv6: boo
                 libc::NFT_CMP_EQ as u32,
                 &expr::ifname_bytes(&v[0]),
             ));
-            b.say(format!("{word} \"{}\"", v[0]));
+            say!(b, format!("{word} \"{}\"", v[0]));
         }
     }
     let mut l4 = None;
@@ -242,7 +263,7 @@ fn matches_into(b: &mut RuleBuilder, rule: &capture::Rule, base: bool, ipv6: boo
             } as u8;
             b.push(expr::meta_load(libc::NFT_META_L4PROTO as u32));
             b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &[n]));
-            b.say(format!("meta l4proto {}", p.name()));
+            say!(b, format!("meta l4proto {}", p.name()));
         }
     }
     if rule.family != Family::Any {
@@ -252,11 +273,14 @@ fn matches_into(b: &mut RuleBuilder, rule: &capture::Rule, base: bool, ipv6: boo
             libc::NFT_CMP_EQ as u32,
             &[if v6 { NFPROTO_IPV6 } else { NFPROTO_IPV4 }],
         ));
-        b.say(if v6 {
-            "meta nfproto ipv6"
-        } else {
-            "meta nfproto ipv4"
-        });
+        say!(
+            b,
+            if v6 {
+                "meta nfproto ipv6"
+            } else {
+                "meta nfproto ipv4"
+            }
+        );
     }
     for m in &rule.matches {
         match m {
@@ -285,18 +309,18 @@ fn matches_into(b: &mut RuleBuilder, rule: &capture::Rule, base: bool, ipv6: boo
                 for id in ids {
                     b.push(expr::meta_load(key as u32));
                     b.push(expr::cmp(cmp_op(*negate), &id.id.to_ne_bytes()));
-                    b.say(format!("meta {word} {}{}", neq(*negate), id.id));
+                    say!(b, format!("meta {word} {}{}", neq(*negate), id.id));
                 }
             }
             Match::Mark { mark, negate } => {
                 b.push(expr::meta_load(libc::NFT_META_MARK as u32));
                 b.push(expr::cmp(cmp_op(*negate), &mark.to_ne_bytes()));
-                b.say(format!("meta mark {}{mark:#010x}", neq(*negate)));
+                say!(b, format!("meta mark {}{mark:#010x}", neq(*negate)));
             }
             Match::ConnMark(mark) => {
                 b.push(expr::ct_load(libc::NFT_CT_MARK as u32));
                 b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &mark.to_ne_bytes()));
-                b.say(format!("ct mark {mark:#010x}"));
+                say!(b, format!("ct mark {mark:#010x}"));
             }
             Match::CtState(states) => {
                 let mut mask = 0u32;
@@ -313,7 +337,7 @@ fn matches_into(b: &mut RuleBuilder, rule: &capture::Rule, base: bool, ipv6: boo
                 b.push(expr::ct_load(libc::NFT_CT_STATE as u32));
                 b.push(expr::bitwise_and(&mask.to_ne_bytes()));
                 b.push(expr::cmp(libc::NFT_CMP_NEQ as u32, &0u32.to_ne_bytes()));
-                b.say(format!("ct state {}", words.join(",")));
+                say!(b, format!("ct state {}", words.join(",")));
             }
             _ => {}
         }
@@ -350,13 +374,16 @@ fn addr_match(b: &mut RuleBuilder, nets: &[IpNet], negate: bool, source: bool) {
         } else {
             format!("{}/{}", capture::DisplayIp(n.network()), n.prefix)
         };
-        b.say(format!("{word} {}{shown}", neq(negate)));
+        say!(b, format!("{word} {}{shown}", neq(negate)));
     } else {
         let (elements, text) = interval_elements(nets);
         let key = if v6 { SetKeyKind::V6 } else { SetKeyKind::V4 };
         let (name, id) = b.new_set(key, true, elements, text.clone());
         b.push(expr::lookup(&name, id, negate));
-        b.say(format!("{word} {}{{ {} }}", neq(negate), text.join(", ")));
+        say!(
+            b,
+            format!("{word} {}{{ {} }}", neq(negate), text.join(", "))
+        );
     }
 }
 
@@ -368,7 +395,7 @@ fn port_match(b: &mut RuleBuilder, l4: &str, offset: u32, word: &str, ports: &[u
     ));
     if ports.len() == 1 {
         b.push(expr::cmp(cmp_op(negate), &ports[0].to_be_bytes()));
-        b.say(format!("{l4} {word} {}{}", neq(negate), ports[0]));
+        say!(b, format!("{l4} {word} {}{}", neq(negate), ports[0]));
     } else {
         let mut sorted = ports.to_vec();
         sorted.sort_unstable();
@@ -380,11 +407,10 @@ fn port_match(b: &mut RuleBuilder, l4: &str, offset: u32, word: &str, ports: &[u
         let text: Vec<String> = sorted.iter().map(u16::to_string).collect();
         let (name, id) = b.new_set(SetKeyKind::Port, false, elements, text.clone());
         b.push(expr::lookup(&name, id, negate));
-        b.say(format!(
-            "{l4} {word} {}{{ {} }}",
-            neq(negate),
-            text.join(", ")
-        ));
+        say!(
+            b,
+            format!("{l4} {word} {}{{ {} }}", neq(negate), text.join(", "))
+        );
     }
 }
 
@@ -465,24 +491,24 @@ fn action_into(b: &mut RuleBuilder, action: &Action, family: Family) {
     match action {
         Action::Return => {
             b.push(expr::verdict(libc::NFT_RETURN));
-            b.say("return");
+            say!(b, "return");
         }
         Action::Accept => {
             b.push(expr::verdict(libc::NF_ACCEPT));
-            b.say("accept");
+            say!(b, "accept");
         }
         Action::Drop => {
             b.push(expr::verdict(libc::NF_DROP));
-            b.say("drop");
+            say!(b, "drop");
         }
         Action::Jump(c) => {
             b.push(expr::jump(c.nft_name()));
-            b.say(format!("jump {}", c.nft_name()));
+            say!(b, format!("jump {}", c.nft_name()));
         }
         Action::Redirect { port } => {
             b.push(expr::immediate(&port.to_be_bytes()));
             b.push(expr::redir());
-            b.say(format!("redirect to :{port}"));
+            say!(b, format!("redirect to :{port}"));
         }
         Action::Tproxy { port, mark } => {
             let (nfproto, word) = if family == Family::V6 {
@@ -495,29 +521,30 @@ fn action_into(b: &mut RuleBuilder, action: &Action, family: Family) {
             b.push(expr::immediate(&mark.to_ne_bytes()));
             b.push(expr::meta_set(libc::NFT_META_MARK as u32));
             b.push(expr::verdict(libc::NF_ACCEPT));
-            b.say(format!(
-                "tproxy {word} to :{port} meta mark set {mark:#010x} accept"
-            ));
+            say!(
+                b,
+                format!("tproxy {word} to :{port} meta mark set {mark:#010x} accept")
+            );
         }
         Action::SetMark(m) => {
             b.push(expr::immediate(&m.to_ne_bytes()));
             b.push(expr::meta_set(libc::NFT_META_MARK as u32));
-            b.say(format!("meta mark set {m:#010x}"));
+            say!(b, format!("meta mark set {m:#010x}"));
         }
         Action::SaveMark => {
             b.push(expr::meta_load(libc::NFT_META_MARK as u32));
             b.push(expr::ct_set(libc::NFT_CT_MARK as u32));
-            b.say("ct mark set meta mark");
+            say!(b, "ct mark set meta mark");
         }
         Action::RestoreMark => {
             b.push(expr::ct_load(libc::NFT_CT_MARK as u32));
             b.push(expr::meta_set(libc::NFT_META_MARK as u32));
-            b.say("meta mark set ct mark");
+            say!(b, "meta mark set ct mark");
         }
         Action::CtZone(z) => {
             b.push(expr::immediate(&z.to_ne_bytes()));
             b.push(expr::ct_set(libc::NFT_CT_ZONE as u32));
-            b.say(format!("ct zone set {z}"));
+            say!(b, format!("ct zone set {z}"));
         }
     }
 }
@@ -525,7 +552,7 @@ fn action_into(b: &mut RuleBuilder, action: &Action, family: Family) {
 /// The ruleset in `nft -f` syntax (what `--dry-run` prints; `nft -f` accepts it).
 pub fn render_text(plan: &Plan) -> String {
     let mut out = String::new();
-    for t in tables(plan) {
+    for t in tables(plan, true) {
         out.push_str(&format!("table inet {} {{\n", t.table.nft_name()));
         for c in &t.chains {
             out.push_str(&format!("\tchain {} {{\n", c.chain.nft_name()));
