@@ -6,7 +6,7 @@ pub mod kube_api;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -216,38 +216,7 @@ impl Drop for Daemon {
     }
 }
 
-pub fn http_get(port: u16, path: &str) -> (u16, String) {
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return (0, String::new());
-    };
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
-    let mut resp = String::new();
-    let _ = s.read_to_string(&mut resp);
-    let code = resp
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = resp
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (code, body)
-}
-
-pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
+pub use integration::node::{http_get, wait_until};
 
 /// Every file under `dir` with its bytes and mode (for before/after comparisons).
 pub fn snapshot(dir: &Path) -> BTreeMap<String, (Vec<u8>, u32)> {
