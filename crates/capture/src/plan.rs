@@ -56,19 +56,6 @@ pub enum ChainId {
 }
 
 impl ChainId {
-    pub const ALL: [ChainId; 10] = [
-        ChainId::Prerouting,
-        ChainId::Output,
-        ChainId::Inbound,
-        ChainId::Redirect,
-        ChainId::InRedirect,
-        ChainId::IstioOutput,
-        ChainId::OutputDns,
-        ChainId::Divert,
-        ChainId::Tproxy,
-        ChainId::Drop,
-    ];
-
     pub fn is_builtin(self) -> bool {
         matches!(self, ChainId::Prerouting | ChainId::Output)
     }
@@ -101,14 +88,6 @@ impl ChainId {
             ChainId::Tproxy => "istio-tproxy",
             ChainId::Drop => "istio-drop",
         }
-    }
-
-    pub fn from_iptables_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|c| c.iptables_name() == name)
-    }
-
-    pub fn from_nft_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|c| c.nft_name() == name)
     }
 }
 

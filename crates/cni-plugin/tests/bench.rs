@@ -25,24 +25,7 @@ fn release_binary() -> PathBuf {
     if let Some(p) = std::env::var_os("ISTIO_CNI_BIN") {
         return PathBuf::from(p);
     }
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let status = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "istio-cni",
-            "--bin",
-            "istio-cni",
-        ])
-        .current_dir(&workspace)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace.join("target"));
-    let bin = target.join("x86_64-unknown-linux-gnu/release/istio-cni");
+    let bin = common::build_release_plugin();
     bin.canonicalize().unwrap_or(bin)
 }
 

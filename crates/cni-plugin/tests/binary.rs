@@ -1,7 +1,9 @@
 //! The plugin runs on nodes we know nothing about: fully static (no NEEDED entries, no
 //! OpenSSL, no glibc of a given version) and small.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::Command;
 
 const MAX_RELEASE_BYTES: u64 = 15 * 1024 * 1024;
@@ -39,26 +41,7 @@ fn test_binary_is_static() {
 #[test]
 #[ignore = "builds the release profile; run with --ignored"]
 fn release_binary_is_static_and_small() {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let workspace = manifest.join("../..");
-    let status = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "istio-cni",
-            "--bin",
-            "istio-cni",
-        ])
-        .current_dir(&workspace)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace.join("target"));
-    // .cargo/config.toml sets an explicit build target, so outputs go under its triple.
-    let bin = target.join("x86_64-unknown-linux-gnu/release/istio-cni");
+    let bin = common::build_release_plugin();
     assert!(bin.exists(), "{} not built", bin.display());
     assert_eq!(needed_entries(&bin), Vec::<String>::new());
     let size = std::fs::metadata(&bin).unwrap().len();

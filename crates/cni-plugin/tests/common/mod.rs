@@ -267,3 +267,26 @@ impl Drop for Node {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// Builds the release plugin (LTO: minutes on a cold cache) and returns its path.
+pub fn build_release_plugin() -> PathBuf {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let status = Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "istio-cni",
+            "--bin",
+            "istio-cni",
+        ])
+        .current_dir(&workspace)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace.join("target"));
+    // .cargo/config.toml sets an explicit build target, so outputs go under its triple.
+    target.join("x86_64-unknown-linux-gnu/release/istio-cni")
+}
