@@ -66,8 +66,49 @@ where
 
 /// The inode identifying the namespace at `path` (to tell namespaces apart, e.g. host vs pod).
 pub fn inode(path: &Path) -> io::Result<u64> {
-    use std::os::unix::fs::MetadataExt;
-    Ok(std::fs::metadata(path)?.ino())
+    Ok(NsId::of_path(path)?.ino)
+}
+
+/// The identity of a network namespace: device and inode of its nsfs file. Two paths (a
+/// `/proc/PID/ns/net` link, a bind mount under `/var/run/netns`) name the same namespace exactly
+/// when their ids are equal; paths themselves prove nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NsId {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl NsId {
+    /// The namespace `path` refers to (follows the `/proc/PID/ns/net` magic link).
+    pub fn of_path(path: &Path) -> io::Result<NsId> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path)?;
+        Ok(NsId {
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
+
+    /// The namespace an open namespace file refers to.
+    pub fn of_file(file: &File) -> io::Result<NsId> {
+        use std::os::unix::fs::MetadataExt;
+        let m = file.metadata()?;
+        Ok(NsId {
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
+
+    /// The calling thread's namespace (threads inside [`run_in`] differ from the process's).
+    pub fn current() -> io::Result<NsId> {
+        NsId::of_path(Path::new("/proc/thread-self/ns/net"))
+    }
+}
+
+impl std::fmt::Display for NsId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "net:[{}] (dev {})", self.ino, self.dev)
+    }
 }
 
 #[cfg(test)]
@@ -79,6 +120,17 @@ mod tests {
         let err = run_in(Some(Path::new("/nonexistent/netns")), || ()).unwrap_err();
         assert!(err.is_missing());
         assert!(err.to_string().contains("/nonexistent/netns"));
+    }
+
+    #[test]
+    fn ids_tell_namespaces_apart_not_paths() {
+        let own = NsId::current().unwrap();
+        assert_eq!(NsId::of_path(Path::new("/proc/self/ns/net")).unwrap(), own);
+        assert_eq!(
+            NsId::of_file(&File::open("/proc/thread-self/ns/net").unwrap()).unwrap(),
+            own
+        );
+        assert_eq!(inode(Path::new("/proc/self/ns/net")).unwrap(), own.ino);
     }
 
     #[test]
