@@ -15,7 +15,15 @@ use std::fmt;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+mod connect;
+mod hook;
+mod listen;
+mod ns;
+mod signals;
+
+use ns::Netns;
 
 /// Name prefix of the temporary chains: `istio-explain-<pid>-<n>`.
 pub const TRACE_CHAIN_PREFIX: &str = "istio-explain-";
@@ -314,25 +322,236 @@ pub fn trace(
     conn: &Connection,
     how: TraceHow,
 ) -> Result<KernelPath, TraceError> {
-    let _ = (netns, conn, how);
-    todo!()
+    validate(conn)?;
+    let ns = Netns::open(netns)?;
+    let table = ns.run(|| {
+        hook::remove_stale()?;
+        hook::host_table(&ns)
+    })?;
+    // Subscribed before the rule exists: no event of the traced packet can be missed.
+    let mut listener = ns.run(listen::TraceSocket::open)?;
+    let signals = signals::Guard::install().map_err(|source| TraceError::Netlink {
+        what: "installing SIGINT/SIGTERM handlers".into(),
+        source,
+    })?;
+    let prober = match how {
+        TraceHow::Connect => Some(connect::Prober::start(&ns, conn)?),
+        TraceHow::Wait(_) => None,
+    };
+    let extra = hook::Extra {
+        sport: prober
+            .as_ref()
+            .filter(|_| conn.direction == Direction::Outbound)
+            .map(|p| p.local.port()),
+    };
+    let chain = hook::TempChain::add(&ns, table, conn, extra)?;
+    let name = chain.name.clone();
+    let watched = watch(&mut listener, &signals, prober.as_ref(), &name, how);
+    // Removed before the signal handlers go back to their defaults.
+    let removed = chain.remove();
+    drop(signals);
+    let (trace_id, events, attempt) = watched?;
+    removed?;
+    Ok(KernelPath {
+        table: table.to_string(),
+        hook: conn.hook(),
+        trace_chain: name,
+        trace_id,
+        events,
+        attempt,
+    })
+}
+
+fn validate(conn: &Connection) -> Result<(), TraceError> {
+    if let Some(src) = conn.src
+        && src.is_ipv6() != conn.is_ipv6()
+    {
+        return Err(TraceError::InvalidConnection(format!(
+            "source {src} and destination {} are of different IP families",
+            conn.dst
+        )));
+    }
+    if conn.dst.port() == 0 {
+        return Err(TraceError::InvalidConnection(format!(
+            "destination port 0 in {}",
+            conn.dst
+        )));
+    }
+    if conn.direction == Direction::Inbound && (conn.uid.is_some() || conn.gid.is_some()) {
+        return Err(TraceError::InvalidConnection(
+            "uid/gid only apply to outbound connections (the sender is outside the pod)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// After the traced packet's first event, how long other hooks may still report it.
+const SETTLE: Duration = Duration::from_millis(100);
+/// How often the loop looks at the connecting thread.
+const TICK: Duration = Duration::from_millis(20);
+
+type Watched = (Option<u32>, Vec<TraceEvent>, Attempt);
+
+/// Lets the connection go and collects the traced packet's events until it is done.
+fn watch(
+    listener: &mut listen::TraceSocket,
+    signals: &signals::Guard,
+    prober: Option<&connect::Prober>,
+    chain: &str,
+    how: TraceHow,
+) -> Result<Watched, TraceError> {
+    let started = Instant::now();
+    let limit = match how {
+        TraceHow::Connect => CONNECT_TIMEOUT + Duration::from_secs(1),
+        TraceHow::Wait(d) => d,
+    };
+    if let Some(p) = prober {
+        p.go();
+    }
+    let mut c = Collector::new(chain);
+    let mut attempt = prober.is_none().then_some(Attempt::Observed);
+    let mut quiet_since: Option<Instant> = None;
+    loop {
+        if let Some(signal) = signals.received() {
+            return Err(TraceError::Interrupted { signal });
+        }
+        for e in listener.drain()? {
+            c.feed(e);
+        }
+        if attempt.is_none() {
+            attempt = prober.and_then(connect::Prober::poll);
+        }
+        // Done: the attempt finished (or, waiting, the packet was seen) and the events settled.
+        let finished = attempt.is_some() && (prober.is_some() || c.trace_id.is_some());
+        if finished {
+            let since = *quiet_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= SETTLE {
+                break;
+            }
+        }
+        if started.elapsed() >= limit {
+            if prober.is_none() && c.trace_id.is_none() {
+                return Err(TraceError::NothingSeen { waited: limit });
+            }
+            break;
+        }
+        wait_readable(listener.raw_fd(), signals.wake_fd(), TICK);
+    }
+    let attempt = attempt.unwrap_or(Attempt::TimedOut);
+    Ok((c.trace_id, c.events, attempt))
+}
+
+fn wait_readable(a: i32, b: i32, timeout: Duration) {
+    let mut fds = [
+        libc::pollfd {
+            fd: a,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: b,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    // SAFETY: two valid pollfd entries; EINTR just ends the wait early.
+    unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout.as_millis() as i32) };
+}
+
+/// Keeps the events of the first packet our temporary chain marked, in our tables only.
+struct Collector {
+    chain: String,
+    trace_id: Option<u32>,
+    events: Vec<TraceEvent>,
+}
+
+impl Collector {
+    fn new(chain: &str) -> Self {
+        Self {
+            chain: chain.to_string(),
+            trace_id: None,
+            events: Vec::new(),
+        }
+    }
+
+    fn feed(&mut self, e: TraceEvent) {
+        if self.trace_id.is_none() && e.chain == self.chain {
+            self.trace_id = Some(e.id);
+        }
+        if self.trace_id != Some(e.id)
+            || !hook::is_our_table(&e.family, &e.table)
+            || e.chain.starts_with(TRACE_CHAIN_PREFIX)
+        {
+            return;
+        }
+        self.events.push(e);
+    }
 }
 
 /// Removes temporary chains (`istio-explain-<pid>-<n>`) in our tables whose process is gone
 /// (a run killed with SIGKILL). Returns the names removed. [`trace`] calls it itself.
 pub fn remove_stale_chains(netns: Option<&Path>) -> Result<Vec<String>, TraceError> {
-    let _ = netns;
-    todo!()
+    Netns::open(netns)?.run(hook::remove_stale)
 }
 
 /// Names of all temporary chains currently in our tables (for tests and diagnostics).
 pub fn list_trace_chains(netns: Option<&Path>) -> Result<Vec<String>, TraceError> {
-    let _ = netns;
-    todo!()
+    let chains = Netns::open(netns)?.run(hook::list)?;
+    Ok(chains.into_iter().map(|(_, c)| c).collect())
 }
 
-/// The temporary rule for `conn`, in nft syntax (what `--trace` adds; for display).
+/// The temporary rule for `conn`, in nft syntax (what `--trace` adds; for display). The
+/// source port of the probe socket is added to it when `--trace` connects outbound.
 pub fn trace_rule_text(conn: &Connection) -> String {
-    let _ = conn;
-    todo!()
+    hook::rule_text(conn, hook::Extra::default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(id: u32, table: &str, chain: &str) -> TraceEvent {
+        TraceEvent {
+            id,
+            family: "inet".into(),
+            table: table.into(),
+            chain: chain.into(),
+            rule_handle: Some(1),
+            kind: EventKind::Rule,
+            verdict: Some(Verdict::Continue),
+            nfproto: Some(2),
+        }
+    }
+
+    #[test]
+    fn collector_keeps_the_first_marked_packet_in_our_tables() {
+        let mut c = Collector::new("istio-explain-1-0");
+        c.feed(ev(7, "istio-proxy-nat", "output")); // before our mark: another packet
+        c.feed(ev(9, "istio-proxy-nat", "istio-explain-1-0"));
+        c.feed(ev(9, "filter", "output")); // not ours
+        c.feed(ev(9, "istio-proxy-nat", "output"));
+        c.feed(ev(9, "istio-proxy-nat", "istio-explain-2-0")); // someone else's trace chain
+        c.feed(ev(11, "istio-proxy-nat", "istio-explain-1-0")); // a retransmission
+        c.feed(ev(11, "istio-proxy-nat", "output"));
+        assert_eq!(c.trace_id, Some(9));
+        assert_eq!(c.events, vec![ev(9, "istio-proxy-nat", "output")]);
+    }
+
+    #[test]
+    fn inconsistent_connections_are_refused_by_name() {
+        let c = Connection::new(
+            Direction::Outbound,
+            Protocol::Tcp,
+            "10.0.0.1:80".parse().unwrap(),
+        )
+        .src("::1".parse().unwrap());
+        assert!(validate(&c).unwrap_err().to_string().contains("::1"));
+        let c = Connection::new(
+            Direction::Inbound,
+            Protocol::Tcp,
+            "10.0.0.1:80".parse().unwrap(),
+        )
+        .uid(1);
+        assert!(validate(&c).unwrap_err().to_string().contains("uid"));
+    }
 }
