@@ -5,8 +5,7 @@
 
 use super::{Attempt, CONNECT_TIMEOUT, Connection, Direction, Protocol, TraceError, ns::Netns};
 use nix::sys::socket::{
-    AddressFamily, SockFlag, SockType, SockaddrStorage, bind, connect, getsockname, sendto, socket,
-    sockopt,
+    AddressFamily, SockFlag, SockType, SockaddrStorage, bind, connect, getsockname, socket, sockopt,
 };
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -173,12 +172,14 @@ fn take_credentials(uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
 fn fire(fd: &OwnedFd, conn: &Connection) -> Attempt {
     let dst = SockaddrStorage::from(conn.dst);
     match conn.protocol {
-        Protocol::Udp => match sendto(
-            fd.as_raw_fd(),
-            b"istio-nftables explain --trace",
-            &dst,
-            nix::sys::socket::MsgFlags::empty(),
-        ) {
+        // Connected first, so the local address reported is the one the kernel chose.
+        Protocol::Udp => match connect(fd.as_raw_fd(), &dst).and_then(|()| {
+            nix::sys::socket::send(
+                fd.as_raw_fd(),
+                b"istio-nftables explain --trace",
+                nix::sys::socket::MsgFlags::empty(),
+            )
+        }) {
             Ok(_) => match local_addr(fd) {
                 Ok(local) => Attempt::Sent { local },
                 Err(e) => Attempt::Failed(e.to_string()),

@@ -153,7 +153,11 @@ fn decode(hdr: &libc::nlmsghdr) -> Option<TraceEvent> {
     if unsafe { sys::nftnl_trace_nlmsg_parse(hdr, t.0) } < 0 {
         return None;
     }
+    let handle = t.u64(sys::NFTNL_TRACE_RULE_HANDLE);
     let kind = match t.u32(sys::NFTNL_TRACE_TYPE)? as i32 {
+        // Falling off the end of a chain is reported as a rule event without a rule (the
+        // chain's end marker), verdict `continue`; `nft monitor trace` does not print it.
+        libc::NFT_TRACETYPE_RULE if handle.is_none() => EventKind::Return,
         libc::NFT_TRACETYPE_RULE => EventKind::Rule,
         libc::NFT_TRACETYPE_RETURN => EventKind::Return,
         libc::NFT_TRACETYPE_POLICY => EventKind::Policy,
@@ -171,7 +175,7 @@ fn decode(hdr: &libc::nlmsghdr) -> Option<TraceEvent> {
         family: family_name(t.u32(sys::NFTNL_TRACE_FAMILY).unwrap_or(0)).into(),
         table: t.str(sys::NFTNL_TRACE_TABLE).unwrap_or_default(),
         chain: t.str(sys::NFTNL_TRACE_CHAIN).unwrap_or_default(),
-        rule_handle: t.u64(sys::NFTNL_TRACE_RULE_HANDLE),
+        rule_handle: handle,
         kind,
         verdict,
         nfproto: t.u32(sys::NFTNL_TRACE_NFPROTO),

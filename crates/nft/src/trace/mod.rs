@@ -128,7 +128,10 @@ pub enum EventKind {
     /// A rule matched (all its expressions passed); `verdict` is what it decided (`continue`
     /// for a rule without a verdict statement, e.g. one that only counts or sets a mark).
     Rule,
-    /// The end of a regular chain was reached: back to the calling chain.
+    /// The end of the chain was reached without a verdict (`verdict` is `continue`): a
+    /// regular chain returns to its caller; at the end of a base chain a `Policy` event
+    /// follows. (Kernels report this as a rule event without a rule handle; older ones as
+    /// `NFT_TRACETYPE_RETURN`.) An explicit `return` statement is a `Rule` event instead.
     Return,
     /// The end of a base chain was reached: its policy decided.
     Policy,
@@ -189,8 +192,7 @@ pub struct TraceEvent {
     pub family: String,
     pub table: String,
     pub chain: String,
-    /// The handle of the rule that matched (`Rule` events; the kernel also sends it for a
-    /// `Return` from a rule-less end, so it may be absent).
+    /// The handle of the rule that matched (`Rule` events only).
     pub rule_handle: Option<u64>,
     pub kind: EventKind,
     /// The rule's verdict, or for `Policy` the chain's policy.
@@ -211,7 +213,7 @@ impl fmt::Display for TraceEvent {
                     write!(f, " handle {h}")?;
                 }
             }
-            EventKind::Return => f.write_str(" return")?,
+            EventKind::Return => return f.write_str(" end of chain (return)"),
             EventKind::Policy => f.write_str(" policy")?,
         }
         if let Some(v) = &self.verdict {
