@@ -352,8 +352,14 @@ pub fn trace(
     // Removed before the signal handlers go back to their defaults.
     let removed = chain.remove();
     drop(signals);
+    if let Err(e) = removed {
+        // Something may be left behind: that matters more than how the watch ended.
+        if let Err(w) = &watched {
+            tracing::warn!("trace ended with: {w}");
+        }
+        return Err(e);
+    }
     let (trace_id, events, attempt) = watched?;
-    removed?;
     Ok(KernelPath {
         table: table.to_string(),
         hook: conn.hook(),
@@ -477,7 +483,9 @@ impl Collector {
     }
 
     fn feed(&mut self, e: TraceEvent) {
-        if self.trace_id.is_none() && e.chain == self.chain {
+        // Our rule matched (not merely: the packet, marked by someone else's trace rule,
+        // passed through our chain).
+        if self.trace_id.is_none() && e.chain == self.chain && e.kind == EventKind::Rule {
             self.trace_id = Some(e.id);
         }
         if self.trace_id != Some(e.id)
@@ -529,6 +537,9 @@ mod tests {
     fn collector_keeps_the_first_marked_packet_in_our_tables() {
         let mut c = Collector::new("istio-explain-1-0");
         c.feed(ev(7, "istio-proxy-nat", "output")); // before our mark: another packet
+        let mut passing = ev(8, "istio-proxy-nat", "istio-explain-1-0");
+        passing.kind = EventKind::Return; // marked by another trace, our rule did not match
+        c.feed(passing);
         c.feed(ev(9, "istio-proxy-nat", "istio-explain-1-0"));
         c.feed(ev(9, "filter", "output")); // not ours
         c.feed(ev(9, "istio-proxy-nat", "output"));
