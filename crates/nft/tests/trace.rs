@@ -544,6 +544,25 @@ fn bad_input_is_a_clear_error() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("/nonexistent/netns"), "{e}");
+
+    // Inbound, connecting from inside the pod itself: not what an inbound connection does.
+    let w = PodWorld::ipv4_only().unwrap();
+    apply(w.pod.path(), &cni_default(Ipv6Mode::Off));
+    let inbound = Connection::new(
+        Direction::Inbound,
+        Protocol::Tcp,
+        SocketAddr::new(IpAddr::V4(w.pod_v4), 8080),
+    );
+    let e = w
+        .pod
+        .run(|| trace(Some(w.pod.path()), &inbound, TraceHow::Connect))
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(e, TraceError::InvalidConnection(_)), "{e}");
+    assert_eq!(
+        list_trace_chains(Some(w.pod.path())).unwrap(),
+        Vec::<String>::new()
+    );
 }
 
 /// Waits until a trace chain exists (of process `pid`, if given).
