@@ -96,6 +96,7 @@ fn assert_path(p: &KernelPath, ns: &TestNetns, want: &[(&str, &str, &str)]) {
 
 /// Traces and checks that the temporary chain is gone afterwards.
 fn traced(pod: &TestNetns, from: Option<&TestNetns>, conn: &Connection) -> KernelPath {
+    let started = std::time::Instant::now();
     let p = match from {
         None => trace(Some(pod.path()), conn, TraceHow::Connect),
         Some(f) => f
@@ -103,11 +104,13 @@ fn traced(pod: &TestNetns, from: Option<&TestNetns>, conn: &Connection) -> Kerne
             .unwrap(),
     }
     .unwrap_or_else(|e| panic!("trace {conn:?}: {e}"));
+    let took = started.elapsed();
     assert_eq!(
         list_trace_chains(Some(pod.path())).unwrap(),
         Vec::<String>::new()
     );
     summary(conn, &p);
+    println!("  (trace took {took:?})");
     p
 }
 
