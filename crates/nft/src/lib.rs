@@ -13,6 +13,7 @@ mod expr;
 mod model;
 mod netlink;
 pub mod routes;
+pub mod trace;
 
 use capture::{Plan, Table};
 use mnl_impl as _; // links our Rust libmnl (mnl_* for libnftnl.a and the mnl crate)

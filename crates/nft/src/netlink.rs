@@ -6,7 +6,7 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 use std::time::Duration;
 
 /// Netlink messages are 4-byte aligned; receive into u64s so the buffer is aligned for nlmsghdr.
-const RECV_WORDS: usize = 64 * 1024;
+pub const RECV_WORDS: usize = 64 * 1024;
 
 pub struct Socket {
     sock: mnl::Socket,
@@ -162,7 +162,7 @@ fn mnl_fd(sock: &mnl::Socket) -> i32 {
     unsafe { mnl::mnl_sys::mnl_socket_get_fd(sock.as_raw_socket()) }
 }
 
-fn setsockopt<T>(fd: BorrowedFd<'_>, opt: libc::c_int, v: &T) -> io::Result<()> {
+pub fn setsockopt<T>(fd: BorrowedFd<'_>, opt: libc::c_int, v: &T) -> io::Result<()> {
     // SAFETY: `v` points to a live value of the size passed.
     let r = unsafe {
         libc::setsockopt(
@@ -180,7 +180,7 @@ fn setsockopt<T>(fd: BorrowedFd<'_>, opt: libc::c_int, v: &T) -> io::Result<()> 
     }
 }
 
-fn recv(fd: BorrowedFd<'_>, buf: &mut [u64], flags: i32) -> io::Result<usize> {
+pub fn recv(fd: BorrowedFd<'_>, buf: &mut [u64], flags: i32) -> io::Result<usize> {
     loop {
         // SAFETY: the buffer is valid for its byte length.
         let n = unsafe {
@@ -201,13 +201,13 @@ fn recv(fd: BorrowedFd<'_>, buf: &mut [u64], flags: i32) -> io::Result<usize> {
     }
 }
 
-fn bytes_of(buf: &[u64], n: usize) -> &[u8] {
+pub fn bytes_of(buf: &[u64], n: usize) -> &[u8] {
     // SAFETY: u64 storage viewed as bytes, within its length.
     unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n) }
 }
 
 /// Iterates the netlink messages in a receive buffer (header, payload after the header).
-fn messages(mut b: &[u8]) -> impl Iterator<Item = (&libc::nlmsghdr, &[u8])> {
+pub fn messages(mut b: &[u8]) -> impl Iterator<Item = (&libc::nlmsghdr, &[u8])> {
     let hl = std::mem::size_of::<libc::nlmsghdr>();
     std::iter::from_fn(move || {
         if b.len() < hl {

@@ -1,0 +1,240 @@
+//! Making the traced connection. A dedicated thread enters the namespace (outbound), takes the
+//! uid/gid on THAT thread only (raw setres*id syscalls: glibc's wrappers change every thread of
+//! the process), binds (so the trace rule can match its source port), waits for the trace rule
+//! to exist, then connects (TCP) or sends one datagram (UDP).
+
+use super::{Attempt, CONNECT_TIMEOUT, Connection, Direction, Protocol, TraceError, ns::Netns};
+use nix::sys::socket::{
+    AddressFamily, SockFlag, SockType, SockaddrStorage, bind, connect, getsockname, socket, sockopt,
+};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// A prepared, bound socket on its own thread, waiting for [`Prober::go`].
+pub struct Prober {
+    pub local: SocketAddr,
+    go: mpsc::Sender<()>,
+    done: mpsc::Receiver<Attempt>,
+}
+
+fn conn_err(what: &str) -> impl FnOnce(io::Error) -> TraceError + '_ {
+    move |source| TraceError::Connect {
+        what: what.into(),
+        source,
+    }
+}
+
+impl Prober {
+    pub fn start(netns: &Netns, conn: &Connection) -> Result<Prober, TraceError> {
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<SocketAddr, TraceError>>();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let (done_tx, done_rx) = mpsc::channel::<Attempt>();
+        let netns = netns.clone();
+        let conn = conn.clone();
+        std::thread::Builder::new()
+            .name("trace-connect".into())
+            .spawn(move || {
+                let sock = match prepare(&netns, &conn) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let local = local_addr(&sock);
+                if ready_tx.send(local).is_err() || go_rx.recv().is_err() {
+                    return; // the trace was abandoned before the rule existed
+                }
+                let _ = done_tx.send(fire(&sock, &conn));
+            })
+            .map_err(conn_err("starting the connecting thread"))?;
+        let local = ready_rx
+            .recv()
+            .map_err(|_| conn_err("the connecting thread")(io::Error::other("it panicked")))??;
+        Ok(Prober {
+            local,
+            go: go_tx,
+            done: done_rx,
+        })
+    }
+
+    /// Lets the thread connect/send now.
+    pub fn go(&self) {
+        let _ = self.go.send(());
+    }
+
+    /// The attempt's result, if it has finished.
+    pub fn poll(&self) -> Option<Attempt> {
+        self.done.try_recv().ok()
+    }
+}
+
+/// Enters the namespace (outbound), takes the credentials, creates and binds the socket.
+fn prepare(netns: &Netns, conn: &Connection) -> Result<OwnedFd, TraceError> {
+    if conn.direction == Direction::Outbound {
+        netns.enter_this_thread()?;
+        take_credentials(conn.uid, conn.gid).map_err(conn_err("taking the uid/gid"))?;
+    }
+    let family = if conn.is_ipv6() {
+        AddressFamily::Inet6
+    } else {
+        AddressFamily::Inet
+    };
+    let ty = match conn.protocol {
+        Protocol::Tcp => SockType::Stream,
+        Protocol::Udp => SockType::Datagram,
+    };
+    let fd = socket(
+        family,
+        ty,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )
+    .map_err(|e| conn_err("creating the socket")(e.into()))?;
+    let any: IpAddr = if conn.is_ipv6() {
+        Ipv6Addr::UNSPECIFIED.into()
+    } else {
+        Ipv4Addr::UNSPECIFIED.into()
+    };
+    if conn.src.is_some() {
+        // The source need not be local (an inbound probe "from" a remote client): only the
+        // first packet matters, and it leaves either way.
+        let (level, opt) = if conn.is_ipv6() {
+            (libc::SOL_IPV6, libc::IPV6_FREEBIND)
+        } else {
+            (libc::SOL_IP, libc::IP_FREEBIND)
+        };
+        let one: libc::c_int = 1;
+        // SAFETY: an int option on our socket. Failure only matters for non-local sources,
+        // and then bind reports it.
+        unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                level,
+                opt,
+                (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as u32,
+            )
+        };
+    }
+    let src = SocketAddr::new(conn.src.unwrap_or(any), 0);
+    bind(fd.as_raw_fd(), &SockaddrStorage::from(src))
+        .map_err(|e| conn_err(&format!("binding to {src}"))(e.into()))?;
+    Ok(fd)
+}
+
+fn local_addr(fd: &OwnedFd) -> Result<SocketAddr, TraceError> {
+    let s: SockaddrStorage =
+        getsockname(fd.as_raw_fd()).map_err(|e| conn_err("reading the bound address")(e.into()))?;
+    if let Some(a) = s.as_sockaddr_in() {
+        Ok(SocketAddr::new(IpAddr::V4(a.ip()), a.port()))
+    } else if let Some(a) = s.as_sockaddr_in6() {
+        Ok(SocketAddr::new(IpAddr::V6(a.ip()), a.port()))
+    } else {
+        Err(conn_err("reading the bound address")(io::Error::other(
+            "not an IP socket",
+        )))
+    }
+}
+
+/// setgroups/setresgid/setresuid on the calling thread only (raw syscalls).
+fn take_credentials(uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
+    fn check(r: libc::c_long) -> io::Result<()> {
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+    if uid.is_none() && gid.is_none() {
+        return Ok(());
+    }
+    // SAFETY: plain syscalls on the current thread's credentials.
+    unsafe {
+        check(libc::syscall(
+            libc::SYS_setgroups,
+            0,
+            std::ptr::null::<libc::gid_t>(),
+        ))?;
+        if let Some(g) = gid {
+            check(libc::syscall(libc::SYS_setresgid, g, g, g))?;
+        }
+        if let Some(u) = uid {
+            check(libc::syscall(libc::SYS_setresuid, u, u, u))?;
+        }
+    }
+    Ok(())
+}
+
+fn fire(fd: &OwnedFd, conn: &Connection) -> Attempt {
+    let dst = SockaddrStorage::from(conn.dst);
+    match conn.protocol {
+        // Connected first, so the local address reported is the one the kernel chose.
+        Protocol::Udp => match connect(fd.as_raw_fd(), &dst).and_then(|()| {
+            nix::sys::socket::send(
+                fd.as_raw_fd(),
+                b"istio-nftables explain --trace",
+                nix::sys::socket::MsgFlags::empty(),
+            )
+        }) {
+            Ok(_) => match local_addr(fd) {
+                Ok(local) => Attempt::Sent { local },
+                Err(e) => Attempt::Failed(e.to_string()),
+            },
+            Err(e) => Attempt::Failed(io::Error::from(e).to_string()),
+        },
+        Protocol::Tcp => match connect(fd.as_raw_fd(), &dst) {
+            Ok(()) => connected(fd),
+            Err(nix::errno::Errno::EINPROGRESS) => wait_connected(fd, CONNECT_TIMEOUT),
+            Err(e) => failed(e),
+        },
+    }
+}
+
+fn wait_connected(fd: &OwnedFd, timeout: Duration) -> Attempt {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    let deadline = std::time::Instant::now() + timeout;
+    let ready = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, left.as_millis() as i32) };
+        if r >= 0 {
+            break Ok(r);
+        }
+        let e = nix::errno::Errno::last();
+        if e != nix::errno::Errno::EINTR {
+            break Err(e);
+        }
+    };
+    match ready {
+        Ok(0) => Attempt::TimedOut,
+        Ok(_) => match nix::sys::socket::getsockopt(fd, sockopt::SocketError) {
+            Ok(0) => connected(fd),
+            Ok(errno) => failed(nix::errno::Errno::from_raw(errno)),
+            Err(e) => failed(e),
+        },
+        Err(e) => failed(e),
+    }
+}
+
+fn connected(fd: &OwnedFd) -> Attempt {
+    match local_addr(fd) {
+        Ok(local) => Attempt::Connected { local },
+        Err(e) => Attempt::Failed(e.to_string()),
+    }
+}
+
+fn failed(e: nix::errno::Errno) -> Attempt {
+    match e {
+        nix::errno::Errno::ECONNREFUSED => Attempt::Refused,
+        nix::errno::Errno::ETIMEDOUT => Attempt::TimedOut,
+        e => Attempt::Failed(io::Error::from(e).to_string()),
+    }
+}

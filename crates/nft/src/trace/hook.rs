@@ -1,0 +1,391 @@
+//! The temporary chain: which table hosts it, its one rule, adding and removing it (each in
+//! its own atomic batch), and removing chains left behind by killed runs.
+
+use super::{
+    Connection, Direction, Protocol, TRACE_CHAIN_PREFIX, TRACE_PRIORITY, TraceError, ns::Netns,
+};
+use crate::expr::{self, Expr};
+use crate::netlink::{self, Socket};
+use nftnl::nftnl_sys as sys;
+use nftnl::{Batch, Chain, ChainType, Hook, MsgType, Policy, ProtoFamily, Rule};
+use std::ffi::CString;
+use std::io;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Our tables, in the order we prefer to host the temporary chain.
+pub const OUR_TABLES: [&str; 6] = [
+    "istio-proxy-nat",
+    "istio-proxy-mangle",
+    "istio-proxy-raw",
+    "istio-ambient-nat",
+    "istio-ambient-mangle",
+    "istio-ambient-raw",
+];
+
+/// Whether `(family, table)` is one of ours (events elsewhere are not reported).
+pub fn is_our_table(family: &str, table: &str) -> bool {
+    family == "inet" && table.starts_with("istio-")
+}
+
+/// What the trace rule matches, beyond the connection itself.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Extra {
+    /// The source port of the socket we connect from (outbound only: nothing rewrites it
+    /// before the output hook).
+    pub sport: Option<u16>,
+}
+
+fn cstr(s: &str) -> CString {
+    CString::new(s).expect("names have no NUL")
+}
+
+fn open() -> Result<Socket, TraceError> {
+    Socket::open().map_err(|source| TraceError::Netlink {
+        what: "opening a netfilter netlink socket".into(),
+        source,
+    })
+}
+
+/// A fresh chain name: `istio-explain-<pid>-<n>`.
+pub fn unique_name() -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{TRACE_CHAIN_PREFIX}{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The first of our tables that exists in the current namespace.
+pub fn host_table(netns: &Netns) -> Result<&'static str, TraceError> {
+    let sock = open()?;
+    let all = crate::check::tables(&sock).map_err(|e| TraceError::Netlink {
+        what: "listing nftables tables".into(),
+        source: match e {
+            crate::NftError::Io { source, .. } | crate::NftError::Unsupported(source) => source,
+            other => io::Error::other(other.to_string()),
+        },
+    })?;
+    OUR_TABLES
+        .into_iter()
+        .find(|t| all.iter().any(|(f, n)| f == "inet" && n == t))
+        .ok_or_else(|| TraceError::NoIstioRules {
+            netns: netns.path().map(Into::into),
+        })
+}
+
+/// The trace rule's expressions (for an `inet` table).
+fn rule_exprs(conn: &Connection, extra: Extra) -> Vec<Expr> {
+    let v6 = conn.is_ipv6();
+    let nfproto = if v6 {
+        libc::NFPROTO_IPV6
+    } else {
+        libc::NFPROTO_IPV4
+    } as u8;
+    let l4 = match conn.protocol {
+        Protocol::Tcp => libc::IPPROTO_TCP,
+        Protocol::Udp => libc::IPPROTO_UDP,
+    } as u8;
+    let nh = libc::NFT_PAYLOAD_NETWORK_HEADER as u32;
+    let th = libc::NFT_PAYLOAD_TRANSPORT_HEADER as u32;
+    let eq = libc::NFT_CMP_EQ as u32;
+    let (saddr_off, daddr_off) = if v6 { (8, 24) } else { (12, 16) };
+    let mut e = vec![
+        expr::meta_load(libc::NFT_META_NFPROTO as u32),
+        expr::cmp(eq, &[nfproto]),
+        expr::meta_load(libc::NFT_META_L4PROTO as u32),
+        expr::cmp(eq, &[l4]),
+    ];
+    let addr = ip_bytes(conn.dst.ip());
+    e.push(expr::payload(nh, daddr_off, addr.len() as u32));
+    e.push(expr::cmp(eq, &addr));
+    if let Some(src) = conn.src {
+        let a = ip_bytes(src);
+        e.push(expr::payload(nh, saddr_off, a.len() as u32));
+        e.push(expr::cmp(eq, &a));
+    }
+    e.push(expr::payload(th, 2, 2));
+    e.push(expr::cmp(eq, &conn.dst.port().to_be_bytes()));
+    if let Some(p) = extra.sport {
+        e.push(expr::payload(th, 0, 2));
+        e.push(expr::cmp(eq, &p.to_be_bytes()));
+    }
+    if conn.protocol == Protocol::Tcp {
+        // Only the connection's first packet: SYN without ACK (conntrack has not run yet at
+        // this priority, so `ct state new` is not available).
+        e.push(expr::payload(th, 13, 1));
+        e.push(expr::bitwise_and(&[TCP_SYN | TCP_ACK]));
+        e.push(expr::cmp(eq, &[TCP_SYN]));
+    }
+    if conn.direction == Direction::Outbound {
+        if let Some(uid) = conn.uid {
+            e.push(expr::meta_load(libc::NFT_META_SKUID as u32));
+            e.push(expr::cmp(eq, &uid.to_ne_bytes()));
+        }
+        if let Some(gid) = conn.gid {
+            e.push(expr::meta_load(libc::NFT_META_SKGID as u32));
+            e.push(expr::cmp(eq, &gid.to_ne_bytes()));
+        }
+    }
+    e.push(expr::immediate(&[1]));
+    e.push(expr::meta_set(libc::NFT_META_NFTRACE as u32));
+    e
+}
+
+const TCP_SYN: u8 = 0x02;
+const TCP_ACK: u8 = 0x10;
+
+fn ip_bytes(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+/// The trace rule in nft syntax.
+pub fn rule_text(conn: &Connection, extra: Extra) -> String {
+    let (ipk, nfproto) = if conn.is_ipv6() {
+        ("ip6", "ipv6")
+    } else {
+        ("ip", "ipv4")
+    };
+    let p = conn.protocol.name();
+    let mut s = format!(
+        "meta nfproto {nfproto} meta l4proto {p} {ipk} daddr {}",
+        conn.dst.ip()
+    );
+    if let Some(src) = conn.src {
+        s += &format!(" {ipk} saddr {src}");
+    }
+    s += &format!(" {p} dport {}", conn.dst.port());
+    if let Some(sp) = extra.sport {
+        s += &format!(" {p} sport {sp}");
+    }
+    if conn.protocol == Protocol::Tcp {
+        s += " tcp flags & (syn | ack) == syn";
+    }
+    if conn.direction == Direction::Outbound {
+        if let Some(u) = conn.uid {
+            s += &format!(" meta skuid {u}");
+        }
+        if let Some(g) = conn.gid {
+            s += &format!(" meta skgid {g}");
+        }
+    }
+    s + " meta nftrace set 1"
+}
+
+fn send(sock: &Socket, batch: &nftnl::FinalizedBatch, what: String) -> Result<(), TraceError> {
+    let nacks = sock
+        .send_batch(batch, false)
+        .map_err(|source| TraceError::Netlink {
+            what: format!("sending the batch for {what}"),
+            source,
+        })?;
+    match nacks.first() {
+        None => Ok(()),
+        Some(n) => Err(TraceError::Refused {
+            what,
+            source: io::Error::from_raw_os_error(n.errno),
+        }),
+    }
+}
+
+/// Adds chain `name` to `inet table` with the trace rule, in one batch (current namespace).
+pub fn add(table: &str, name: &str, conn: &Connection, extra: Extra) -> Result<(), TraceError> {
+    let sock = open()?;
+    let t = nftnl::Table::new(cstr(table), ProtoFamily::Inet);
+    let mut chain = Chain::new(cstr(name), &t);
+    let hook = match conn.direction {
+        Direction::Outbound => Hook::Out,
+        Direction::Inbound => Hook::PreRouting,
+    };
+    chain.set_hook(hook, TRACE_PRIORITY);
+    chain.set_type(ChainType::Filter);
+    chain.set_policy(Policy::Accept);
+    let mut rule = Rule::new(&chain);
+    for e in rule_exprs(conn, extra) {
+        rule.add_expr(&e);
+    }
+    let mut batch = Batch::new();
+    batch.add(&chain, MsgType::Add);
+    batch.add(&rule, MsgType::Add);
+    send(
+        &sock,
+        &batch.finalize(),
+        format!("the trace chain {name} in table inet {table}"),
+    )
+}
+
+/// Deletes chain `name` (and its rule) from `inet table` in one batch (current namespace).
+/// A chain that is already gone (e.g. the table was replaced meanwhile) is not an error.
+pub fn remove(table: &str, name: &str) -> Result<(), TraceError> {
+    let sock = open()?;
+    let t = nftnl::Table::new(cstr(table), ProtoFamily::Inet);
+    let chain = Chain::new(cstr(name), &t);
+    let mut batch = Batch::new();
+    batch.add(&chain, MsgType::Del);
+    match send(
+        &sock,
+        &batch.finalize(),
+        format!("removing the trace chain {name} from table inet {table}"),
+    ) {
+        Err(TraceError::Refused { source, .. }) if source.raw_os_error() == Some(libc::ENOENT) => {
+            Ok(())
+        }
+        r => r,
+    }
+}
+
+/// Every temporary chain in our tables, as `(table, chain)` (current namespace).
+pub fn list() -> Result<Vec<(String, String)>, TraceError> {
+    let sock = open()?;
+    let req = netlink::dump_request(
+        libc::NFT_MSG_GETCHAIN as u32,
+        libc::NFPROTO_INET as u16,
+        1,
+        |_| {},
+    );
+    let mut out = Vec::new();
+    sock.dump(&req, |_, hdr| {
+        // SAFETY: `hdr` is a complete chain message from the kernel.
+        unsafe {
+            let c = sys::nftnl_chain_alloc();
+            if sys::nftnl_chain_nlmsg_parse(hdr, c) >= 0 {
+                let table = cstring(sys::nftnl_chain_get_str(c, sys::NFTNL_CHAIN_TABLE as u16));
+                let name = cstring(sys::nftnl_chain_get_str(c, sys::NFTNL_CHAIN_NAME as u16));
+                if is_our_table("inet", &table) && name.starts_with(TRACE_CHAIN_PREFIX) {
+                    out.push((table, name));
+                }
+            }
+            sys::nftnl_chain_free(c);
+        }
+    })
+    .map_err(|source| TraceError::Netlink {
+        what: "listing nftables chains".into(),
+        source,
+    })?;
+    Ok(out)
+}
+
+fn cstring(p: *const libc::c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: libnftnl returns NUL-terminated strings owned by the object.
+    unsafe { std::ffi::CStr::from_ptr(p) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The pid in `istio-explain-<pid>-<n>`.
+pub fn owner_pid(chain: &str) -> Option<u32> {
+    let rest = chain.strip_prefix(TRACE_CHAIN_PREFIX)?;
+    let (pid, n) = rest.split_once('-')?;
+    n.parse::<u32>().ok()?;
+    pid.parse().ok()
+}
+
+fn process_alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Removes temporary chains whose process is gone (current namespace).
+pub fn remove_stale() -> Result<Vec<String>, TraceError> {
+    let mut removed = Vec::new();
+    for (table, chain) in list()? {
+        let stale = match owner_pid(&chain) {
+            Some(pid) => !process_alive(pid),
+            None => false, // not a name we make: leave it
+        };
+        if stale {
+            remove(&table, &chain)?;
+            tracing::info!(table, chain, "removed a trace chain left by a killed run");
+            removed.push(chain);
+        }
+    }
+    Ok(removed)
+}
+
+/// Removes the chain when dropped (error paths, panics); [`TempChain::remove`] reports errors.
+pub struct TempChain {
+    netns: Netns,
+    pub table: &'static str,
+    pub name: String,
+    removed: bool,
+}
+
+impl TempChain {
+    /// Adds the chain in `netns`; the guard exists as soon as the batch was sent, so even an
+    /// ambiguous failure is cleaned up.
+    pub fn add(
+        netns: &Netns,
+        table: &'static str,
+        conn: &Connection,
+        extra: Extra,
+    ) -> Result<TempChain, TraceError> {
+        let name = unique_name();
+        let mut guard = TempChain {
+            netns: netns.clone(),
+            table,
+            name,
+            removed: false,
+        };
+        let (t, n, c) = (table, guard.name.clone(), conn.clone());
+        if let Err(e) = netns.run(move || add(t, &n, &c, extra)) {
+            // A refused batch changed nothing; after any other failure the chain may exist,
+            // and dropping the guard removes it.
+            guard.removed = matches!(e, TraceError::Refused { .. });
+            return Err(e);
+        }
+        Ok(guard)
+    }
+
+    pub fn remove(mut self) -> Result<(), TraceError> {
+        self.removed = true;
+        let (t, n) = (self.table, self.name.clone());
+        self.netns.run(move || remove(t, &n))
+    }
+}
+
+impl Drop for TempChain {
+    fn drop(&mut self) {
+        if self.removed {
+            return;
+        }
+        let (t, n) = (self.table, self.name.clone());
+        if let Err(e) = self.netns.run(move || remove(t, &n)) {
+            tracing::error!(chain = %self.name, table = self.table, "could not remove the trace chain: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_pid_parses_only_our_names() {
+        assert_eq!(owner_pid("istio-explain-123-4"), Some(123));
+        assert_eq!(owner_pid("istio-explain-123"), None);
+        assert_eq!(owner_pid("istio-explain-x-1"), None);
+        assert_eq!(owner_pid("istio-output"), None);
+    }
+
+    #[test]
+    fn rule_text_names_every_match() {
+        let c = Connection::new(
+            Direction::Outbound,
+            Protocol::Tcp,
+            "10.0.0.1:80".parse().unwrap(),
+        )
+        .uid(1000)
+        .gid(1001);
+        assert_eq!(
+            rule_text(&c, Extra { sport: Some(40000) }),
+            "meta nfproto ipv4 meta l4proto tcp ip daddr 10.0.0.1 tcp dport 80 tcp sport 40000 \
+             tcp flags & (syn | ack) == syn meta skuid 1000 meta skgid 1001 meta nftrace set 1"
+        );
+    }
+}

@@ -1,0 +1,596 @@
+//! Kernel trace of one connection (`istio-nftables explain --trace`).
+//!
+//! The static explanation says where a connection *should* go; this module asks the kernel.
+//! [`trace`] adds a temporary base chain to one of our tables in the pod's namespace (hook
+//! `output` for outbound, `prerouting` for inbound, priority [`TRACE_PRIORITY`], below every
+//! chain of ours) with ONE rule matching exactly that connection and setting `meta nftrace`.
+//! It listens for the kernel's trace events (`NFNLGRP_NFTRACE`, the same events `nft monitor
+//! trace` prints) on a socket opened in the namespace BEFORE the rule exists, makes the
+//! connection itself (or waits for one), and returns the path of the first traced packet
+//! through our tables. The chain is added and removed in their own atomic batches; removal
+//! is guaranteed by a guard, by SIGINT/SIGTERM handling for the duration of the call, and by
+//! the next run removing chains left by a killed process ([`remove_stale_chains`]).
+//!
+//! What the kernel reports (observed on 6.18, the same events `nft monitor trace` prints):
+//! - A `Rule` event for every rule whose expressions all matched, with its handle and verdict
+//!   (`continue` for rules without a verdict statement, e.g. `ct zone set`). Rules that did not
+//!   match are silent. NAT statements (`redirect`, and `tproxy` when it found a socket) report
+//!   `accept`; where the packet went is in the rule's text, which the caller looks up by handle.
+//! - Falling off the end of a chain: a rule event WITHOUT a handle, verdict `continue`
+//!   (decoded here as [`EventKind::Return`]); at the end of a base chain it is followed by a
+//!   `Policy` event. `nft monitor trace` does not print the handle-less one.
+//! - The trace id is the same for one packet across hooks and tables (raw, mangle, nat of
+//!   `output`), but a redirected packet coming back over `lo` gets a new id: only the first
+//!   pass (the hook the connection starts at) is reported.
+//! - A packet marked by ANOTHER trace rule also produces events in our chain (end-of-chain
+//!   only, as our rule did not match): the packet is ours only when our rule's event came.
+//! - TCP: only the SYN is marked (`tcp flags & (syn | ack) == syn`): nat chains see only a
+//!   connection's first packet anyway, and later packets of established connections to the
+//!   same destination are not mistaken for it.
+
+use std::fmt;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+mod connect;
+mod hook;
+mod listen;
+mod ns;
+mod signals;
+
+use ns::Netns;
+
+/// Name prefix of the temporary chains: `istio-explain-<pid>-<n>`.
+pub const TRACE_CHAIN_PREFIX: &str = "istio-explain-";
+
+/// Priority of the temporary chain: below raw (-300), the lowest priority of our chains, so the
+/// packet is marked before any of our rules sees it.
+pub const TRACE_PRIORITY: i32 = -350;
+
+/// How long [`TraceHow::Connect`] waits for a TCP handshake before reporting a timeout.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Which way the connection crosses the pod boundary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// Made by a process inside the pod (traced at hook `output`).
+    Outbound,
+    /// Arriving at the pod from outside (traced at hook `prerouting`).
+    Inbound,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    /// `tcp` / `udp`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        }
+    }
+}
+
+/// The connection to trace. The IP family is the destination's; `src`, if given, must be of
+/// the same family.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Connection {
+    pub direction: Direction,
+    pub protocol: Protocol,
+    pub dst: SocketAddr,
+    /// Source address; for [`TraceHow::Connect`] the socket is bound to it (IP_FREEBIND, so it
+    /// need not be local for an inbound probe).
+    pub src: Option<IpAddr>,
+    /// Sending process's uid/gid (outbound only: matched with `meta skuid/skgid`, and the
+    /// connecting thread takes them). `None` = any (and root when connecting).
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
+impl Connection {
+    pub fn new(direction: Direction, protocol: Protocol, dst: SocketAddr) -> Self {
+        Self {
+            direction,
+            protocol,
+            dst,
+            src: None,
+            uid: None,
+            gid: None,
+        }
+    }
+    pub fn src(mut self, src: IpAddr) -> Self {
+        self.src = Some(src);
+        self
+    }
+    pub fn uid(mut self, uid: u32) -> Self {
+        self.uid = Some(uid);
+        self
+    }
+    pub fn gid(mut self, gid: u32) -> Self {
+        self.gid = Some(gid);
+        self
+    }
+    pub fn is_ipv6(&self) -> bool {
+        self.dst.is_ipv6()
+    }
+    /// The kernel hook the temporary chain uses: `output` or `prerouting`.
+    pub fn hook(&self) -> &'static str {
+        match self.direction {
+            Direction::Outbound => "output",
+            Direction::Inbound => "prerouting",
+        }
+    }
+}
+
+/// How the traced packet comes about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TraceHow {
+    /// Make the connection: outbound from inside the namespace as `uid`/`gid`; inbound from
+    /// the CALLING THREAD's namespace (call `trace` inside `netns::run_in` to connect from
+    /// elsewhere). TCP: a connect with [`CONNECT_TIMEOUT`]; UDP: one datagram.
+    Connect,
+    /// Wait up to this long for a connection of that shape made by someone else.
+    Wait(Duration),
+}
+
+/// What kind of trace event (the kernel's `NFT_TRACETYPE_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// A rule matched (all its expressions passed); `verdict` is what it decided (`continue`
+    /// for a rule without a verdict statement, e.g. one that only counts or sets a mark).
+    Rule,
+    /// The end of the chain was reached without a verdict (`verdict` is `continue`): a
+    /// regular chain returns to its caller; at the end of a base chain a `Policy` event
+    /// follows. (Kernels report this as a rule event without a rule handle; older ones as
+    /// `NFT_TRACETYPE_RETURN`.) An explicit `return` statement is a `Rule` event instead.
+    Return,
+    /// The end of a base chain was reached: its policy decided.
+    Policy,
+}
+
+/// A verdict as the kernel reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Accept,
+    Drop,
+    Continue,
+    Break,
+    Return,
+    Jump(String),
+    Goto(String),
+    /// To userspace queue `num`.
+    Queue(u16),
+    Stolen,
+    /// Any other code, as received.
+    Other(i32),
+}
+
+impl Verdict {
+    /// Whether the verdict ends the packet's walk through the hook (accept, drop, queue, stolen).
+    pub fn is_final(&self) -> bool {
+        matches!(
+            self,
+            Verdict::Accept | Verdict::Drop | Verdict::Queue(_) | Verdict::Stolen
+        )
+    }
+}
+
+impl fmt::Display for Verdict {
+    /// nft's spelling: `accept`, `jump istio-output`, `queue 3`, ...
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Verdict::Accept => f.write_str("accept"),
+            Verdict::Drop => f.write_str("drop"),
+            Verdict::Continue => f.write_str("continue"),
+            Verdict::Break => f.write_str("break"),
+            Verdict::Return => f.write_str("return"),
+            Verdict::Jump(c) => write!(f, "jump {c}"),
+            Verdict::Goto(c) => write!(f, "goto {c}"),
+            Verdict::Queue(n) => write!(f, "queue {n}"),
+            Verdict::Stolen => f.write_str("stolen"),
+            Verdict::Other(c) => write!(f, "verdict {c}"),
+        }
+    }
+}
+
+/// One trace event of the kernel, in arrival (= evaluation) order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceEvent {
+    /// The kernel's trace id: the same for every event of one packet in one pass through the
+    /// stack.
+    pub id: u32,
+    /// Table family (`inet`, `ip`, `ip6`, ...).
+    pub family: String,
+    pub table: String,
+    pub chain: String,
+    /// The handle of the rule that matched (`Rule` events only).
+    pub rule_handle: Option<u64>,
+    pub kind: EventKind,
+    /// The rule's verdict, or for `Policy` the chain's policy.
+    pub verdict: Option<Verdict>,
+    /// The packet's protocol family (`NFPROTO_IPV4` = 2, `NFPROTO_IPV6` = 10), if reported.
+    pub nfproto: Option<u32>,
+}
+
+impl fmt::Display for TraceEvent {
+    /// `inet istio-proxy-nat istio-output rule handle 12 (verdict jump istio-redirect)`, in the
+    /// spirit of `nft monitor trace`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {} {}", self.family, self.table, self.chain)?;
+        match self.kind {
+            EventKind::Rule => {
+                f.write_str(" rule")?;
+                if let Some(h) = self.rule_handle {
+                    write!(f, " handle {h}")?;
+                }
+            }
+            EventKind::Return => return f.write_str(" end of chain (return)"),
+            EventKind::Policy => f.write_str(" policy")?,
+        }
+        if let Some(v) = &self.verdict {
+            write!(f, " (verdict {v})")?;
+        }
+        Ok(())
+    }
+}
+
+/// What the connection attempt itself saw.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Attempt {
+    /// TCP handshake completed; `local` is the client's address.
+    Connected { local: SocketAddr },
+    /// TCP: reset (no listener where the kernel sent it).
+    Refused,
+    /// TCP: no answer within [`CONNECT_TIMEOUT`] (dropped, or a blackhole).
+    TimedOut,
+    /// UDP: the datagram was sent from `local`.
+    Sent { local: SocketAddr },
+    /// The kernel refused before sending (e.g. no route); the message names the errno.
+    Failed(String),
+    /// [`TraceHow::Wait`]: someone else's packet was traced.
+    Observed,
+}
+
+/// The kernel's path for the first traced packet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelPath {
+    /// `inet <table>` that hosted the temporary chain.
+    pub table: String,
+    /// `output` or `prerouting`.
+    pub hook: &'static str,
+    /// The temporary chain's name (gone by the time this is returned).
+    pub trace_chain: String,
+    /// The trace id of the first traced packet; `None` if no packet reached the hook (e.g. the
+    /// connect failed before sending).
+    pub trace_id: Option<u32>,
+    /// Events of that packet in our tables (`inet istio-*`), in evaluation order, without the
+    /// temporary chain's own event.
+    pub events: Vec<TraceEvent>,
+    pub attempt: Attempt,
+}
+
+impl KernelPath {
+    /// The event that decided the packet's fate in the last hook it traversed: the last event
+    /// with a final verdict (accept/drop/queue/stolen, incl. a policy), if any.
+    pub fn deciding_event(&self) -> Option<&TraceEvent> {
+        self.events
+            .iter()
+            .rev()
+            .find(|e| e.verdict.as_ref().is_some_and(Verdict::is_final))
+    }
+
+    /// The chains entered, in order, each once per entry (base chains and jump/goto targets).
+    pub fn chains(&self) -> Vec<(&str, &str)> {
+        let mut out: Vec<(&str, &str)> = Vec::new();
+        for e in &self.events {
+            let here = (e.table.as_str(), e.chain.as_str());
+            if out.last() != Some(&here) {
+                out.push(here);
+            }
+        }
+        out
+    }
+
+    /// Whether any of our tables saw the packet at all.
+    pub fn touched_our_tables(&self) -> bool {
+        !self.events.is_empty()
+    }
+}
+
+/// Why a trace failed. Every variant names what it was doing.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("network namespace {path}: {source}")]
+    Namespace { path: PathBuf, source: io::Error },
+    #[error("no istio rules in this namespace{}", at(.netns))]
+    NoIstioRules { netns: Option<PathBuf> },
+    #[error("invalid connection: {0}")]
+    InvalidConnection(String),
+    #[error("{what}: {source}")]
+    Netlink { what: String, source: io::Error },
+    #[error("the kernel refused {what}: {source}")]
+    Refused { what: String, source: io::Error },
+    #[error("making the connection: {what}: {source}")]
+    Connect { what: String, source: io::Error },
+    #[error("no packet of that connection within {}s", .waited.as_secs_f64())]
+    NothingSeen { waited: Duration },
+    #[error("interrupted by signal {signal}; the temporary chain was removed")]
+    Interrupted { signal: i32 },
+}
+
+fn at(p: &Option<PathBuf>) -> String {
+    p.as_ref()
+        .map(|p| format!(" ({})", p.display()))
+        .unwrap_or_default()
+}
+
+/// Traces `conn` through the live rules of the namespace at `netns` (`None`: the caller's).
+///
+/// Removes stale temporary chains of dead processes first, then: opens the trace listener,
+/// adds the temporary chain, makes the connection or waits, removes the chain (also on error
+/// and on SIGINT/SIGTERM, which are handled for the duration of the call and reported as
+/// [`TraceError::Interrupted`]: the caller should then exit, e.g. with 128 + signal).
+pub fn trace(
+    netns: Option<&Path>,
+    conn: &Connection,
+    how: TraceHow,
+) -> Result<KernelPath, TraceError> {
+    validate(conn)?;
+    let ns = Netns::open(netns)?;
+    if conn.direction == Direction::Inbound && how == TraceHow::Connect && ns.is_callers()? {
+        // From inside the pod the packet would leave through `output` and come back over
+        // lo: not the path of a connection arriving from outside.
+        return Err(TraceError::InvalidConnection(
+            "an inbound connection cannot be made from inside the pod's own namespace: run \
+             from another namespace (e.g. the host's) or wait for a real one"
+                .into(),
+        ));
+    }
+    let table = ns.run(|| {
+        hook::remove_stale()?;
+        hook::host_table(&ns)
+    })?;
+    // Subscribed before the rule exists: no event of the traced packet can be missed.
+    let mut listener = ns.run(listen::TraceSocket::open)?;
+    let signals = signals::Guard::install().map_err(|source| TraceError::Netlink {
+        what: "installing SIGINT/SIGTERM handlers".into(),
+        source,
+    })?;
+    let prober = match how {
+        TraceHow::Connect => Some(connect::Prober::start(&ns, conn)?),
+        TraceHow::Wait(_) => None,
+    };
+    let extra = hook::Extra {
+        sport: prober
+            .as_ref()
+            .filter(|_| conn.direction == Direction::Outbound)
+            .map(|p| p.local.port()),
+    };
+    let chain = hook::TempChain::add(&ns, table, conn, extra)?;
+    let name = chain.name.clone();
+    let watched = watch(&mut listener, &signals, prober.as_ref(), &name, how);
+    // Removed before the signal handlers go back to their defaults.
+    let removed = chain.remove();
+    drop(signals);
+    if let Err(e) = removed {
+        // Something may be left behind: that matters more than how the watch ended.
+        if let Err(w) = &watched {
+            tracing::warn!("trace ended with: {w}");
+        }
+        return Err(e);
+    }
+    let (trace_id, events, attempt) = watched?;
+    Ok(KernelPath {
+        table: table.to_string(),
+        hook: conn.hook(),
+        trace_chain: name,
+        trace_id,
+        events,
+        attempt,
+    })
+}
+
+fn validate(conn: &Connection) -> Result<(), TraceError> {
+    if let Some(src) = conn.src
+        && src.is_ipv6() != conn.is_ipv6()
+    {
+        return Err(TraceError::InvalidConnection(format!(
+            "source {src} and destination {} are of different IP families",
+            conn.dst
+        )));
+    }
+    if conn.dst.port() == 0 {
+        return Err(TraceError::InvalidConnection(format!(
+            "destination port 0 in {}",
+            conn.dst
+        )));
+    }
+    if conn.direction == Direction::Inbound && (conn.uid.is_some() || conn.gid.is_some()) {
+        return Err(TraceError::InvalidConnection(
+            "uid/gid only apply to outbound connections (the sender is outside the pod)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// After the traced packet's first event, how long other hooks may still report it.
+const SETTLE: Duration = Duration::from_millis(100);
+/// How often the loop looks at the connecting thread.
+const TICK: Duration = Duration::from_millis(20);
+
+type Watched = (Option<u32>, Vec<TraceEvent>, Attempt);
+
+/// Lets the connection go and collects the traced packet's events until it is done.
+fn watch(
+    listener: &mut listen::TraceSocket,
+    signals: &signals::Guard,
+    prober: Option<&connect::Prober>,
+    chain: &str,
+    how: TraceHow,
+) -> Result<Watched, TraceError> {
+    let started = Instant::now();
+    let limit = match how {
+        TraceHow::Connect => CONNECT_TIMEOUT + Duration::from_secs(1),
+        TraceHow::Wait(d) => d,
+    };
+    if let Some(p) = prober {
+        p.go();
+    }
+    let mut c = Collector::new(chain);
+    let mut attempt = prober.is_none().then_some(Attempt::Observed);
+    let mut quiet_since: Option<Instant> = None;
+    loop {
+        if let Some(signal) = signals.received() {
+            return Err(TraceError::Interrupted { signal });
+        }
+        for e in listener.drain()? {
+            c.feed(e);
+        }
+        if attempt.is_none() {
+            attempt = prober.and_then(connect::Prober::poll);
+        }
+        // Done: the attempt finished (or, waiting, the packet was seen) and the events settled.
+        let finished = attempt.is_some() && (prober.is_some() || c.trace_id.is_some());
+        if finished {
+            let since = *quiet_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= SETTLE {
+                break;
+            }
+        }
+        if started.elapsed() >= limit {
+            if prober.is_none() && c.trace_id.is_none() {
+                return Err(TraceError::NothingSeen { waited: limit });
+            }
+            break;
+        }
+        wait_readable(listener.raw_fd(), signals.wake_fd(), TICK);
+    }
+    let attempt = attempt.unwrap_or(Attempt::TimedOut);
+    Ok((c.trace_id, c.events, attempt))
+}
+
+fn wait_readable(a: i32, b: i32, timeout: Duration) {
+    let mut fds = [
+        libc::pollfd {
+            fd: a,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: b,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    // SAFETY: two valid pollfd entries; EINTR just ends the wait early.
+    unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout.as_millis() as i32) };
+}
+
+/// Keeps the events of the first packet our temporary chain marked, in our tables only.
+struct Collector {
+    chain: String,
+    trace_id: Option<u32>,
+    events: Vec<TraceEvent>,
+}
+
+impl Collector {
+    fn new(chain: &str) -> Self {
+        Self {
+            chain: chain.to_string(),
+            trace_id: None,
+            events: Vec::new(),
+        }
+    }
+
+    fn feed(&mut self, e: TraceEvent) {
+        // Our rule matched (not merely: the packet, marked by someone else's trace rule,
+        // passed through our chain).
+        if self.trace_id.is_none() && e.chain == self.chain && e.kind == EventKind::Rule {
+            self.trace_id = Some(e.id);
+        }
+        if self.trace_id != Some(e.id)
+            || !hook::is_our_table(&e.family, &e.table)
+            || e.chain.starts_with(TRACE_CHAIN_PREFIX)
+        {
+            return;
+        }
+        self.events.push(e);
+    }
+}
+
+/// Removes temporary chains (`istio-explain-<pid>-<n>`) in our tables whose process is gone
+/// (a run killed with SIGKILL). Returns the names removed. [`trace`] calls it itself.
+pub fn remove_stale_chains(netns: Option<&Path>) -> Result<Vec<String>, TraceError> {
+    Netns::open(netns)?.run(hook::remove_stale)
+}
+
+/// Names of all temporary chains currently in our tables (for tests and diagnostics).
+pub fn list_trace_chains(netns: Option<&Path>) -> Result<Vec<String>, TraceError> {
+    let chains = Netns::open(netns)?.run(hook::list)?;
+    Ok(chains.into_iter().map(|(_, c)| c).collect())
+}
+
+/// The temporary rule for `conn`, in nft syntax (what `--trace` adds; for display). The
+/// source port of the probe socket is added to it when `--trace` connects outbound.
+pub fn trace_rule_text(conn: &Connection) -> String {
+    hook::rule_text(conn, hook::Extra::default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(id: u32, table: &str, chain: &str) -> TraceEvent {
+        TraceEvent {
+            id,
+            family: "inet".into(),
+            table: table.into(),
+            chain: chain.into(),
+            rule_handle: Some(1),
+            kind: EventKind::Rule,
+            verdict: Some(Verdict::Continue),
+            nfproto: Some(2),
+        }
+    }
+
+    #[test]
+    fn collector_keeps_the_first_marked_packet_in_our_tables() {
+        let mut c = Collector::new("istio-explain-1-0");
+        c.feed(ev(7, "istio-proxy-nat", "output")); // before our mark: another packet
+        let mut passing = ev(8, "istio-proxy-nat", "istio-explain-1-0");
+        passing.kind = EventKind::Return; // marked by another trace, our rule did not match
+        c.feed(passing);
+        c.feed(ev(9, "istio-proxy-nat", "istio-explain-1-0"));
+        c.feed(ev(9, "filter", "output")); // not ours
+        c.feed(ev(9, "istio-proxy-nat", "output"));
+        c.feed(ev(9, "istio-proxy-nat", "istio-explain-2-0")); // someone else's trace chain
+        c.feed(ev(11, "istio-proxy-nat", "istio-explain-1-0")); // a retransmission
+        c.feed(ev(11, "istio-proxy-nat", "output"));
+        assert_eq!(c.trace_id, Some(9));
+        assert_eq!(c.events, vec![ev(9, "istio-proxy-nat", "output")]);
+    }
+
+    #[test]
+    fn inconsistent_connections_are_refused_by_name() {
+        let c = Connection::new(
+            Direction::Outbound,
+            Protocol::Tcp,
+            "10.0.0.1:80".parse().unwrap(),
+        )
+        .src("::1".parse().unwrap());
+        assert!(validate(&c).unwrap_err().to_string().contains("::1"));
+        let c = Connection::new(
+            Direction::Inbound,
+            Protocol::Tcp,
+            "10.0.0.1:80".parse().unwrap(),
+        )
+        .uid(1);
+        assert!(validate(&c).unwrap_err().to_string().contains("uid"));
+    }
+}
