@@ -16,8 +16,10 @@ pub struct RouteError {
 const NLA_HDR: usize = 4;
 // linux/fib_rules.h (not in the libc crate).
 const FR_ACT_TO_TBL: u8 = 1;
+const FRA_PRIORITY: u16 = 6;
 const FRA_FWMARK: u16 = 10;
 const FRA_TABLE: u16 = 15;
+const FRA_FWMASK: u16 = 16;
 
 fn nla(buf: &mut Vec<u8>, kind: u16, data: &[u8]) {
     let len = (NLA_HDR + data.len()) as u16;
@@ -86,7 +88,7 @@ pub fn apply(plan: &Plan) -> Result<(), RouteError> {
             &[libc::AF_INET as u8]
         };
         for &family in families {
-            add_rule(&sock, family, r.mark, r.table).map_err(err(&format!(
+            add_rule(&sock, family, r).map_err(err(&format!(
                 "adding `ip rule fwmark {} lookup {}`",
                 r.mark, r.table
             )))?;
@@ -118,12 +120,18 @@ fn add_address_v6(sock: &mnl::Socket, ifindex: u32, addr: std::net::Ipv6Addr) ->
     )
 }
 
-fn add_rule(sock: &mnl::Socket, family: u8, mark: u32, table: u32) -> io::Result<()> {
+fn add_rule(sock: &mnl::Socket, family: u8, r: &capture::TproxyRoutes) -> io::Result<()> {
     // struct fib_rule_hdr { family, dst_len, src_len, tos, table, res1, res2, action, flags }
     let mut body = vec![family, 0, 0, 0, 0, 0, 0, FR_ACT_TO_TBL];
     body.extend_from_slice(&0u32.to_ne_bytes());
-    nla(&mut body, FRA_FWMARK, &mark.to_ne_bytes());
-    nla(&mut body, FRA_TABLE, &table.to_ne_bytes());
+    nla(&mut body, FRA_FWMARK, &r.mark.to_ne_bytes());
+    if let Some(mask) = r.mask {
+        nla(&mut body, FRA_FWMASK, &mask.to_ne_bytes());
+    }
+    if let Some(pref) = r.priority {
+        nla(&mut body, FRA_PRIORITY, &pref.to_ne_bytes());
+    }
+    nla(&mut body, FRA_TABLE, &r.table.to_ne_bytes());
     // EXCL makes a rerun answer EEXIST instead of adding a duplicate rule.
     request(
         sock,
