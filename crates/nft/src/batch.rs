@@ -144,8 +144,12 @@ fn add_table(batch: &mut Batch, descriptions: &mut Notes, spec: &TableSpec, flus
     let table = nftnl::Table::new(cstr(tname), ProtoFamily::Inet);
     batch.add(&table, MsgType::Add);
     descriptions.note(|| format!("table inet {tname}"));
-    for s in &spec.sets {
-        batch.add(&NamedSetMsg::new(tname, s), MsgType::Add);
+    for (i, s) in spec.sets.iter().enumerate() {
+        // Set ids only need to be unique in the batch; anonymous sets count from 0.
+        batch.add(
+            &NamedSetMsg::new(tname, s, 0x8000_0000 + i as u32),
+            MsgType::Add,
+        );
         descriptions.note(|| format!("set {} in table inet {tname}", s.name));
     }
     // Chains first (rules may jump forward), then rules in order.
@@ -295,7 +299,7 @@ fn udata_comment(kind: u32, text: &str) -> Vec<u8> {
 struct NamedSetMsg(*mut sys::nftnl_set);
 
 impl NamedSetMsg {
-    fn new(table: &str, s: &capture::NamedSet) -> Self {
+    fn new(table: &str, s: &capture::NamedSet, id: u32) -> Self {
         let (kind, len) = if s.v6 { (8, 16) } else { (7, 4) };
         let comment = udata_comment(sys::NFTNL_UDATA_SET_COMMENT, &s.comment);
         let (t, n) = (cstr(table), cstr(&s.name));
@@ -308,6 +312,7 @@ impl NamedSetMsg {
             sys::nftnl_set_set_u32(set, sys::NFTNL_SET_FAMILY as u16, libc::NFPROTO_INET as u32);
             sys::nftnl_set_set_str(set, sys::NFTNL_SET_TABLE as u16, t.as_ptr());
             sys::nftnl_set_set_str(set, sys::NFTNL_SET_NAME as u16, n.as_ptr());
+            sys::nftnl_set_set_u32(set, sys::NFTNL_SET_ID as u16, id);
             sys::nftnl_set_set_u32(set, sys::NFTNL_SET_KEY_TYPE as u16, kind);
             sys::nftnl_set_set_u32(set, sys::NFTNL_SET_KEY_LEN as u16, len);
             sys::nftnl_set_set_data(
