@@ -54,7 +54,11 @@ fn ambient_rules_through_iptables_legacy() {
     let first = saved(&w.pod);
     apply(&w.pod, &plan);
     assert_eq!(saved(&w.pod), first, "re-apply changed the rules");
-    let drift = w.pod.run(|| iptables_legacy::check(&plan)).unwrap().unwrap();
+    let drift = w
+        .pod
+        .run(|| iptables_legacy::check(&plan))
+        .unwrap()
+        .unwrap();
     assert!(drift.is_empty(), "{drift:?}");
 
     let _ztunnel = Probe::start(w.pod.path(), "pod", &ZTUNNEL).unwrap();
@@ -66,13 +70,28 @@ fn ambient_rules_through_iptables_legacy() {
     lands(&o, "pod", 15001, Some(SocketAddr::new(world, 80)));
     let o = connect(wp, &ConnectSpec::new(pod, 8080));
     lands(&o, "pod", 15006, Some(SocketAddr::new(pod, 8080)));
-    lands(&connect(wp, &ConnectSpec::new(pod, 15008)), "pod", 15008, None);
+    lands(
+        &connect(wp, &ConnectSpec::new(pod, 15008)),
+        "pod",
+        15008,
+        None,
+    );
     let own = ConnectSpec::new(world, 80).mark(0x539);
     lands(&connect(p, &own), "world", 80, None);
     lands(&send_udp(p, &app(world, 53)), "pod", 15053, None);
     lands(&connect(p, &app(world, 53)), "pod", 15053, None);
-    lands(&send_udp(p, &ConnectSpec::new(world, 53).mark(0x539)), "world", 53, None);
+    lands(
+        &send_udp(p, &ConnectSpec::new(world, 53).mark(0x539)),
+        "world",
+        53,
+        None,
+    );
 
-    assert!(w.pod.run(|| iptables_legacy::cleanup(Some(w.pod.path()))).unwrap().unwrap());
+    assert!(
+        w.pod
+            .run(|| iptables_legacy::cleanup(Some(w.pod.path())))
+            .unwrap()
+            .unwrap()
+    );
     assert!(!saved(&w.pod).contains("ISTIO"), "{}", saved(&w.pod));
 }

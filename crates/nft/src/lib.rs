@@ -125,8 +125,21 @@ pub fn cleanup() -> Result<bool, NftError> {
 
 /// Deletes ambient's in-pod tables (`inet istio-ambient-{nat,mangle,raw}`), nothing else.
 /// Returns whether any existed. (In the host namespace use `ambient_host::remove_all`.)
+/// Also removes ambient's policy routing (`fwmark 0x111/0xfff lookup 100` and table 100's
+/// local default), as Istio's `DeleteInpodRules` does: a pod leaving ambient keeps running.
 pub fn cleanup_ambient() -> Result<bool, NftError> {
-    cleanup_tables(&Table::AMBIENT)
+    let existed = cleanup_tables(&Table::AMBIENT)?;
+    let every_family = capture::AmbientConfig {
+        ipv6: true,
+        ..capture::AmbientConfig::default()
+    };
+    if let Some(r) = Plan::ambient(&every_family)
+        .ok()
+        .and_then(|p| p.tproxy_routes)
+    {
+        routes::remove(&r)?;
+    }
+    Ok(existed)
 }
 
 pub(crate) fn cleanup_tables(tables: &[Table]) -> Result<bool, NftError> {

@@ -65,9 +65,15 @@ fn kubelet_probes_are_snatted_and_reach_the_app_unproxied() {
     // Pod not (yet) in the set: nothing is SNATed, inbound goes to ztunnel.
     assert_eq!(seen_from(&ztunnel, node, &kubelet), (15006, node_ip));
 
-    in_ns(node, || ambient_host::add_pod_ips(&host, &[pod], "pod-uid-a")).unwrap();
+    in_ns(node, || {
+        ambient_host::add_pod_ips(&host, &[pod], "pod-uid-a")
+    })
+    .unwrap();
     // Adding again is harmless.
-    in_ns(node, || ambient_host::add_pod_ips(&host, &[pod], "pod-uid-a")).unwrap();
+    in_ns(node, || {
+        ambient_host::add_pod_ips(&host, &[pod], "pod-uid-a")
+    })
+    .unwrap();
     assert!(set_elements(&w.world, "istio-inpod-probes-v4").contains(&w.pod_v4.to_string()));
     // Kubelet's probe: SNATed on the node, so the in-pod rules let it reach the app.
     assert_eq!(seen_from(&ztunnel, node, &kubelet), (8080, snat));
@@ -111,7 +117,10 @@ fn set_elements_follow_pods_in_both_families() {
         assert!(v4.contains(ip), "{v4}");
     }
     assert!(v4.contains("comment \"uid-a\""), "{v4}");
-    assert!(v6.contains("fd00::5") && v6.contains("comment \"uid-a\""), "{v6}");
+    assert!(
+        v6.contains("fd00::5") && v6.contains("comment \"uid-a\""),
+        "{v6}"
+    );
     // Removing pod a (a mix of present and absent IPs) leaves b.
     let gone: Vec<IpAddr> = vec![a[0], a[1], "10.9.9.9".parse().unwrap()];
     in_ns(node.path(), || ambient_host::remove_pod_ips(&host, &gone)).unwrap();
@@ -128,7 +137,10 @@ fn set_elements_follow_pods_in_both_families() {
     })
     .unwrap();
     let listing = other.exec_ok("nft", &["list", "ruleset"]).unwrap();
-    assert!(listing.contains("10.1.0.5") && !listing.contains("fd00::5"), "{listing}");
+    assert!(
+        listing.contains("10.1.0.5") && !listing.contains("fd00::5"),
+        "{listing}"
+    );
     assert!(!listing.contains("istio-inpod-probes-v6"), "{listing}");
 }
 

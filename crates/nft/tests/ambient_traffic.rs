@@ -215,4 +215,36 @@ fn inpod_policy_routing_sends_marked_replies_to_ztunnel() {
         .exec_ok("ip", &["route", "show", "table", "100"])
         .unwrap();
     assert_eq!(table.trim(), "local default dev lo scope host", "{table}");
+    // Leaving ambient removes them again (twice: the second finds nothing, no error).
+    for _ in 0..2 {
+        netns::run_in(Some(ns.path()), nft_backend::cleanup_ambient)
+            .unwrap()
+            .unwrap();
+    }
+    let rules = ns.exec_ok("ip", &["rule", "show"]).unwrap();
+    assert!(!rules.contains("0x111/0xfff"), "{rules}");
+    let rules6 = ns.exec_ok("ip", &["-6", "rule", "show"]).unwrap();
+    assert!(!rules6.contains("0x111/0xfff"), "{rules6}");
+    let table = ns
+        .exec_ok("ip", &["route", "show", "table", "100"])
+        .unwrap();
+    assert!(table.trim().is_empty(), "{table}");
+}
+
+#[test]
+fn a_refused_ambient_batch_leaves_the_namespace_as_it_was() {
+    require_root();
+    let ns = TestNetns::with_prefix("amb-atomic").unwrap();
+    let plan = Plan::ambient(&dns_on()).unwrap();
+    // Fresh namespace: nothing at all is left behind.
+    let r = netns::run_in(Some(ns.path()), || nft_backend::apply_poisoned(&plan)).unwrap();
+    assert!(r.is_err());
+    assert_eq!(ns.exec_ok("nft", &["list", "ruleset"]).unwrap(), "");
+    // Programmed pod: a refused re-apply (with other settings) keeps the old rules exactly.
+    apply(ns.path(), &dns_on());
+    let before = ns.exec_ok("nft", &["list", "ruleset"]).unwrap();
+    let other = Plan::ambient(&AmbientConfig::default()).unwrap();
+    let r = netns::run_in(Some(ns.path()), || nft_backend::apply_poisoned(&other)).unwrap();
+    assert!(r.is_err());
+    assert_eq!(ns.exec_ok("nft", &["list", "ruleset"]).unwrap(), before);
 }
