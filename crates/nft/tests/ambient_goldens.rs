@@ -177,3 +177,34 @@ fn our_ambient_listings_are_checked_in() {
         failures.join("\n")
     );
 }
+
+/// What `--dry-run` would print for an ambient plan (`render_text`) is what the batch
+/// programs: loaded with `nft -f`, it lists exactly as our netlink batch does.
+#[test]
+fn dry_run_text_of_ambient_plans_loads_to_the_same_ruleset() {
+    let mut failures = Vec::new();
+    for case in cases() {
+        let text = nft_backend::render_text(&case.plan);
+        let file = std::env::temp_dir().join(format!(
+            "ours-ambient-{}-{}.nft",
+            std::process::id(),
+            case.name
+        ));
+        std::fs::write(&file, &text).unwrap();
+        let ns = integration::TestNetns::with_prefix("amb-text").unwrap();
+        let loaded = ns.exec_ok("nft", &["-f", file.to_str().unwrap()]);
+        let _ = std::fs::remove_file(&file);
+        if let Err(e) = loaded {
+            failures.push(format!(
+                "{}: nft -f refused our text: {e}\n{text}",
+                case.name
+            ));
+            continue;
+        }
+        let from_text = ns.exec_ok("nft", &["list", "ruleset"]).unwrap();
+        if from_text != our_listing(&case.plan) {
+            failures.push(format!("{}: listing differs:\n{from_text}", case.name));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
