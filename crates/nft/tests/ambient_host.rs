@@ -172,3 +172,39 @@ fn kubelet_uid_is_found_through_proc() {
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(found.unwrap(), 54321);
 }
+
+/// Istio's iptables flavour of the host rule (`--socket-exists`), rendered by nft as
+/// `meta skuid >= 0`: the probes of every local process are SNATed, whatever its uid.
+#[test]
+fn any_local_socket_source_snats_every_local_process() {
+    require_root();
+    let w = PodWorld::ipv4_only().unwrap();
+    let (node, pod) = (w.world.path(), IpAddr::V4(w.pod_v4));
+    let app = Probe::start(w.pod.path(), "pod", &[Listen::tcp(8080)]).unwrap();
+    let host =
+        Plan::ambient_host(&HostProbeConfig::new(ProbeSource::AnyLocalSocket, false)).unwrap();
+    in_ns(node, || {
+        ambient_host::ensure(&host)?;
+        ambient_host::add_pod_ips(&host, &[pod], "pod-uid")
+    })
+    .unwrap();
+    let snat = IpAddr::V4(ambient_constants::HOST_PROBE_SNAT_V4);
+    for uid in [0, OTHER_UID, KUBELET_UID] {
+        let spec = ConnectSpec::new(pod, 8080).uid(uid);
+        assert_eq!(seen_from(&app, node, &spec), (8080, snat), "uid {uid}");
+    }
+    let listing = w
+        .world
+        .exec_ok(
+            "nft",
+            &[
+                "list",
+                "chain",
+                "inet",
+                "istio-ambient-nat",
+                "istio-postrouting",
+            ],
+        )
+        .unwrap();
+    assert!(listing.contains("meta skuid >= 0"), "{listing}");
+}
