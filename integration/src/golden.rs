@@ -74,3 +74,78 @@ pub fn config_from_effective(e: &Value) -> Config {
         dns_servers: Some(dns_servers),
     }
 }
+
+/// One of Istio's ambient goldens (`<backend>/cni-ambient/<name>.golden`) as our plan input.
+pub struct AmbientCase {
+    /// The golden's file stem, e.g. `default_ipv6`.
+    pub name: String,
+    /// `iptables` or `nftables`.
+    pub backend: String,
+    pub golden: PathBuf,
+    pub plan: Plan,
+}
+
+/// Every ambient case of `index.json` for `backend`: in-pod cases from `ambient_config` +
+/// `pod_overrides`; the `hostprobe` cases as host rules with the probe source each of Istio's
+/// backends uses (iptables: any local socket; nftables: the kubelet uid its test mocks, 1000).
+pub fn ambient_cases(backend: &str) -> Vec<AmbientCase> {
+    index()
+        .into_iter()
+        .filter_map(|case| {
+            let golden = case["golden"].as_str()?.to_string();
+            let rest = golden.strip_prefix(&format!("{backend}/cni-ambient/"))?;
+            let name = rest.strip_suffix(".golden")?.to_string();
+            let plan = ambient_plan(backend, &case["ambient_config"], &case["pod_overrides"]);
+            Some(AmbientCase {
+                name,
+                backend: backend.to_string(),
+                golden: golden_dir().join(&golden),
+                plan,
+            })
+        })
+        .collect()
+}
+
+fn ambient_plan(backend: &str, cfg: &Value, pod: &Value) -> Plan {
+    let ipv6 = cfg["EnableIPv6"].as_bool().unwrap_or(false);
+    let addr = |k: &str| cfg[k].as_str().expect(k).to_string();
+    let v4: std::net::Ipv4Addr = addr("HostProbeSNATAddress").parse().unwrap();
+    let v6: std::net::Ipv6Addr = addr("HostProbeV6SNATAddress").parse().unwrap();
+    if pod.is_null() {
+        let source = if backend == "nftables" {
+            ProbeSource::KubeletUid(1000)
+        } else {
+            ProbeSource::AnyLocalSocket
+        };
+        let host = HostProbeConfig {
+            ipv6,
+            host_probe_snat_v4: v4,
+            host_probe_snat_v6: v6,
+            source,
+        };
+        return Plan::ambient_host(&host).unwrap();
+    }
+    let dns = match pod["DNSProxy"].as_str() {
+        Some("PodDNSEnabled") => PodDns::Enabled,
+        Some("PodDNSDisabled") => PodDns::Disabled,
+        _ => PodDns::Unset,
+    };
+    let virtual_interfaces = pod["VirtualInterfaces"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    let cfg = AmbientConfig {
+        redirect_dns: cfg["RedirectDNS"].as_bool().unwrap_or(false),
+        ipv6,
+        host_probe_snat_v4: v4,
+        host_probe_snat_v6: v6,
+        pod: AmbientPod {
+            dns,
+            ingress_mode: pod["IngressMode"].as_bool().unwrap_or(false),
+            virtual_interfaces,
+        },
+    };
+    Plan::ambient(&cfg).unwrap()
+}

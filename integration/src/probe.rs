@@ -434,6 +434,8 @@ pub struct ConnectSpec {
     pub gid: Option<u32>,
     /// Bind this source address (port 0) before connecting.
     pub src: Option<IpAddr>,
+    /// `SO_MARK` on the client socket (as ztunnel marks its own sockets); needs root.
+    pub mark: Option<u32>,
     pub timeout: Duration,
 }
 
@@ -445,6 +447,7 @@ impl ConnectSpec {
             uid: None,
             gid: None,
             src: None,
+            mark: None,
             timeout: DEFAULT_TIMEOUT,
         }
     }
@@ -458,6 +461,10 @@ impl ConnectSpec {
     }
     pub fn src(mut self, src: IpAddr) -> Self {
         self.src = Some(src);
+        self
+    }
+    pub fn mark(mut self, mark: u32) -> Self {
+        self.mark = Some(mark);
         self
     }
     pub fn timeout(mut self, timeout: Duration) -> Self {
@@ -521,6 +528,11 @@ fn tcp_client(spec: &ConnectSpec) -> Outcome {
     {
         return Outcome::Failed(format!("bind {src}: {e}"));
     }
+    if let Some(mark) = spec.mark
+        && let Err(e) = setsockopt_int(&fd, libc::SOL_SOCKET, libc::SO_MARK, mark as i32)
+    {
+        return Outcome::Failed(format!("SO_MARK {mark:#x}: {e}"));
+    }
     let (sa, sl) = to_storage(SocketAddr::new(spec.dst, spec.port));
     // SAFETY: valid socket and sockaddr.
     let rc = unsafe {
@@ -565,6 +577,11 @@ fn udp_client(spec: &ConnectSpec) -> Outcome {
         && let Err(e) = bind(&fd, SocketAddr::new(src, 0))
     {
         return Outcome::Failed(format!("bind {src}: {e}"));
+    }
+    if let Some(mark) = spec.mark
+        && let Err(e) = setsockopt_int(&fd, libc::SOL_SOCKET, libc::SO_MARK, mark as i32)
+    {
+        return Outcome::Failed(format!("SO_MARK {mark:#x}: {e}"));
     }
     let (sa, sl) = to_storage(SocketAddr::new(spec.dst, spec.port));
     let msg = b"probe";

@@ -917,9 +917,12 @@ impl Plan {
                 mark: cfg.tproxy_mark,
                 table: cfg.tproxy_route_table,
                 ipv6,
+                mask: None,
+                priority: None,
             }),
             ipv6_passthrough_addr: ipv6,
             warnings,
+            sets: Vec::new(),
         })
     }
 }

@@ -4,6 +4,7 @@
 //! `Config` plus the facts read from the target namespace (`Facts`) into an ordered list of
 //! rules that every backend renders. Nothing here touches the kernel, files or the network.
 
+mod ambient;
 mod build;
 mod config;
 mod ids;
@@ -11,6 +12,7 @@ mod net;
 mod parse;
 mod plan;
 
+pub use ambient::*;
 pub use config::*;
 pub use ids::{Id, IdDb, IdKind};
 pub use net::{DisplayIp, IpNet};

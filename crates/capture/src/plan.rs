@@ -10,23 +10,45 @@
 use crate::ids::Id;
 use crate::net::IpNet;
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
-/// Istio's three tables. The order is iptables-restore's (alphabetical).
+/// Istio's tables: the sidecar's three and ambient's three (the same netfilter tables in
+/// iptables, separate `inet` tables in nftables). The order is iptables-restore's
+/// (alphabetical) within each data plane.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Table {
     Mangle,
     Nat,
     Raw,
+    AmbientMangle,
+    AmbientNat,
+    AmbientRaw,
 }
 
 impl Table {
+    /// The sidecar's tables, in nftables creation order.
     pub const ALL: [Table; 3] = [Table::Nat, Table::Mangle, Table::Raw];
+    /// Ambient's tables (in-pod; the host rules use `AmbientNat` only), same order.
+    pub const AMBIENT: [Table; 3] = [Table::AmbientNat, Table::AmbientMangle, Table::AmbientRaw];
+
+    /// The netfilter table this one is in iptables (`nat` for both `Nat` and `AmbientNat`).
+    pub fn netfilter(self) -> Table {
+        match self {
+            Table::Mangle | Table::AmbientMangle => Table::Mangle,
+            Table::Nat | Table::AmbientNat => Table::Nat,
+            Table::Raw | Table::AmbientRaw => Table::Raw,
+        }
+    }
+
+    pub fn is_ambient(self) -> bool {
+        self != self.netfilter()
+    }
 
     pub fn iptables_name(self) -> &'static str {
-        match self {
+        match self.netfilter() {
             Table::Mangle => "mangle",
             Table::Nat => "nat",
-            Table::Raw => "raw",
+            _ => "raw",
         }
     }
 
@@ -36,6 +58,18 @@ impl Table {
             Table::Mangle => "istio-proxy-mangle",
             Table::Nat => "istio-proxy-nat",
             Table::Raw => "istio-proxy-raw",
+            Table::AmbientMangle => "istio-ambient-mangle",
+            Table::AmbientNat => "istio-ambient-nat",
+            Table::AmbientRaw => "istio-ambient-raw",
+        }
+    }
+
+    /// Position in nftables creation order (nat, mangle, raw).
+    fn creation_rank(self) -> usize {
+        match self.netfilter() {
+            Table::Nat => 0,
+            Table::Mangle => 1,
+            _ => 2,
         }
     }
 }
@@ -45,6 +79,7 @@ impl Table {
 pub enum ChainId {
     Prerouting,
     Output,
+    Postrouting,
     Inbound,
     Redirect,
     InRedirect,
@@ -53,17 +88,25 @@ pub enum ChainId {
     Divert,
     Tproxy,
     Drop,
+    /// Ambient's in-pod prerouting chain.
+    IstioPrerouting,
+    /// Ambient's host postrouting chain (kubelet probe SNAT).
+    IstioPostrouting,
 }
 
 impl ChainId {
     pub fn is_builtin(self) -> bool {
-        matches!(self, ChainId::Prerouting | ChainId::Output)
+        matches!(
+            self,
+            ChainId::Prerouting | ChainId::Output | ChainId::Postrouting
+        )
     }
 
     pub fn iptables_name(self) -> &'static str {
         match self {
             ChainId::Prerouting => "PREROUTING",
             ChainId::Output => "OUTPUT",
+            ChainId::Postrouting => "POSTROUTING",
             ChainId::Inbound => "ISTIO_INBOUND",
             ChainId::Redirect => "ISTIO_REDIRECT",
             ChainId::InRedirect => "ISTIO_IN_REDIRECT",
@@ -72,6 +115,8 @@ impl ChainId {
             ChainId::Divert => "ISTIO_DIVERT",
             ChainId::Tproxy => "ISTIO_TPROXY",
             ChainId::Drop => "ISTIO_DROP",
+            ChainId::IstioPrerouting => "ISTIO_PRERT",
+            ChainId::IstioPostrouting => "ISTIO_POSTRT",
         }
     }
 
@@ -79,6 +124,7 @@ impl ChainId {
         match self {
             ChainId::Prerouting => "prerouting",
             ChainId::Output => "output",
+            ChainId::Postrouting => "postrouting",
             ChainId::Inbound => "istio-inbound",
             ChainId::Redirect => "istio-redirect",
             ChainId::InRedirect => "istio-in-redirect",
@@ -87,6 +133,8 @@ impl ChainId {
             ChainId::Divert => "istio-divert",
             ChainId::Tproxy => "istio-tproxy",
             ChainId::Drop => "istio-drop",
+            ChainId::IstioPrerouting => "istio-prerouting",
+            ChainId::IstioPostrouting => "istio-postrouting",
         }
     }
 }
@@ -146,15 +194,59 @@ pub enum Match {
     InIface(Vec<String>),
     OutIface(Vec<String>),
     Proto(L4),
-    DstPort { ports: Vec<u16>, negate: bool },
+    DstPort {
+        ports: Vec<u16>,
+        negate: bool,
+    },
     SrcPort(u16),
-    Daddr { nets: Vec<IpNet>, negate: bool },
-    Saddr { nets: Vec<IpNet>, negate: bool },
-    Uid { ids: Vec<Id>, negate: bool },
-    Gid { ids: Vec<Id>, negate: bool },
-    Mark { mark: u32, negate: bool },
+    Daddr {
+        nets: Vec<IpNet>,
+        negate: bool,
+    },
+    Saddr {
+        nets: Vec<IpNet>,
+        negate: bool,
+    },
+    Uid {
+        ids: Vec<Id>,
+        negate: bool,
+    },
+    Gid {
+        ids: Vec<Id>,
+        negate: bool,
+    },
+    Mark {
+        mark: u32,
+        negate: bool,
+    },
     ConnMark(u32),
     CtState(Vec<CtState>),
+    /// `! -o IFACE` / `oifname != IFACE`.
+    NotOutIface(String),
+    /// iptables' explicit `-m tcp` / `-m udp` module load. It matches nothing by itself
+    /// (the `-p` match does); kept so the legacy payload is Istio's byte for byte.
+    L4Module(L4),
+    /// One address as Istio writes it, without a prefix length (`-s 169.254.7.127`).
+    FromAddr(IpAddr),
+    /// One address as Istio writes it, without a prefix length (`-d 169.254.7.127`).
+    ToAddr(IpAddr),
+    /// `-m mark [!] --mark M/MASK` / `meta mark & MASK [!=|==] M`.
+    MarkMasked {
+        mark: u32,
+        mask: u32,
+        negate: bool,
+    },
+    /// `-m connmark --mark M/MASK` / `ct mark & MASK == M`.
+    ConnMarkMasked {
+        mark: u32,
+        mask: u32,
+    },
+    /// Destination in a named address set of the plan (`-m set --match-set NAME dst` /
+    /// `ip daddr @NAME`). The set's family decides the rule's.
+    DaddrInSet(String),
+    /// The packet belongs to a local socket (`-m owner --socket-exists`; nft has no
+    /// equivalent and uses `meta skuid >= 0`, which needs the same full socket).
+    SocketExists,
 }
 
 impl Match {
@@ -242,6 +334,17 @@ pub enum Action {
     RestoreMark,
     /// `CT --zone N` / `ct zone set N`.
     CtZone(u16),
+    /// `CONNMARK --set-xmark V/MASK` / `ct mark set ct mark & ~MASK | V` (V within MASK, so
+    /// xor and or agree).
+    SetConnMarkMasked {
+        value: u32,
+        mask: u32,
+    },
+    /// `CONNMARK --restore-mark --nfmask 0xffffffff --ctmask 0xffffffff` as Istio's ambient
+    /// rules spell it: the same as `RestoreMark`.
+    RestoreMarkFullMasks,
+    /// `SNAT --to-source A` / `snat ip|ip6 to A`.
+    Snat(IpAddr),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -292,12 +395,28 @@ pub struct PlacedRule {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Step(pub Vec<PlacedRule>);
 
-/// Policy routing TPROXY needs: `ip rule fwmark M lookup T` and `local default dev lo table T`.
+/// Policy routing TPROXY needs: `ip rule fwmark M[/MASK] [pref P] lookup T` and
+/// `local default dev lo table T`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TproxyRoutes {
     pub mark: u32,
     pub table: u32,
     pub ipv6: bool,
+    /// `fwmark M/MASK` (ambient: 0x111/0xfff); `None` = the whole mark.
+    pub mask: Option<u32>,
+    /// `pref P` (ambient: 32764); `None` = the kernel picks.
+    pub priority: Option<u32>,
+}
+
+/// A named address set the plan's rules look up (`-m set` / `@NAME`). In nftables it lives
+/// in `table` and its elements are managed on their own (pods come and go); iptables' ipsets
+/// are outside the payload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamedSet {
+    pub table: Table,
+    pub name: String,
+    pub v6: bool,
+    pub comment: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -311,6 +430,8 @@ pub struct Plan {
     pub ipv6_passthrough_addr: bool,
     /// Things the operator should know (e.g. DNS capture disabled for lack of servers).
     pub warnings: Vec<String>,
+    /// Named sets rules refer to (ambient host rules), created with the plan's tables.
+    pub sets: Vec<NamedSet>,
 }
 
 /// A chain's final content, in evaluation order.
@@ -372,7 +493,7 @@ impl Plan {
                 note((op.table, target));
             }
         }
-        order.sort_by_key(|(t, c)| (Table::ALL.iter().position(|x| x == t), !c.is_builtin()));
+        order.sort_by_key(|(t, c)| (t.creation_rank(), !c.is_builtin()));
         // `sort_by_key` is stable, so first-use order survives within each group.
 
         order
@@ -392,12 +513,23 @@ impl Plan {
             .collect()
     }
 
-    /// Tables that get at least one rule, in `Table::ALL` order.
+    /// Tables that get at least one rule, in nftables creation order (nat, mangle, raw).
     pub fn tables(&self) -> Vec<Table> {
         Table::ALL
             .into_iter()
+            .chain(Table::AMBIENT)
             .filter(|t| self.steps.iter().any(|s| s.0.iter().any(|r| r.table == *t)))
             .collect()
+    }
+
+    /// The tables this plan owns in its namespace: a re-apply replaces them, cleanup deletes
+    /// them. A sidecar plan owns the sidecar's three, an ambient plan ambient's three.
+    pub fn owned_tables(&self) -> &'static [Table] {
+        if self.tables().iter().any(|t| t.is_ambient()) {
+            &Table::AMBIENT
+        } else {
+            &Table::ALL
+        }
     }
 }
 

@@ -121,6 +121,19 @@ pub fn rule_args(matches: &[Match], action: &Action, _family: Family) -> String 
                     .collect();
                 a.push(format!("-m conntrack --ctstate {}", s.join(",")));
             }
+            Match::NotOutIface(i) => a.push(format!("! -o {i}")),
+            Match::L4Module(p) => a.push(format!("-m {}", p.name())),
+            Match::FromAddr(ip) => a.push(format!("-s {}", capture::DisplayIp(*ip))),
+            Match::ToAddr(ip) => a.push(format!("-d {}", capture::DisplayIp(*ip))),
+            Match::MarkMasked { mark, mask, negate } => a.push(format!(
+                "-m mark {}--mark {mark:#x}/{mask:#x}",
+                if *negate { "! " } else { "" }
+            )),
+            Match::ConnMarkMasked { mark, mask } => {
+                a.push(format!("-m connmark --mark {mark:#x}/{mask:#x}"))
+            }
+            Match::DaddrInSet(name) => a.push(format!("-m set --match-set {name} dst")),
+            Match::SocketExists => a.push("-m owner --socket-exists".into()),
         }
     }
     a.push(match action {
@@ -140,6 +153,13 @@ pub fn rule_args(matches: &[Match], action: &Action, _family: Family) -> String 
         Action::SaveMark => "-j CONNMARK --save-mark".into(),
         Action::RestoreMark => "-j CONNMARK --restore-mark".into(),
         Action::CtZone(z) => format!("-j CT --zone {z}"),
+        Action::SetConnMarkMasked { value, mask } => {
+            format!("-j CONNMARK --set-xmark {value:#x}/{mask:#x}")
+        }
+        Action::RestoreMarkFullMasks => {
+            "-j CONNMARK --restore-mark --nfmask 0xffffffff --ctmask 0xffffffff".into()
+        }
+        Action::Snat(ip) => format!("-j SNAT --to-source {}", capture::DisplayIp(*ip)),
     });
     a.join(" ")
 }

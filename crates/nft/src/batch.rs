@@ -70,10 +70,10 @@ fn cstr(s: &str) -> CString {
 }
 
 fn hook(name: &str) -> Hook {
-    if name == "prerouting" {
-        Hook::PreRouting
-    } else {
-        Hook::Out
+    match name {
+        "prerouting" => Hook::PreRouting,
+        "postrouting" => Hook::PostRouting,
+        _ => Hook::Out,
     }
 }
 
@@ -101,7 +101,7 @@ pub fn build(plan: &Plan, existing: &[Table], poison: bool, with_text: bool) -> 
         descriptions.note(|| format!("deleting table inet {}", t.nft_name()));
     }
     for spec in &specs {
-        add_table(&mut batch, &mut descriptions, spec);
+        add_table(&mut batch, &mut descriptions, spec, false);
     }
     if poison {
         // A jump to a chain that does not exist: refused at the end of the batch.
@@ -118,11 +118,40 @@ pub fn build(plan: &Plan, existing: &[Table], poison: bool, with_text: bool) -> 
     }
 }
 
-fn add_table(batch: &mut Batch, descriptions: &mut Notes, spec: &TableSpec) {
+/// The batch that makes `plan`'s tables exist with exactly its chains and rules while keeping
+/// what else is in them (the elements of named sets): tables, sets and chains are added if
+/// missing, every rule of the tables is removed, and the plan's rules are added. Used for the
+/// ambient host table, whose set elements come and go with pods.
+pub fn ensure(plan: &Plan, with_text: bool) -> Built {
+    let specs = model::tables(plan, with_text);
+    let mut batch = Batch::new();
+    let mut descriptions = Notes {
+        with_text,
+        count: 0,
+        text: Vec::new(),
+    };
+    for spec in &specs {
+        add_table(&mut batch, &mut descriptions, spec, true);
+    }
+    Built {
+        batch: batch.finalize(),
+        descriptions,
+    }
+}
+
+fn add_table(batch: &mut Batch, descriptions: &mut Notes, spec: &TableSpec, flush_rules: bool) {
     let tname = spec.table.nft_name();
     let table = nftnl::Table::new(cstr(tname), ProtoFamily::Inet);
     batch.add(&table, MsgType::Add);
     descriptions.note(|| format!("table inet {tname}"));
+    for (i, s) in spec.sets.iter().enumerate() {
+        // Set ids only need to be unique in the batch; anonymous sets count from 0.
+        batch.add(
+            &NamedSetMsg::new(tname, s, 0x8000_0000 + i as u32),
+            MsgType::Add,
+        );
+        descriptions.note(|| format!("set {} in table inet {tname}", s.name));
+    }
     // Chains first (rules may jump forward), then rules in order.
     let chains: Vec<Chain> = spec
         .chains
@@ -140,6 +169,10 @@ fn add_table(batch: &mut Batch, descriptions: &mut Notes, spec: &TableSpec) {
     for (c, chain) in spec.chains.iter().zip(&chains) {
         batch.add(chain, MsgType::Add);
         descriptions.note(|| format!("chain {} in table inet {tname}", c.chain.nft_name()));
+    }
+    if flush_rules {
+        batch.add(&FlushTableRules(cstr(tname)), MsgType::Del);
+        descriptions.note(|| format!("removing the rules of table inet {tname}"));
     }
     for (c, chain) in spec.chains.iter().zip(&chains) {
         for r in &c.rules {
@@ -250,5 +283,163 @@ pub fn delete(tables: &[Table]) -> FinalizedBatch {
             MsgType::Del,
         );
     }
+    batch.finalize()
+}
+
+/// Userdata TLV as libnftnl's `nftnl_udata_put_strz` writes it: type, length, NUL-ended text.
+fn udata_comment(kind: u32, text: &str) -> Vec<u8> {
+    let text = &text.as_bytes()[..text.len().min(126)];
+    let mut out = vec![kind as u8, (text.len() + 1) as u8];
+    out.extend_from_slice(text);
+    out.push(0);
+    out
+}
+
+/// `add set inet T NAME { type ipv4_addr|ipv6_addr; comment "…"; }`: idempotent (no EXCL).
+struct NamedSetMsg(*mut sys::nftnl_set);
+
+impl NamedSetMsg {
+    fn new(table: &str, s: &capture::NamedSet, id: u32) -> Self {
+        let (kind, len) = if s.v6 { (8, 16) } else { (7, 4) };
+        let comment = udata_comment(sys::NFTNL_UDATA_SET_COMMENT, &s.comment);
+        let (t, n) = (cstr(table), cstr(&s.name));
+        // SAFETY: a fresh nftnl_set; libnftnl copies every string and buffer set on it.
+        unsafe {
+            let set = sys::nftnl_set_alloc();
+            if set.is_null() {
+                std::process::abort();
+            }
+            sys::nftnl_set_set_u32(set, sys::NFTNL_SET_FAMILY as u16, libc::NFPROTO_INET as u32);
+            sys::nftnl_set_set_str(set, sys::NFTNL_SET_TABLE as u16, t.as_ptr());
+            sys::nftnl_set_set_str(set, sys::NFTNL_SET_NAME as u16, n.as_ptr());
+            sys::nftnl_set_set_u32(set, sys::NFTNL_SET_ID as u16, id);
+            sys::nftnl_set_set_u32(set, sys::NFTNL_SET_KEY_TYPE as u16, kind);
+            sys::nftnl_set_set_u32(set, sys::NFTNL_SET_KEY_LEN as u16, len);
+            sys::nftnl_set_set_data(
+                set,
+                sys::NFTNL_SET_USERDATA as u16,
+                comment.as_ptr().cast(),
+                comment.len() as u32,
+            );
+            Self(set)
+        }
+    }
+}
+
+impl Drop for NamedSetMsg {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new`, freed once.
+        unsafe { sys::nftnl_set_free(self.0) }
+    }
+}
+
+// SAFETY: writes one complete NEWSET message into the batch buffer nftnl provides.
+unsafe impl nftnl::NlMsg for NamedSetMsg {
+    unsafe fn write(&self, buf: *mut libc::c_void, seq: u32, _: MsgType) {
+        // SAFETY: `buf` has room for one message (nftnl's batch contract).
+        unsafe {
+            let hdr = sys::nftnl_nlmsg_build_hdr(
+                buf.cast(),
+                libc::NFT_MSG_NEWSET as u16,
+                libc::NFPROTO_INET as u16,
+                (libc::NLM_F_CREATE | libc::NLM_F_ACK) as u16,
+                seq,
+            );
+            sys::nftnl_set_nlmsg_build_payload(hdr, self.0);
+        }
+    }
+}
+
+/// `flush table inet T`: a rule deletion naming only the table removes every rule in it.
+struct FlushTableRules(CString);
+
+// SAFETY: writes one complete DELRULE message into the batch buffer nftnl provides.
+unsafe impl nftnl::NlMsg for FlushTableRules {
+    unsafe fn write(&self, buf: *mut libc::c_void, seq: u32, _: MsgType) {
+        // SAFETY: a fresh rule object, freed after its payload is written.
+        unsafe {
+            let r = sys::nftnl_rule_alloc();
+            if r.is_null() {
+                std::process::abort();
+            }
+            sys::nftnl_rule_set_u32(r, sys::NFTNL_RULE_FAMILY as u16, libc::NFPROTO_INET as u32);
+            sys::nftnl_rule_set_str(r, sys::NFTNL_RULE_TABLE as u16, self.0.as_ptr());
+            let hdr = sys::nftnl_nlmsg_build_hdr(
+                buf.cast(),
+                libc::NFT_MSG_DELRULE as u16,
+                libc::NFPROTO_INET as u16,
+                libc::NLM_F_ACK as u16,
+                seq,
+            );
+            sys::nftnl_rule_nlmsg_build_payload(hdr, r);
+            sys::nftnl_rule_free(r);
+        }
+    }
+}
+
+/// Elements to add to or remove from a named set: `(address bytes, comment)`.
+pub struct SetElements<'a> {
+    pub table: &'a str,
+    pub set: &'a str,
+    pub elements: Vec<(Vec<u8>, Option<String>)>,
+}
+
+// SAFETY: writes one complete NEWSETELEM/DELSETELEM message into nftnl's batch buffer.
+unsafe impl nftnl::NlMsg for SetElements<'_> {
+    unsafe fn write(&self, buf: *mut libc::c_void, seq: u32, msg_type: MsgType) {
+        let (t, n) = (cstr(self.table), cstr(self.set));
+        // SAFETY: a fresh set object holding the elements, freed after the payload is written.
+        unsafe {
+            let set = sys::nftnl_set_alloc();
+            if set.is_null() {
+                std::process::abort();
+            }
+            sys::nftnl_set_set_u32(set, sys::NFTNL_SET_FAMILY as u16, libc::NFPROTO_INET as u32);
+            sys::nftnl_set_set_str(set, sys::NFTNL_SET_TABLE as u16, t.as_ptr());
+            sys::nftnl_set_set_str(set, sys::NFTNL_SET_NAME as u16, n.as_ptr());
+            for (key, comment) in &self.elements {
+                let e = sys::nftnl_set_elem_alloc();
+                if e.is_null() {
+                    std::process::abort();
+                }
+                sys::nftnl_set_elem_set(
+                    e,
+                    sys::NFTNL_SET_ELEM_KEY as u16,
+                    key.as_ptr().cast(),
+                    key.len() as u32,
+                );
+                if let Some(c) = comment {
+                    let u = udata_comment(sys::NFTNL_UDATA_SET_ELEM_COMMENT, c);
+                    sys::nftnl_set_elem_set(
+                        e,
+                        sys::NFTNL_SET_ELEM_USERDATA as u16,
+                        u.as_ptr().cast(),
+                        u.len() as u32,
+                    );
+                }
+                sys::nftnl_set_elem_add(set, e);
+            }
+            let (kind, flags) = match msg_type {
+                // No EXCL: adding an element that is there already is not an error.
+                MsgType::Add => (libc::NFT_MSG_NEWSETELEM, libc::NLM_F_CREATE),
+                MsgType::Del => (libc::NFT_MSG_DELSETELEM, 0),
+            };
+            let hdr = sys::nftnl_nlmsg_build_hdr(
+                buf.cast(),
+                kind as u16,
+                libc::NFPROTO_INET as u16,
+                (flags | libc::NLM_F_ACK) as u16,
+                seq,
+            );
+            sys::nftnl_set_elems_nlmsg_build_payload(hdr, set);
+            sys::nftnl_set_free(set);
+        }
+    }
+}
+
+/// One batch adding or removing set elements.
+pub fn set_elements(msg: &SetElements<'_>, add: bool) -> FinalizedBatch {
+    let mut batch = Batch::new();
+    batch.add(msg, if add { MsgType::Add } else { MsgType::Del });
     batch.finalize()
 }

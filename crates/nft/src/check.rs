@@ -203,8 +203,8 @@ fn collect(listing: &mut Listing, hdr: &libc::nlmsghdr, raw: *const libc::nlmsgh
     }
 }
 
-fn live(sock: &Socket) -> Result<Listing, NftError> {
-    let ours: Vec<&str> = Table::ALL.iter().map(|t| t.nft_name()).collect();
+fn live(sock: &Socket, tables: &[Table]) -> Result<Listing, NftError> {
+    let ours: Vec<&str> = tables.iter().map(|t| t.nft_name()).collect();
     let mut listing = Listing::new();
     for t in [libc::NFT_MSG_GETCHAIN, libc::NFT_MSG_GETRULE] {
         let req = netlink::dump_request(t as u32, libc::NFPROTO_INET as u16, 2, |_| {});
@@ -218,7 +218,7 @@ fn live(sock: &Socket) -> Result<Listing, NftError> {
 }
 
 fn expected(plan: &Plan) -> (Listing, BTreeMap<String, String>) {
-    let ours: Vec<&str> = Table::ALL.iter().map(|t| t.nft_name()).collect();
+    let ours: Vec<&str> = plan.owned_tables().iter().map(|t| t.nft_name()).collect();
     let built = batch::build(plan, &[], false, true);
     let mut listing = Listing::new();
     for page in built.batch.iter() {
@@ -261,7 +261,7 @@ fn for_each_message(page: &[u8], mut f: impl FnMut(&libc::nlmsghdr, *const libc:
 /// Readable differences between the plan and the live tables.
 pub fn diff(sock: &Socket, plan: &Plan) -> Result<Vec<String>, NftError> {
     let (want, names) = expected(plan);
-    let have = live(sock)?;
+    let have = live(sock, plan.owned_tables())?;
     let mut out = Vec::new();
     let show = |norm: &str| {
         names

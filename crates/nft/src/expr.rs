@@ -135,6 +135,32 @@ pub fn bitwise_and(mask: &[u8]) -> Expr {
         .data(sys::NFTNL_EXPR_BITWISE_XOR, &vec![0u8; mask.len()])
 }
 
+/// `bitwise reg 1 = (reg 1 & MASK) ^ XOR` (`ct mark & M | V` when V lies outside M).
+pub fn bitwise_and_xor(mask: &[u8], xor: &[u8]) -> Expr {
+    Expr::new(c"bitwise")
+        .u32(sys::NFTNL_EXPR_BITWISE_SREG, REG1)
+        .u32(sys::NFTNL_EXPR_BITWISE_DREG, REG1)
+        .u32(sys::NFTNL_EXPR_BITWISE_LEN, mask.len() as u32)
+        .data(sys::NFTNL_EXPR_BITWISE_MASK, mask)
+        .data(sys::NFTNL_EXPR_BITWISE_XOR, xor)
+}
+
+/// `lookup reg 1 set NAME`: membership in a named set of the table (existing, or created
+/// earlier in the same batch; the kernel finds it by name either way).
+pub fn lookup_named(set_name: &str) -> Expr {
+    Expr::new(c"lookup")
+        .u32(sys::NFTNL_EXPR_LOOKUP_SREG, REG1)
+        .str(sys::NFTNL_EXPR_LOOKUP_SET, set_name)
+}
+
+/// `nat snat ip|ip6 addr_min reg 1` (`snat to ADDR` after an immediate).
+pub fn snat(nfproto: u32) -> Expr {
+    Expr::new(c"nat")
+        .u32(sys::NFTNL_EXPR_NAT_TYPE, libc::NFT_NAT_SNAT as u32)
+        .u32(sys::NFTNL_EXPR_NAT_FAMILY, nfproto)
+        .u32(sys::NFTNL_EXPR_NAT_REG_ADDR_MIN, REG1)
+}
+
 /// `lookup reg 1 set NAME [0x1]`: membership (or, inverted, non-membership) in an anonymous set
 /// created earlier in the same batch with `set_id`.
 pub fn lookup(set_name: &str, set_id: u32, invert: bool) -> Expr {

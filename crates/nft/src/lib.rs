@@ -7,6 +7,7 @@
 //!   goes from the old rules to the new ones in one step.
 //! - Tables of others are never touched.
 
+pub mod ambient_host;
 mod batch;
 mod check;
 mod expr;
@@ -72,7 +73,7 @@ fn apply_inner(plan: &Plan, poison: bool) -> Result<ApplyReport, NftError> {
         .map_err(io_err("sending the nftables batch"))?;
     let mut replaced = false;
     if nacks.iter().any(|n| n.errno == libc::EEXIST) {
-        let existing = our_tables(&sock)?;
+        let existing = our_tables(&sock, plan.owned_tables())?;
         built = batch::build(plan, &existing, poison, false);
         nacks = sock
             .send_batch(&built.batch, false)
@@ -82,7 +83,7 @@ fn apply_inner(plan: &Plan, poison: bool) -> Result<ApplyReport, NftError> {
     if let Some(first) = nacks.first() {
         // Rare path: rebuild the same batch with descriptions to name the refused object.
         let existing = if replaced {
-            our_tables(&sock)?
+            our_tables(&sock, plan.owned_tables())?
         } else {
             Vec::new()
         };
@@ -120,8 +121,31 @@ pub fn check(plan: &Plan) -> Result<Vec<String>, NftError> {
 
 /// Deletes our tables (only ours) and TPROXY's routes. Returns whether any table existed.
 pub fn cleanup() -> Result<bool, NftError> {
+    cleanup_tables(&Table::ALL)
+}
+
+/// Deletes ambient's in-pod tables (`inet istio-ambient-{nat,mangle,raw}`), nothing else.
+/// Returns whether any existed. (In the host namespace use `ambient_host::remove_all`.)
+/// Also removes ambient's policy routing (`fwmark 0x111/0xfff lookup 100` and table 100's
+/// local default), as Istio's `DeleteInpodRules` does: a pod leaving ambient keeps running.
+pub fn cleanup_ambient() -> Result<bool, NftError> {
+    let existed = cleanup_tables(&Table::AMBIENT)?;
+    let every_family = capture::AmbientConfig {
+        ipv6: true,
+        ..capture::AmbientConfig::default()
+    };
+    if let Some(r) = Plan::ambient(&every_family)
+        .ok()
+        .and_then(|p| p.tproxy_routes)
+    {
+        routes::remove(&r)?;
+    }
+    Ok(existed)
+}
+
+pub(crate) fn cleanup_tables(tables: &[Table]) -> Result<bool, NftError> {
     let sock = netlink::Socket::open().map_err(open_err)?;
-    let existing = our_tables(&sock)?;
+    let existing = our_tables(&sock, tables)?;
     if !existing.is_empty() {
         let b = batch::delete(&existing);
         let nacks = sock
@@ -140,7 +164,7 @@ pub fn cleanup() -> Result<bool, NftError> {
 /// Whether any of our tables exist in the current namespace.
 pub fn has_our_tables() -> Result<bool, NftError> {
     let sock = netlink::Socket::open().map_err(open_err)?;
-    Ok(!our_tables(&sock)?.is_empty())
+    Ok(!our_tables(&sock, &Table::ALL)?.is_empty())
 }
 
 /// Every nftables table in the current namespace as `(family, name)`.
@@ -154,10 +178,11 @@ pub fn kernel_supports_nftables() -> bool {
     list_tables().is_ok()
 }
 
-fn our_tables(sock: &netlink::Socket) -> Result<Vec<Table>, NftError> {
+fn our_tables(sock: &netlink::Socket, ours: &[Table]) -> Result<Vec<Table>, NftError> {
     let all = check::tables(sock)?;
-    Ok(Table::ALL
-        .into_iter()
+    Ok(ours
+        .iter()
+        .copied()
         .filter(|t| all.iter().any(|(f, n)| f == "inet" && n == t.nft_name()))
         .collect())
 }

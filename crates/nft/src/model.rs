@@ -3,7 +3,7 @@
 //! builder, the read-back check and the text rendering.
 
 use crate::expr::{self, Expr};
-use capture::{Action, ChainId, CtState, Family, IpNet, L4, Match, Plan, Table};
+use capture::{Action, ChainId, CtState, Family, IpNet, L4, Match, NamedSet, Plan, Table};
 use std::net::IpAddr;
 
 /// A base chain's type, hook and priority (Istio's nft mode, istio-reference §2.2).
@@ -15,13 +15,19 @@ pub struct BaseChain {
 }
 
 pub fn base_chain(table: Table, chain: ChainId) -> Option<BaseChain> {
-    let (kind, priority) = match (table, chain) {
+    let (kind, priority) = match (table.netfilter(), chain) {
+        (Table::Nat, ChainId::Postrouting) => ("nat", 100),
         (Table::Nat, _) => ("nat", -100),
         (Table::Mangle, ChainId::Output) => ("route", -150),
         (Table::Mangle, _) => ("filter", -150),
-        (Table::Raw, _) => ("filter", -300),
+        _ => ("filter", -300),
     };
     match chain {
+        ChainId::Postrouting => Some(BaseChain {
+            kind,
+            hook: "postrouting",
+            priority,
+        }),
         ChainId::Prerouting => Some(BaseChain {
             kind,
             hook: "prerouting",
@@ -70,6 +76,8 @@ pub struct ChainSpec {
 
 pub struct TableSpec {
     pub table: Table,
+    /// Named sets of the table (created before the rules that look them up).
+    pub sets: Vec<NamedSet>,
     pub chains: Vec<ChainSpec>,
 }
 
@@ -94,6 +102,12 @@ pub fn tables(plan: &Plan, with_text: bool) -> Vec<TableSpec> {
         .into_iter()
         .map(|table| TableSpec {
             table,
+            sets: plan
+                .sets
+                .iter()
+                .filter(|s| s.table == table)
+                .cloned()
+                .collect(),
             chains: chains
                 .iter()
                 .filter(|c| c.table == table)
@@ -252,6 +266,14 @@ fn matches_into(b: &mut RuleBuilder, rule: &capture::Rule, base: bool, ipv6: boo
             ));
             say!(b, format!("{word} \"{}\"", v[0]));
         }
+        if let Match::NotOutIface(name) = m {
+            b.push(expr::meta_load(libc::NFT_META_OIFNAME as u32));
+            b.push(expr::cmp(
+                libc::NFT_CMP_NEQ as u32,
+                &expr::ifname_bytes(name),
+            ));
+            say!(b, format!("oifname != \"{name}\""));
+        }
     }
     let mut l4 = None;
     for m in &rule.matches {
@@ -286,6 +308,9 @@ fn matches_into(b: &mut RuleBuilder, rule: &capture::Rule, base: bool, ipv6: boo
         match m {
             Match::Saddr { nets, negate } => addr_match(b, nets, *negate, true),
             Match::Daddr { nets, negate } => addr_match(b, nets, *negate, false),
+            Match::FromAddr(a) => addr_match(b, &[IpNet::host(*a)], false, true),
+            Match::ToAddr(a) => addr_match(b, &[IpNet::host(*a)], false, false),
+            Match::DaddrInSet(name) => named_set_match(b, name, rule.family == Family::V6),
             _ => {}
         }
     }
@@ -316,6 +341,26 @@ fn matches_into(b: &mut RuleBuilder, rule: &capture::Rule, base: bool, ipv6: boo
                 b.push(expr::meta_load(libc::NFT_META_MARK as u32));
                 b.push(expr::cmp(cmp_op(*negate), &mark.to_ne_bytes()));
                 say!(b, format!("meta mark {}{mark:#010x}", neq(*negate)));
+            }
+            Match::MarkMasked { mark, mask, negate } => {
+                b.push(expr::meta_load(libc::NFT_META_MARK as u32));
+                b.push(expr::bitwise_and(&mask.to_ne_bytes()));
+                b.push(expr::cmp(cmp_op(*negate), &mark.to_ne_bytes()));
+                let op = if *negate { "!=" } else { "==" };
+                say!(b, format!("meta mark & {mask:#010x} {op} {mark:#010x}"));
+            }
+            Match::ConnMarkMasked { mark, mask } => {
+                b.push(expr::ct_load(libc::NFT_CT_MARK as u32));
+                b.push(expr::bitwise_and(&mask.to_ne_bytes()));
+                b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &mark.to_ne_bytes()));
+                say!(b, format!("ct mark & {mask:#010x} == {mark:#010x}"));
+            }
+            Match::SocketExists => {
+                // `meta skuid` only loads for a packet with a full local socket (else the
+                // rule stops), as `-m owner --socket-exists`; every uid is >= 0.
+                b.push(expr::meta_load(libc::NFT_META_SKUID as u32));
+                b.push(expr::cmp(libc::NFT_CMP_GTE as u32, &0u32.to_ne_bytes()));
+                say!(b, "meta skuid >= 0");
             }
             Match::ConnMark(mark) => {
                 b.push(expr::ct_load(libc::NFT_CT_MARK as u32));
@@ -385,6 +430,18 @@ fn addr_match(b: &mut RuleBuilder, nets: &[IpNet], negate: bool, source: bool) {
             format!("{word} {}{{ {} }}", neq(negate), text.join(", "))
         );
     }
+}
+
+/// `ip[6] daddr @NAME`: a lookup in one of the plan's named sets.
+fn named_set_match(b: &mut RuleBuilder, name: &str, v6: bool) {
+    let (offset, len, word) = if v6 { (24, 16, "ip6") } else { (16, 4, "ip") };
+    b.push(expr::payload(
+        libc::NFT_PAYLOAD_NETWORK_HEADER as u32,
+        offset,
+        len,
+    ));
+    b.push(expr::lookup_named(name));
+    say!(b, format!("{word} daddr @{name}"));
 }
 
 fn port_match(b: &mut RuleBuilder, l4: &str, offset: u32, word: &str, ports: &[u16], negate: bool) {
@@ -541,6 +598,33 @@ fn action_into(b: &mut RuleBuilder, action: &Action, family: Family) {
             b.push(expr::meta_set(libc::NFT_META_MARK as u32));
             say!(b, "meta mark set ct mark");
         }
+        Action::SetConnMarkMasked { value, mask } => {
+            b.push(expr::ct_load(libc::NFT_CT_MARK as u32));
+            b.push(expr::bitwise_and_xor(
+                &(!mask).to_ne_bytes(),
+                &value.to_ne_bytes(),
+            ));
+            b.push(expr::ct_set(libc::NFT_CT_MARK as u32));
+            say!(
+                b,
+                format!("ct mark set ct mark & {:#010x} | {value:#010x}", !mask)
+            );
+        }
+        Action::RestoreMarkFullMasks => {
+            b.push(expr::ct_load(libc::NFT_CT_MARK as u32));
+            b.push(expr::meta_set(libc::NFT_META_MARK as u32));
+            say!(b, "meta mark set ct mark");
+        }
+        Action::Snat(ip) => {
+            let (nfproto, word) = if ip.is_ipv6() {
+                (libc::NFPROTO_IPV6, "ip6")
+            } else {
+                (libc::NFPROTO_IPV4, "ip")
+            };
+            b.push(expr::immediate(&addr_bytes(*ip)));
+            b.push(expr::snat(nfproto as u32));
+            say!(b, format!("snat {word} to {}", capture::DisplayIp(*ip)));
+        }
         Action::CtZone(z) => {
             b.push(expr::immediate(&z.to_ne_bytes()));
             b.push(expr::ct_set(libc::NFT_CT_ZONE as u32));
@@ -554,6 +638,14 @@ pub fn render_text(plan: &Plan) -> String {
     let mut out = String::new();
     for t in tables(plan, true) {
         out.push_str(&format!("table inet {} {{\n", t.table.nft_name()));
+        for s in &t.sets {
+            out.push_str(&format!(
+                "\tset {} {{\n\t\ttype {}\n\t\tcomment \"{}\"\n\t}}\n",
+                s.name,
+                if s.v6 { "ipv6_addr" } else { "ipv4_addr" },
+                s.comment
+            ));
+        }
         for c in &t.chains {
             out.push_str(&format!("\tchain {} {{\n", c.chain.nft_name()));
             if let Some(b) = c.base {

@@ -16,8 +16,10 @@ pub struct RouteError {
 const NLA_HDR: usize = 4;
 // linux/fib_rules.h (not in the libc crate).
 const FR_ACT_TO_TBL: u8 = 1;
+const FRA_PRIORITY: u16 = 6;
 const FRA_FWMARK: u16 = 10;
 const FRA_TABLE: u16 = 15;
+const FRA_FWMASK: u16 = 16;
 
 fn nla(buf: &mut Vec<u8>, kind: u16, data: &[u8]) {
     let len = (NLA_HDR + data.len()) as u16;
@@ -29,8 +31,19 @@ fn nla(buf: &mut Vec<u8>, kind: u16, data: &[u8]) {
     }
 }
 
-/// Sends one rtnetlink request with NLM_F_ACK and returns the kernel's answer.
+/// Sends one rtnetlink request with NLM_F_ACK and returns the kernel's answer ("already
+/// exists" counts as done).
 fn request(sock: &mnl::Socket, msg_type: u16, flags: u16, body: &[u8]) -> io::Result<()> {
+    request_tolerating(sock, msg_type, flags, body, &[libc::EEXIST])
+}
+
+fn request_tolerating(
+    sock: &mnl::Socket,
+    msg_type: u16,
+    flags: u16,
+    body: &[u8],
+    tolerated: &[i32],
+) -> io::Result<()> {
     let hl = std::mem::size_of::<libc::nlmsghdr>();
     let mut msg = vec![0u8; hl];
     msg.extend_from_slice(body);
@@ -53,7 +66,7 @@ fn request(sock: &mnl::Socket, msg_type: u16, flags: u16, body: &[u8]) -> io::Re
     let n = sock.recv_raw(bytes)?;
     if n >= hl + 4 {
         let errno = i32::from_ne_bytes(bytes[hl..hl + 4].try_into().unwrap());
-        if errno != 0 && -errno != libc::EEXIST {
+        if errno != 0 && !tolerated.contains(&-errno) {
             return Err(io::Error::from_raw_os_error(-errno));
         }
     }
@@ -86,7 +99,7 @@ pub fn apply(plan: &Plan) -> Result<(), RouteError> {
             &[libc::AF_INET as u8]
         };
         for &family in families {
-            add_rule(&sock, family, r.mark, r.table).map_err(err(&format!(
+            add_rule(&sock, family, r).map_err(err(&format!(
                 "adding `ip rule fwmark {} lookup {}`",
                 r.mark, r.table
             )))?;
@@ -118,22 +131,41 @@ fn add_address_v6(sock: &mnl::Socket, ifindex: u32, addr: std::net::Ipv6Addr) ->
     )
 }
 
-fn add_rule(sock: &mnl::Socket, family: u8, mark: u32, table: u32) -> io::Result<()> {
-    // struct fib_rule_hdr { family, dst_len, src_len, tos, table, res1, res2, action, flags }
-    let mut body = vec![family, 0, 0, 0, 0, 0, 0, FR_ACT_TO_TBL];
-    body.extend_from_slice(&0u32.to_ne_bytes());
-    nla(&mut body, FRA_FWMARK, &mark.to_ne_bytes());
-    nla(&mut body, FRA_TABLE, &table.to_ne_bytes());
+fn add_rule(sock: &mnl::Socket, family: u8, r: &capture::TproxyRoutes) -> io::Result<()> {
     // EXCL makes a rerun answer EEXIST instead of adding a duplicate rule.
     request(
         sock,
         libc::RTM_NEWRULE,
         (libc::NLM_F_CREATE | libc::NLM_F_EXCL) as u16,
-        &body,
+        &rule_body(family, r),
     )
 }
 
+fn rule_body(family: u8, r: &capture::TproxyRoutes) -> Vec<u8> {
+    // struct fib_rule_hdr { family, dst_len, src_len, tos, table, res1, res2, action, flags }
+    let mut body = vec![family, 0, 0, 0, 0, 0, 0, FR_ACT_TO_TBL];
+    body.extend_from_slice(&0u32.to_ne_bytes());
+    nla(&mut body, FRA_FWMARK, &r.mark.to_ne_bytes());
+    if let Some(mask) = r.mask {
+        nla(&mut body, FRA_FWMASK, &mask.to_ne_bytes());
+    }
+    if let Some(pref) = r.priority {
+        nla(&mut body, FRA_PRIORITY, &pref.to_ne_bytes());
+    }
+    nla(&mut body, FRA_TABLE, &r.table.to_ne_bytes());
+    body
+}
+
 fn add_local_default(sock: &mnl::Socket, family: u8, ifindex: u32, table: u32) -> io::Result<()> {
+    request(
+        sock,
+        libc::RTM_NEWROUTE,
+        (libc::NLM_F_CREATE | libc::NLM_F_EXCL) as u16,
+        &local_default_body(family, ifindex, table),
+    )
+}
+
+fn local_default_body(family: u8, ifindex: u32, table: u32) -> Vec<u8> {
     // struct rtmsg { family, dst_len, src_len, tos, table, protocol, scope, type, flags }
     let mut body = vec![
         family,
@@ -148,10 +180,37 @@ fn add_local_default(sock: &mnl::Socket, family: u8, ifindex: u32, table: u32) -
     body.extend_from_slice(&0u32.to_ne_bytes());
     nla(&mut body, libc::RTA_TABLE, &table.to_ne_bytes());
     nla(&mut body, libc::RTA_OIF, &ifindex.to_ne_bytes());
-    request(
-        sock,
-        libc::RTM_NEWROUTE,
-        (libc::NLM_F_CREATE | libc::NLM_F_EXCL) as u16,
-        &body,
-    )
+    body
+}
+
+/// Removes the policy rule and local default route of `r` (both families), as Istio's
+/// `DelInpodMarkIPRule` / `DelLoopbackRoutes`; what is not there is not an error.
+pub fn remove(r: &capture::TproxyRoutes) -> Result<(), RouteError> {
+    let err = |what: &str| {
+        let what = what.to_string();
+        move |source| RouteError { what, source }
+    };
+    let sock = mnl::Socket::new(mnl::Bus::Route).map_err(err("opening an rtnetlink socket"))?;
+    let lo = lo_index().map_err(err("finding the loopback interface"))?;
+    let gone = [libc::ENOENT, libc::ESRCH, libc::EAFNOSUPPORT];
+    for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+        request_tolerating(&sock, libc::RTM_DELRULE, 0, &rule_body(family, r), &gone).map_err(
+            err(&format!(
+                "removing `ip rule fwmark {:#x} lookup {}`",
+                r.mark, r.table
+            )),
+        )?;
+        request_tolerating(
+            &sock,
+            libc::RTM_DELROUTE,
+            0,
+            &local_default_body(family, lo, r.table),
+            &gone,
+        )
+        .map_err(err(&format!(
+            "removing the local default route of table {}",
+            r.table
+        )))?;
+    }
+    Ok(())
 }
