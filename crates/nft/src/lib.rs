@@ -9,6 +9,7 @@
 
 mod batch;
 mod check;
+pub mod explain;
 mod expr;
 mod model;
 mod netlink;
