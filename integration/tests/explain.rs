@@ -430,3 +430,116 @@ fn legacy_static_explanation_matches_probe() {
         "explain (iptables-legacy): {count} scenarios × {n} connections: static = probe in all ({tally:?})"
     );
 }
+
+/// TPROXY with no Envoy listener: static says dropped (nft: the fail-closed drop rule after the
+/// tproxy rule that did not match; legacy: the TPROXY target itself drops), the probe times
+/// out, and the kernel trace (nft) agrees.
+#[test]
+fn tproxy_without_listener_is_dropped_by_static_probe_and_trace() {
+    require_root();
+    let cfg = Config {
+        inbound_mode: capture::InterceptionMode::Tproxy,
+        ipv6: Ipv6Mode::Off,
+        ..Config::cni_default()
+    };
+    let plan = Plan::build(&cfg, &Facts::default()).unwrap();
+    for backend in [Backend::Nft, Backend::IptablesLegacy] {
+        let w = PodWorld::ipv4_only().unwrap();
+        let _app = Probe::start(w.pod.path(), "pod", &[Listen::tcp(8080)]).unwrap();
+        redirect::apply(&plan, Some(w.pod.path()), BackendChoice::Fixed(backend)).unwrap();
+        let conn = Connection::new(
+            Direction::Inbound,
+            Protocol::Tcp,
+            SocketAddr::new(w.pod_v4.into(), 8080),
+        )
+        .src(w.world_v4.into());
+        let rs = match backend {
+            Backend::Nft => ex::live_ruleset(Some(w.pod.path())).unwrap(),
+            Backend::IptablesLegacy => ex::in_netns(Some(w.pod.path()), || {
+                Ok(iptables_legacy::explain::live_ruleset().unwrap())
+            })
+            .unwrap(),
+        };
+        let facts = ex::namespace_facts(Some(w.pod.path()), &conn).unwrap();
+        let e = ex::explain_with(&rs, &conn, &facts).unwrap();
+        assert_eq!(
+            e.outcome.landing(),
+            Landing::Dropped,
+            "{backend}:\n{}",
+            ex::render_text(&e)
+        );
+        assert!(
+            e.summary
+                .starts_with("dropped: TPROXY with no listener on port 15006"),
+            "{}",
+            e.summary
+        );
+        let spec = ConnectSpec::new(conn.dst.ip(), 8080).timeout(SHORT_TIMEOUT);
+        assert_eq!(
+            connect(w.world.path(), &spec),
+            Outcome::Timeout,
+            "{backend}"
+        );
+        if backend == Backend::Nft {
+            let kp = netns::run_in(Some(w.world.path()), || {
+                trace::trace(Some(w.pod.path()), &conn, TraceHow::Connect)
+            })
+            .unwrap()
+            .unwrap();
+            let ag = ex::compare::compare(&rs, &e, &kp);
+            assert!(ag.agree, "{:?}", ag.differences);
+            assert_eq!(ag.kernel_outcome, "dropped");
+        }
+    }
+}
+
+/// The comparison is not vacuous: a kernel path of another connection disagrees, and says
+/// where.
+#[test]
+fn a_different_kernel_path_is_reported_as_disagreement() {
+    require_root();
+    let w = PodWorld::ipv4_only().unwrap();
+    let _probes = [
+        Probe::sidecar(w.pod.path()).unwrap(),
+        Probe::world(w.world.path()).unwrap(),
+    ];
+    let cfg = Config {
+        ipv6: Ipv6Mode::Off,
+        ..Config::cni_default()
+    };
+    let plan = Plan::build(&cfg, &Facts::default()).unwrap();
+    redirect::apply(
+        &plan,
+        Some(w.pod.path()),
+        BackendChoice::Fixed(Backend::Nft),
+    )
+    .unwrap();
+    let dst = SocketAddr::new(w.world_v4.into(), 80);
+    let app = Connection::new(Direction::Outbound, Protocol::Tcp, dst)
+        .uid(1000)
+        .gid(1000);
+    let envoy = Connection::new(Direction::Outbound, Protocol::Tcp, dst)
+        .uid(1337)
+        .gid(1337);
+    let rs = ex::live_ruleset(Some(w.pod.path())).unwrap();
+    let facts = ex::namespace_facts(Some(w.pod.path()), &app).unwrap();
+    let e = ex::explain_with(&rs, &app, &facts).unwrap();
+    assert!(
+        matches!(e.outcome, ex::Outcome::Redirected { .. }),
+        "{}",
+        e.summary
+    );
+    let other = trace::trace(Some(w.pod.path()), &envoy, TraceHow::Connect).unwrap();
+    let ag = ex::compare::compare(&rs, &e, &other);
+    assert!(!ag.agree);
+    assert!(
+        ag.differences.iter().any(|d| d.contains("istio-proxy-nat")),
+        "{:?}",
+        ag.differences
+    );
+    assert!(
+        ag.differences.iter().any(|d| d.starts_with("outcome:")),
+        "{:?}",
+        ag.differences
+    );
+}
