@@ -27,7 +27,8 @@ JSON output (--json), one object; field names are stable:
   trace              (--trace only) {agree, kernel_steps[] (as steps), kernel_outcome,
                       attempt, differences[], not_traced[]}
 
-Exit status: 0 explained (and, with --trace, the kernel agrees); 1 failure; 2 bad input
+Exit status: 0 explained (and, with --trace, the kernel agrees); 1 failure, or a rule
+uses an expression the evaluator does not know (outcome cannot-evaluate); 2 bad input
 (the message names the argument and value); 3 --trace disagrees with the static explanation.";
 
 #[derive(Parser, Debug)]
@@ -191,6 +192,9 @@ fn run(a: &ExplainArgs) -> Result<ExitCode, ExplainError> {
         if let Some(ag) = &agreement {
             print!("{}", render_agreement(ag));
         }
+    }
+    if matches!(explanation.outcome, ex::Outcome::CannotEvaluate { .. }) {
+        return Ok(ExitCode::from(1));
     }
     Ok(match agreement {
         Some(ag) if !ag.agree => ExitCode::from(3),

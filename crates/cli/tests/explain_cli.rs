@@ -314,3 +314,36 @@ fn bad_input_names_the_argument_and_exits_2() {
         assert!(!t.contains("panicked"), "{t}");
     }
 }
+
+/// A rule the evaluator cannot read is named, not guessed past.
+#[test]
+fn an_unknown_expression_is_reported_honestly() {
+    require_root();
+    let (w, _p) = pod(Backend::Nft, InterceptionMode::Redirect);
+    w.pod
+        .exec_ok(
+            "nft",
+            &[
+                "insert",
+                "rule",
+                "inet",
+                "istio-proxy-nat",
+                "istio-output",
+                "limit",
+                "rate",
+                "100/second",
+                "counter",
+            ],
+        )
+        .unwrap();
+    let ns = w.pod.path().to_str().unwrap();
+    let dst = format!("{}:80", w.world_v4);
+    let o = explain(&["--network-namespace", ns, "--dst", &dst, "--json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["outcome"]["kind"], "cannot-evaluate", "{v}");
+    assert_eq!(
+        v["summary"],
+        "cannot evaluate rule 1 of inet istio-proxy-nat istio-output: unknown expression limit"
+    );
+}

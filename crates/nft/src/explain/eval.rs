@@ -470,7 +470,7 @@ impl<'a> Walker<'a> {
             libc::NFT_META_OIFNAME => p.oif.as_deref().map(|n| ifname(n).to_vec()),
             libc::NFT_META_IIFNAME => p.iif.as_deref().map(|n| ifname(n).to_vec()),
             libc::NFT_META_MARK => Some(p.mark.to_ne_bytes().to_vec()),
-            _ => return Err(format!("meta load key {key}")),
+            _ => return Err(format!("meta {}", meta_key_name(key))),
         })
     }
 
@@ -495,6 +495,24 @@ impl<'a> Walker<'a> {
             _ => IpAddr::V4(Ipv4Addr::LOCALHOST),
         };
         Some(SocketAddr::new(addr, port))
+    }
+}
+
+/// nft's word for a meta key, for "cannot evaluate" messages.
+fn meta_key_name(key: u32) -> String {
+    match key as i32 {
+        libc::NFT_META_LEN => "length".into(),
+        libc::NFT_META_PRIORITY => "priority".into(),
+        libc::NFT_META_IIF => "iif".into(),
+        libc::NFT_META_OIF => "oif".into(),
+        libc::NFT_META_IIFTYPE => "iiftype".into(),
+        libc::NFT_META_OIFTYPE => "oiftype".into(),
+        libc::NFT_META_PKTTYPE => "pkttype".into(),
+        libc::NFT_META_CPU => "cpu".into(),
+        libc::NFT_META_CGROUP => "cgroup".into(),
+        libc::NFT_META_RTCLASSID => "rtclassid".into(),
+        libc::NFT_META_SECMARK => "secmark".into(),
+        _ => format!("key {key}"),
     }
 }
 
@@ -560,4 +578,175 @@ pub fn ipv4_only(rs: &Ruleset) -> bool {
                         && data.as_slice() == v4
             )
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::explain::ir::{Backend, Chain, Rule};
+
+    struct NoWorld;
+    impl World for NoWorld {
+        fn has_listener(&self, _: bool, _: u16) -> bool {
+            false
+        }
+        fn primary_address(&self, _: &str, _: bool) -> Option<IpAddr> {
+            None
+        }
+    }
+
+    fn set(interval: bool, elements: &[(&[u8], bool)]) -> Set {
+        Set {
+            table: "t".into(),
+            name: "s".into(),
+            interval,
+            elements: elements.iter().map(|(k, e)| (k.to_vec(), *e)).collect(),
+        }
+    }
+
+    #[test]
+    fn interval_sets_match_inside_ranges_only() {
+        // 0.0.0.0 end, [10.0.0.0, 11.0.0.0), [192.168.1.1, 192.168.1.2)
+        let s = set(
+            true,
+            &[
+                (&[0, 0, 0, 0], true),
+                (&[10, 0, 0, 0], false),
+                (&[11, 0, 0, 0], true),
+                (&[192, 168, 1, 1], false),
+                (&[192, 168, 1, 2], true),
+            ],
+        );
+        assert!(set_contains(&s, &[10, 1, 2, 3]));
+        assert!(!set_contains(&s, &[11, 0, 0, 0]));
+        assert!(!set_contains(&s, &[9, 255, 255, 255]));
+        assert!(set_contains(&s, &[192, 168, 1, 1]));
+        assert!(!set_contains(&s, &[192, 168, 1, 2]));
+        let ports = set(false, &[(&[0, 53], false), (&[0x3a, 0x98], false)]);
+        assert!(set_contains(&ports, &[0, 53, 0, 0]));
+        assert!(!set_contains(&ports, &[0, 54]));
+    }
+
+    fn packet() -> Packet {
+        Packet {
+            l4proto: 6,
+            src: "10.0.0.2:40000".parse().unwrap(),
+            dst: "10.0.0.1:80".parse().unwrap(),
+            iif: None,
+            oif: Some("eth0".into()),
+            uid: Some(1337),
+            gid: Some(1337),
+            mark: 0,
+            ct_state: CT_STATE_NEW,
+            ct_mark: 0,
+            ct_zone: 0,
+        }
+    }
+
+    fn ruleset(rules: Vec<Vec<Expr>>) -> Ruleset {
+        Ruleset {
+            backend: Backend::Nft,
+            sets: vec![],
+            chains: vec![Chain {
+                family: TableFamily::Inet,
+                table: "istio-proxy-nat".into(),
+                name: "output".into(),
+                base: Some(BaseHook {
+                    hook: Hook::Output,
+                    priority: -100,
+                    nat: true,
+                }),
+                rules: rules
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, exprs)| Rule {
+                        handle: Some(i as u64 + 1),
+                        position: i + 1,
+                        comment: None,
+                        text: String::new(),
+                        exprs,
+                    })
+                    .collect(),
+            }],
+        }
+    }
+
+    fn skuid(op: i32, id: u32) -> Vec<Expr> {
+        vec![
+            Expr::Meta {
+                key: libc::NFT_META_SKUID as u32,
+                dreg: 1,
+            },
+            Expr::Cmp {
+                sreg: 1,
+                op: op as u32,
+                data: id.to_ne_bytes().to_vec(),
+            },
+        ]
+    }
+
+    fn walk(rs: &Ruleset, pkt: &mut Packet) -> (HookEnd, Vec<Step>) {
+        let mut steps = Vec::new();
+        let mut fx = Effects::default();
+        let end = run_hook(rs, Hook::Output, false, pkt, &NoWorld, &mut steps, &mut fx);
+        (end, steps)
+    }
+
+    #[test]
+    fn first_matching_rule_decides_and_unknown_expressions_stop_the_walk() {
+        let mut ret = skuid(libc::NFT_CMP_EQ, 1337);
+        ret.push(Expr::Verdict(Verdict::Return));
+        let mut drop = skuid(libc::NFT_CMP_NEQ, 1337);
+        drop.push(Expr::Verdict(Verdict::Drop));
+        let rs = ruleset(vec![drop.clone(), ret.clone()]);
+        let (end, steps) = walk(&rs, &mut packet());
+        assert_eq!(end, HookEnd::Passed);
+        assert_eq!(steps[0].rule.as_ref().unwrap().position, 2);
+        assert_eq!(steps[0].verdict, Verdict::Return);
+        assert_eq!(steps.last().unwrap().kind, StepKind::Policy);
+
+        // No socket (uid unknown): neither `==` nor `!=` matches, as in the kernel.
+        let mut p = packet();
+        p.uid = None;
+        let (_, steps) = walk(&rs, &mut p);
+        assert!(steps.iter().all(|s| s.kind != StepKind::Rule));
+
+        let rs = ruleset(vec![vec![Expr::Unknown("limit".into())], ret]);
+        let (end, _) = walk(&rs, &mut packet());
+        assert!(
+            matches!(&end, HookEnd::Unknown { expr, rule, .. } if expr == "limit" && rule.position == 1),
+            "{end:?}"
+        );
+    }
+
+    #[test]
+    fn prefix_match_through_bitwise() {
+        let rule = vec![
+            Expr::Payload {
+                base: libc::NFT_PAYLOAD_NETWORK_HEADER as u32,
+                offset: 16,
+                len: 4,
+                dreg: 1,
+            },
+            Expr::Bitwise {
+                sreg: 1,
+                dreg: 1,
+                mask: vec![255, 255, 0, 0],
+                xor: vec![0; 4],
+            },
+            Expr::Cmp {
+                sreg: 1,
+                op: libc::NFT_CMP_EQ as u32,
+                data: vec![10, 0, 0, 0],
+            },
+            Expr::Verdict(Verdict::Accept),
+        ];
+        let rs = ruleset(vec![rule]);
+        let (_, steps) = walk(&rs, &mut packet());
+        assert_eq!(steps[0].verdict, Verdict::Accept);
+        let mut p = packet();
+        p.dst = "10.1.0.1:80".parse().unwrap();
+        let (_, steps) = walk(&rs, &mut p);
+        assert_eq!(steps[0].kind, StepKind::Return);
+    }
 }
