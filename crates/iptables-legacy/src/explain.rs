@@ -414,6 +414,7 @@ fn target(w: &[String], goto: bool, out: &mut Vec<Expr>) {
             };
             out.push(imm(port.to_be_bytes().to_vec()));
             out.push(Expr::Tproxy {
+                family: 0,
                 port_reg: Some(REG1),
                 miss_drops: true,
             });

@@ -1,6 +1,7 @@
 //! The kernel's trace beside the static explanation: the kernel's events become steps of the
 //! same form (rules looked up by handle in the live ruleset), and the two must agree on the
-//! deciding rule of every table the kernel reported, on the rules matched, and on the outcome.
+//! deciding rule of every table the kernel reported, on the whole path through every hook it
+//! reported (each rule matched, each end of chain, each policy), and on the outcome.
 
 use super::ir::{Expr, Hook, Ruleset, Verdict};
 use super::{Explanation, Outcome, RuleRef, Step, StepKind};
@@ -95,16 +96,24 @@ fn deciding(steps: &[Step], hook: Hook, table: &str) -> Option<u64> {
         .and_then(|s| s.rule.as_ref()?.handle)
 }
 
-fn matched(steps: &[Step], hook: Hook) -> Vec<(String, Option<u64>, String)> {
+/// The whole path through one hook, step by step: `table chain kind [handle] verdict`.
+fn path(steps: &[Step], hook: Hook) -> Vec<String> {
     steps
         .iter()
-        .filter(|s| s.hook == hook && s.kind == StepKind::Rule)
+        .filter(|s| s.hook == hook)
         .map(|s| {
-            (
-                s.table.clone(),
-                s.rule.as_ref().and_then(|r| r.handle),
-                s.verdict.to_string(),
-            )
+            let kind = match s.kind {
+                StepKind::Rule => "rule",
+                StepKind::Return => "end of chain",
+                StepKind::Policy => "policy",
+            };
+            let handle = s
+                .rule
+                .as_ref()
+                .and_then(|r| r.handle)
+                .map(|h| format!(" handle {h}"))
+                .unwrap_or_default();
+            format!("{} {} {kind}{handle} {}", s.table, s.chain, s.verdict)
         })
         .collect()
 }
@@ -186,11 +195,15 @@ pub fn compare(rs: &Ruleset, ex: &Explanation, kp: &KernelPath) -> Agreement {
                 ));
             }
         }
-        let (a, b) = (matched(&ex.steps, hook), matched(&ks, hook));
-        if a != b {
+        let (a, b) = (path(&ex.steps, hook), path(&ks, hook));
+        if let Some(i) = (0..a.len().max(b.len())).find(|&i| a.get(i) != b.get(i)) {
+            let at = |v: &[String]| v.get(i).cloned().unwrap_or_else(|| "(nothing)".into());
             differences.push(format!(
-                "hook {}: rules matched differ: static {a:?}, kernel {b:?}",
-                hook.name()
+                "hook {}: paths differ at step {}: static {}, kernel {}",
+                hook.name(),
+                i + 1,
+                at(&a),
+                at(&b)
             ));
         }
     }

@@ -258,6 +258,11 @@ unsafe fn parse_expr(e: *mut sys::nftnl_expr) -> Expr {
                     .then(|| u(sys::NFTNL_EXPR_REDIR_REG_PROTO_MIN)),
             },
             "tproxy" if !is(sys::NFTNL_EXPR_TPROXY_REG_ADDR) => Expr::Tproxy {
+                family: if is(sys::NFTNL_EXPR_TPROXY_FAMILY) {
+                    u(sys::NFTNL_EXPR_TPROXY_FAMILY)
+                } else {
+                    0
+                },
                 port_reg: is(sys::NFTNL_EXPR_TPROXY_REG_PORT)
                     .then(|| u(sys::NFTNL_EXPR_TPROXY_REG_PORT)),
                 miss_drops: false,

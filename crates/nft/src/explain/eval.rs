@@ -421,6 +421,7 @@ impl<'a> Walker<'a> {
                 Expr::Tproxy {
                     port_reg,
                     miss_drops,
+                    ..
                 } => {
                     let port = port_reg
                         .and_then(|r| regs.get(&r))

@@ -144,6 +144,8 @@ pub enum Expr {
     /// `tproxy`: to the port in `port_reg`. When no transparent socket takes the packet, nft's
     /// tproxy just does not match (`miss_drops == false`); iptables' TPROXY target drops it.
     Tproxy {
+        /// `NFPROTO_IPV4`/`NFPROTO_IPV6` (`tproxy ip|ip6`), 0 when not given.
+        family: u32,
         port_reg: Option<u32>,
         miss_drops: bool,
     },

@@ -155,7 +155,14 @@ fn one(e: &[Expr], sets: &[Set], table: &str, l4: &mut &'static str) -> Option<(
         [Immediate { data, .. }, Redir { .. }, ..] => {
             (format!("redirect to :{}", u16_be(data)?), 2)
         }
-        [Immediate { data, .. }, Tproxy { .. }, ..] => (format!("tproxy to :{}", u16_be(data)?), 2),
+        [Immediate { data, .. }, Tproxy { family, .. }, ..] => {
+            let f = match *family as i32 {
+                libc::NFPROTO_IPV4 => "ip ",
+                libc::NFPROTO_IPV6 => "ip6 ",
+                _ => "",
+            };
+            (format!("tproxy {f}to :{}", u16_be(data)?), 2)
+        }
         [Immediate { data, .. }, MetaSet { key, .. }, ..] if *key as i32 == libc::NFT_META_MARK => {
             (format!("meta mark set {:#010x}", u32_ne(data)?), 2)
         }
@@ -221,5 +228,15 @@ fn range_text(start: &[u8], end: Option<&[u8]>) -> Option<String> {
         }
         return Some(format!("{}/{prefix}", capture::DisplayIp(a)));
     }
-    Some(format!("{}-…", capture::DisplayIp(a)))
+    let last = s.wrapping_add(size).wrapping_sub(1);
+    let last = if bits == 32 {
+        IpAddr::V4(Ipv4Addr::from(last as u32))
+    } else {
+        IpAddr::V6(Ipv6Addr::from(last))
+    };
+    Some(format!(
+        "{}-{}",
+        capture::DisplayIp(a),
+        capture::DisplayIp(last)
+    ))
 }
