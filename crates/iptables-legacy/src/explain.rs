@@ -214,7 +214,20 @@ fn port_payload(offset: u32) -> Expr {
     }
 }
 
-/// One save rule (after `-A CHAIN`) as expressions, and its `-m comment`.
+/// Match modules whose options [`matcher`] reads (`-m tcp` itself adds nothing).
+const MODULES: [&str; 8] = [
+    "tcp",
+    "udp",
+    "owner",
+    "mark",
+    "connmark",
+    "conntrack",
+    "multiport",
+    "comment",
+];
+
+/// One save rule (after `-A CHAIN`) as expressions, and its `-m comment`. The first thing
+/// this reader does not know ends the rule with an `Unknown` expression.
 fn translate(
     text: &str,
     v6: bool,
@@ -224,157 +237,167 @@ fn translate(
     let w = words(text);
     let mut out = Vec::new();
     let mut comment = None;
-    let mut neg = false;
+    let mut negate = false;
     let mut i = 0;
-    let arg = |i: usize| w.get(i + 1).map(String::as_str).unwrap_or("");
     while i < w.len() {
-        let tok = w[i].as_str();
-        let mut used = 2;
-        let negate = std::mem::take(&mut neg);
+        let (tok, arg) = (
+            w[i].as_str(),
+            w.get(i + 1).map(String::as_str).unwrap_or(""),
+        );
         match tok {
             "!" => {
-                neg = true;
-                used = 1;
+                negate = true;
+                i += 1;
+                continue;
             }
-            "-p" => {
-                let n = match arg(i) {
-                    "tcp" => libc::IPPROTO_TCP,
-                    "udp" => libc::IPPROTO_UDP,
-                    other => {
-                        out.push(Expr::Unknown(format!("-p {other}")));
-                        break;
-                    }
-                };
-                out.push(meta(libc::NFT_META_L4PROTO));
-                out.push(cmp(negate, vec![n as u8]));
-            }
-            "-s" | "-d" => match addr_match(v6, tok == "-s", arg(i), negate) {
-                Some(e) => out.extend(e),
-                None => {
-                    out.push(Expr::Unknown(format!("{tok} {}", arg(i))));
-                    break;
-                }
-            },
-            "-i" | "-o" => {
-                out.push(meta(if tok == "-i" {
-                    libc::NFT_META_IIFNAME
-                } else {
-                    libc::NFT_META_OIFNAME
-                }));
-                out.push(cmp(negate, ifname(arg(i))));
-            }
-            "-m" => match arg(i) {
-                "tcp" | "udp" | "owner" | "mark" | "connmark" | "conntrack" | "multiport"
-                | "comment" => {}
-                other => {
-                    out.push(Expr::Unknown(format!("-m {other}")));
-                    break;
-                }
-            },
-            "--dport" | "--sport" => match arg(i).parse::<u16>() {
-                Ok(p) => {
-                    out.push(port_payload(if tok == "--dport" { 2 } else { 0 }));
-                    out.push(cmp(negate, p.to_be_bytes().to_vec()));
-                }
-                Err(_) => {
-                    out.push(Expr::Unknown(format!("{tok} {}", arg(i))));
-                    break;
-                }
-            },
-            "--dports" | "--sports" => {
-                let ports: Option<Vec<u16>> = arg(i).split(',').map(|p| p.parse().ok()).collect();
-                let Some(ports) = ports else {
-                    out.push(Expr::Unknown(format!("{tok} {}", arg(i))));
-                    break;
-                };
-                let name = format!("multiport-{}", sets.len());
-                sets.push(Set {
-                    table: table.to_string(),
-                    name: name.clone(),
-                    interval: false,
-                    elements: ports
-                        .iter()
-                        .map(|p| (p.to_be_bytes().to_vec(), false))
-                        .collect(),
-                });
-                out.push(port_payload(if tok == "--dports" { 2 } else { 0 }));
-                out.push(Expr::Lookup {
-                    sreg: REG1,
-                    set: name,
-                    invert: negate,
-                });
-            }
-            "--uid-owner" | "--gid-owner" => match arg(i).parse::<u32>() {
-                Ok(id) => {
-                    out.push(meta(if tok == "--uid-owner" {
-                        libc::NFT_META_SKUID
-                    } else {
-                        libc::NFT_META_SKGID
-                    }));
-                    out.push(cmp(negate, id.to_ne_bytes().to_vec()));
-                }
-                Err(_) => {
-                    out.push(Expr::Unknown(format!("{tok} {}", arg(i))));
-                    break;
-                }
-            },
-            "--mark" => {
-                // `-m mark --mark` or `-m connmark --mark`: the preceding `-m` says which.
-                let connmark = w[..i]
-                    .iter()
-                    .rev()
-                    .find(|t| matches!(t.as_str(), "mark" | "connmark"));
-                let Some(v) = full_mask_value(arg(i)) else {
-                    out.push(Expr::Unknown(format!("--mark {}", arg(i))));
-                    break;
-                };
-                if connmark.is_some_and(|t| t == "connmark") {
-                    out.push(Expr::Ct {
-                        key: libc::NFT_CT_MARK as u32,
-                        dreg: REG1,
-                    });
-                } else {
-                    out.push(meta(libc::NFT_META_MARK));
-                }
-                out.push(cmp(negate, v.to_ne_bytes().to_vec()));
-            }
-            "--ctstate" if !negate => {
-                let mut mask = 0u32;
-                for s in arg(i).split(',') {
-                    mask |= match s {
-                        "INVALID" => 1,
-                        "ESTABLISHED" => 2,
-                        "RELATED" => 4,
-                        "NEW" => 8,
-                        "UNTRACKED" => 64,
-                        _ => 0,
-                    };
-                }
-                out.push(Expr::Ct {
-                    key: libc::NFT_CT_STATE as u32,
-                    dreg: REG1,
-                });
-                out.push(Expr::Bitwise {
-                    sreg: REG1,
-                    dreg: REG1,
-                    mask: mask.to_ne_bytes().to_vec(),
-                    xor: vec![0; 4],
-                });
-                out.push(cmp(true, 0u32.to_ne_bytes().to_vec()));
-            }
-            "--comment" => comment = Some(arg(i).to_string()),
             "-j" | "-g" => {
                 target(&w[i + 1..], tok == "-g", &mut out);
                 break;
             }
-            other => {
-                out.push(Expr::Unknown(other.to_string()));
-                break;
+            "--comment" => comment = Some(arg.to_string()),
+            "-m" if MODULES.contains(&arg) => {}
+            _ => {
+                let ctx = Ctx {
+                    v6,
+                    table,
+                    before: &w[..i],
+                };
+                match matcher(tok, arg, negate, &ctx, sets) {
+                    Ok(e) => out.extend(e),
+                    Err(what) => {
+                        out.push(Expr::Unknown(what));
+                        break;
+                    }
+                }
             }
         }
-        i += used;
+        negate = false;
+        i += 2;
     }
     (out, comment)
+}
+
+/// Where a match option stands: the family, the table, and the words before it.
+struct Ctx<'a> {
+    v6: bool,
+    table: &'a str,
+    before: &'a [String],
+}
+
+/// One match option (`-p tcp`, `! -d 10.0.0.0/8`, `--uid-owner 1337`, ...) as expressions.
+fn matcher(
+    tok: &str,
+    arg: &str,
+    negate: bool,
+    ctx: &Ctx,
+    sets: &mut Vec<Set>,
+) -> Result<Vec<Expr>, String> {
+    let unknown = || format!("{tok} {arg}");
+    Ok(match tok {
+        "-p" => {
+            let n = match arg {
+                "tcp" => libc::IPPROTO_TCP,
+                "udp" => libc::IPPROTO_UDP,
+                _ => return Err(unknown()),
+            };
+            vec![meta(libc::NFT_META_L4PROTO), cmp(negate, vec![n as u8])]
+        }
+        "-s" | "-d" => addr_match(ctx.v6, tok == "-s", arg, negate).ok_or_else(unknown)?,
+        "-i" | "-o" => {
+            let key = if tok == "-i" {
+                libc::NFT_META_IIFNAME
+            } else {
+                libc::NFT_META_OIFNAME
+            };
+            vec![meta(key), cmp(negate, ifname(arg))]
+        }
+        "--dport" | "--sport" => {
+            let p: u16 = arg.parse().map_err(|_| unknown())?;
+            vec![
+                port_payload(if tok == "--dport" { 2 } else { 0 }),
+                cmp(negate, p.to_be_bytes().to_vec()),
+            ]
+        }
+        "--dports" | "--sports" => {
+            let ports: Vec<u16> = arg
+                .split(',')
+                .map(|p| p.parse().map_err(|_| unknown()))
+                .collect::<Result<_, _>>()?;
+            let name = format!("multiport-{}", sets.len());
+            sets.push(Set {
+                table: ctx.table.to_string(),
+                name: name.clone(),
+                interval: false,
+                elements: ports
+                    .iter()
+                    .map(|p| (p.to_be_bytes().to_vec(), false))
+                    .collect(),
+            });
+            vec![
+                port_payload(if tok == "--dports" { 2 } else { 0 }),
+                Expr::Lookup {
+                    sreg: REG1,
+                    set: name,
+                    invert: negate,
+                },
+            ]
+        }
+        "--uid-owner" | "--gid-owner" => {
+            let id: u32 = arg.parse().map_err(|_| unknown())?;
+            let key = if tok == "--uid-owner" {
+                libc::NFT_META_SKUID
+            } else {
+                libc::NFT_META_SKGID
+            };
+            vec![meta(key), cmp(negate, id.to_ne_bytes().to_vec())]
+        }
+        "--mark" => {
+            // `-m mark --mark` or `-m connmark --mark`: the latest of the two modules says which.
+            let module = ctx
+                .before
+                .iter()
+                .rev()
+                .find(|t| matches!(t.as_str(), "mark" | "connmark"));
+            let v = full_mask_value(arg).ok_or_else(unknown)?;
+            let load = if module.is_some_and(|t| t == "connmark") {
+                Expr::Ct {
+                    key: libc::NFT_CT_MARK as u32,
+                    dreg: REG1,
+                }
+            } else {
+                meta(libc::NFT_META_MARK)
+            };
+            vec![load, cmp(negate, v.to_ne_bytes().to_vec())]
+        }
+        "--ctstate" if !negate => {
+            let mut mask = 0u32;
+            for s in arg.split(',') {
+                mask |= match s {
+                    "INVALID" => 1,
+                    "ESTABLISHED" => 2,
+                    "RELATED" => 4,
+                    "NEW" => 8,
+                    "UNTRACKED" => 64,
+                    _ => return Err(unknown()),
+                };
+            }
+            vec![
+                Expr::Ct {
+                    key: libc::NFT_CT_STATE as u32,
+                    dreg: REG1,
+                },
+                Expr::Bitwise {
+                    sreg: REG1,
+                    dreg: REG1,
+                    mask: mask.to_ne_bytes().to_vec(),
+                    xor: vec![0; 4],
+                },
+                cmp(true, 0u32.to_ne_bytes().to_vec()),
+            ]
+        }
+        "-m" => return Err(unknown()),
+        _ => return Err(tok.to_string()),
+    })
 }
 
 /// `-j TARGET options…` as expressions (always the last thing of a rule).

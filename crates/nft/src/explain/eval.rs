@@ -202,6 +202,60 @@ enum RuleResult {
     Unknown(String),
 }
 
+/// What one expression tells the rule to do next.
+enum Flow {
+    Next,
+    NoMatch,
+    Verdict(Verdict),
+    Unknown(String),
+}
+
+/// The registers and effects of the rule being evaluated, and the packet's headers.
+struct RuleState {
+    regs: HashMap<u32, Vec<u8>>,
+    effects: Vec<String>,
+    /// (network header, transport header)
+    headers: (Vec<u8>, Vec<u8>),
+}
+
+impl RuleState {
+    fn set(&mut self, reg: u32, v: Vec<u8>) -> Flow {
+        self.regs.insert(reg, v);
+        Flow::Next
+    }
+    fn get(&self, reg: u32) -> Option<&Vec<u8>> {
+        self.regs.get(&reg)
+    }
+    fn u32(&self, reg: u32) -> u32 {
+        self.regs
+            .get(&reg)
+            .and_then(|b| b.get(..4))
+            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+            .unwrap_or(0)
+    }
+    /// A port loaded into a register (network byte order), if the statement names one.
+    fn port(&self, reg: Option<u32>) -> Option<u16> {
+        reg.and_then(|r| self.regs.get(&r))
+            .and_then(|b| b.get(..2))
+            .map(|b| u16::from_be_bytes([b[0], b[1]]))
+    }
+    fn payload(&mut self, base: u32, offset: u32, len: u32, dreg: u32) -> Flow {
+        let hdr = match base as i32 {
+            libc::NFT_PAYLOAD_NETWORK_HEADER => &self.headers.0,
+            libc::NFT_PAYLOAD_TRANSPORT_HEADER => &self.headers.1,
+            b => return Flow::Unknown(format!("payload base {b}")),
+        };
+        let (o, l) = (offset as usize, len as usize);
+        match hdr.get(o..o + l) {
+            Some(v) => {
+                let v = v.to_vec();
+                self.set(dreg, v)
+            }
+            None => Flow::NoMatch,
+        }
+    }
+}
+
 impl<'a> Walker<'a> {
     fn step(
         &mut self,
@@ -288,166 +342,156 @@ impl<'a> Walker<'a> {
     }
 
     fn rule(&mut self, chain: &Chain, rule: &Rule) -> RuleResult {
-        let mut regs: HashMap<u32, Vec<u8>> = HashMap::new();
-        let mut effects = Vec::new();
-        let (net, l4) = self.pkt.headers();
+        let mut r = RuleState {
+            regs: HashMap::new(),
+            effects: Vec::new(),
+            headers: self.pkt.headers(),
+        };
         for e in &rule.exprs {
-            let ok = match e {
-                Expr::Counter => true,
-                Expr::Meta { key, dreg } => match self.meta(*key) {
-                    Ok(Some(v)) => {
-                        regs.insert(*dreg, v);
-                        true
-                    }
-                    Ok(None) => false,
-                    Err(u) => return RuleResult::Unknown(u),
+            match self.expr(e, chain, rule, &mut r) {
+                Flow::Next => {}
+                Flow::NoMatch => return RuleResult::NoMatch,
+                Flow::Verdict(v) => return RuleResult::Matched(v, r.effects),
+                Flow::Unknown(what) => return RuleResult::Unknown(what),
+            }
+        }
+        RuleResult::Matched(Verdict::Continue, r.effects)
+    }
+
+    /// One expression, as the kernel evaluates it.
+    fn expr(&mut self, e: &Expr, chain: &Chain, rule: &Rule, r: &mut RuleState) -> Flow {
+        match e {
+            Expr::Counter => Flow::Next,
+            Expr::Meta { key, dreg } => match self.meta(*key) {
+                Ok(Some(v)) => r.set(*dreg, v),
+                Ok(None) => Flow::NoMatch,
+                Err(u) => Flow::Unknown(u),
+            },
+            Expr::Ct { key, dreg } => match self.ct(*key) {
+                Some(v) => r.set(*dreg, v),
+                None => Flow::Unknown(format!("ct load key {key}")),
+            },
+            Expr::Payload {
+                base,
+                offset,
+                len,
+                dreg,
+            } => r.payload(*base, *offset, *len, *dreg),
+            Expr::Cmp { sreg, op, data } => match r.get(*sreg) {
+                Some(have) => match cmp(*op, &have[..data.len().min(have.len())], data) {
+                    Some(true) => Flow::Next,
+                    Some(false) => Flow::NoMatch,
+                    None => Flow::Unknown(format!("cmp op {op}")),
                 },
-                Expr::Ct { key, dreg } => match self.ct(*key) {
-                    Some(v) => {
-                        regs.insert(*dreg, v);
-                        true
-                    }
-                    None => return RuleResult::Unknown(format!("ct load key {key}")),
-                },
-                Expr::Payload {
-                    base,
-                    offset,
-                    len,
-                    dreg,
-                } => {
-                    let hdr = match *base {
-                        b if b == libc::NFT_PAYLOAD_NETWORK_HEADER as u32 => &net,
-                        b if b == libc::NFT_PAYLOAD_TRANSPORT_HEADER as u32 => &l4,
-                        b => return RuleResult::Unknown(format!("payload base {b}")),
-                    };
-                    let (o, l) = (*offset as usize, *len as usize);
-                    match hdr.get(o..o + l) {
-                        Some(v) => {
-                            regs.insert(*dreg, v.to_vec());
-                            true
-                        }
-                        None => false,
-                    }
-                }
-                Expr::Cmp { sreg, op, data } => {
-                    let Some(r) = regs.get(sreg) else {
-                        return RuleResult::Unknown(format!("cmp of unset register {sreg}"));
-                    };
-                    let have = &r[..data.len().min(r.len())];
-                    match cmp(*op, have, data) {
-                        Some(b) => b,
-                        None => return RuleResult::Unknown(format!("cmp op {op}")),
-                    }
-                }
-                Expr::Bitwise {
-                    sreg,
-                    dreg,
-                    mask,
-                    xor,
-                } => {
-                    let Some(r) = regs.get(sreg) else {
-                        return RuleResult::Unknown(format!("bitwise of unset register {sreg}"));
-                    };
+                None => Flow::Unknown(format!("cmp of unset register {sreg}")),
+            },
+            Expr::Bitwise {
+                sreg,
+                dreg,
+                mask,
+                xor,
+            } => match r.get(*sreg) {
+                Some(have) => {
                     let v = (0..mask.len())
                         .map(|i| {
-                            (r.get(i).copied().unwrap_or(0) & mask[i])
+                            (have.get(i).copied().unwrap_or(0) & mask[i])
                                 ^ xor.get(i).copied().unwrap_or(0)
                         })
                         .collect();
-                    regs.insert(*dreg, v);
-                    true
+                    r.set(*dreg, v)
                 }
-                Expr::Lookup { sreg, set, invert } => {
-                    let Some(s) = self.rs.set(&chain.table, set) else {
-                        return RuleResult::Unknown(format!("lookup in missing set {set}"));
-                    };
-                    let Some(r) = regs.get(sreg) else {
-                        return RuleResult::Unknown(format!("lookup of unset register {sreg}"));
-                    };
-                    set_contains(s, r) != *invert
+                None => Flow::Unknown(format!("bitwise of unset register {sreg}")),
+            },
+            Expr::Lookup { sreg, set, invert } => {
+                let Some(s) = self.rs.set(&chain.table, set) else {
+                    return Flow::Unknown(format!("lookup in missing set {set}"));
+                };
+                match r.get(*sreg) {
+                    Some(key) if set_contains(s, key) != *invert => Flow::Next,
+                    Some(_) => Flow::NoMatch,
+                    None => Flow::Unknown(format!("lookup of unset register {sreg}")),
                 }
-                Expr::Immediate { dreg, data } => {
-                    regs.insert(*dreg, data.clone());
-                    true
-                }
-                Expr::Verdict(v) => return RuleResult::Matched(v.clone(), effects),
-                Expr::MetaSet { key, sreg } => {
-                    let v = reg_u32(&regs, *sreg);
-                    if *key == libc::NFT_META_MARK as u32 {
-                        self.pkt.mark = v;
-                        effects.push(format!("meta mark set {v:#010x}"));
-                    } else if *key != libc::NFT_META_NFTRACE as u32 {
-                        return RuleResult::Unknown(format!("meta set key {key}"));
-                    }
-                    true
-                }
-                Expr::CtSet { key, sreg } => {
-                    let v = reg_u32(&regs, *sreg);
-                    match *key {
-                        k if k == libc::NFT_CT_MARK as u32 => {
-                            self.pkt.ct_mark = v;
-                            effects.push(format!("ct mark set {v:#010x}"));
-                        }
-                        k if k == libc::NFT_CT_ZONE as u32 => {
-                            let z = regs
-                                .get(sreg)
-                                .and_then(|r| r.get(..2))
-                                .map(|b| u16::from_ne_bytes([b[0], b[1]]))
-                                .unwrap_or(0);
-                            self.pkt.ct_zone = z;
-                            effects.push(format!("ct zone set {z}"));
-                        }
-                        k => return RuleResult::Unknown(format!("ct set key {k}")),
-                    }
-                    true
-                }
-                Expr::Redir { port_reg } => {
-                    let port = port_reg
-                        .and_then(|r| regs.get(&r))
-                        .and_then(|b| b.get(..2))
-                        .map(|b| u16::from_be_bytes([b[0], b[1]]))
-                        .unwrap_or(self.pkt.dst.port());
-                    let Some(to) = self.redirect_target(port) else {
-                        return RuleResult::Unknown(
-                            "redirect without a local address on the input interface".into(),
-                        );
-                    };
-                    self.pkt.dst = to;
-                    effects.push(format!("redirect to {to}"));
-                    self.fx.redirected = Some((to, RuleRef::of(rule)));
-                    // A NAT statement ends the rule with accept.
-                    return RuleResult::Matched(Verdict::Accept, effects);
-                }
-                Expr::Tproxy {
-                    port_reg,
-                    miss_drops,
-                    ..
-                } => {
-                    let port = port_reg
-                        .and_then(|r| regs.get(&r))
-                        .and_then(|b| b.get(..2))
-                        .map(|b| u16::from_be_bytes([b[0], b[1]]))
-                        .unwrap_or(self.pkt.dst.port());
-                    if self.world.has_listener(self.pkt.is_ipv6(), port) {
-                        effects.push(format!("tproxy to port {port}"));
-                        self.fx.tproxied = Some((port, RuleRef::of(rule)));
-                        true
-                    } else {
-                        self.fx.tproxy_missed = Some(port);
-                        if *miss_drops {
-                            effects.push(format!("tproxy: no listener on port {port}"));
-                            return RuleResult::Matched(Verdict::Drop, effects);
-                        }
-                        false
-                    }
-                }
-                Expr::Unknown(name) => return RuleResult::Unknown(name.clone()),
-            };
-            if !ok {
-                return RuleResult::NoMatch;
             }
+            Expr::Immediate { dreg, data } => r.set(*dreg, data.clone()),
+            Expr::Verdict(v) => Flow::Verdict(v.clone()),
+            Expr::MetaSet { key, sreg } => self.meta_set(*key, r.u32(*sreg), r),
+            Expr::CtSet { key, sreg } => self.ct_set(*key, *sreg, r),
+            Expr::Redir { port_reg } => self.redirect(r.port(*port_reg), rule, r),
+            Expr::Tproxy {
+                port_reg,
+                miss_drops,
+                ..
+            } => self.tproxy(r.port(*port_reg), *miss_drops, rule, r),
+            Expr::Unknown(name) => Flow::Unknown(name.clone()),
         }
-        RuleResult::Matched(Verdict::Continue, effects)
+    }
+
+    fn meta_set(&mut self, key: u32, v: u32, r: &mut RuleState) -> Flow {
+        if key == libc::NFT_META_MARK as u32 {
+            self.pkt.mark = v;
+            r.effects.push(format!("meta mark set {v:#010x}"));
+        } else if key != libc::NFT_META_NFTRACE as u32 {
+            return Flow::Unknown(format!("meta set {}", meta_key_name(key)));
+        }
+        Flow::Next
+    }
+
+    fn ct_set(&mut self, key: u32, sreg: u32, r: &mut RuleState) -> Flow {
+        match key as i32 {
+            libc::NFT_CT_MARK => {
+                let v = r.u32(sreg);
+                self.pkt.ct_mark = v;
+                r.effects.push(format!("ct mark set {v:#010x}"));
+            }
+            libc::NFT_CT_ZONE => {
+                let z = r
+                    .get(sreg)
+                    .and_then(|b| b.get(..2))
+                    .map(|b| u16::from_ne_bytes([b[0], b[1]]))
+                    .unwrap_or(0);
+                self.pkt.ct_zone = z;
+                r.effects.push(format!("ct zone set {z}"));
+            }
+            k => return Flow::Unknown(format!("ct set key {k}")),
+        }
+        Flow::Next
+    }
+
+    /// `redirect`: NAT to a local address; like every NAT statement it ends the rule with
+    /// accept.
+    fn redirect(&mut self, port: Option<u16>, rule: &Rule, r: &mut RuleState) -> Flow {
+        let port = port.unwrap_or(self.pkt.dst.port());
+        let Some(to) = self.redirect_target(port) else {
+            return Flow::Unknown("redirect without a local address on the input interface".into());
+        };
+        self.pkt.dst = to;
+        r.effects.push(format!("redirect to {to}"));
+        self.fx.redirected = Some((to, RuleRef::of(rule)));
+        Flow::Verdict(Verdict::Accept)
+    }
+
+    /// `tproxy`: takes the packet when a listener is there; otherwise nft's does not match,
+    /// iptables' TPROXY drops.
+    fn tproxy(
+        &mut self,
+        port: Option<u16>,
+        miss_drops: bool,
+        rule: &Rule,
+        r: &mut RuleState,
+    ) -> Flow {
+        let port = port.unwrap_or(self.pkt.dst.port());
+        if self.world.has_listener(self.pkt.is_ipv6(), port) {
+            r.effects.push(format!("tproxy to port {port}"));
+            self.fx.tproxied = Some((port, RuleRef::of(rule)));
+            return Flow::Next;
+        }
+        self.fx.tproxy_missed = Some(port);
+        if miss_drops {
+            r.effects
+                .push(format!("tproxy: no listener on port {port}"));
+            return Flow::Verdict(Verdict::Drop);
+        }
+        Flow::NoMatch
     }
 
     /// `Ok(None)`: the key has no value for this packet (e.g. no socket): the rule does not match.
@@ -530,13 +574,6 @@ fn cmp(op: u32, have: &[u8], want: &[u8]) -> Option<bool> {
         libc::NFT_CMP_GTE => o != Less,
         _ => return None,
     })
-}
-
-fn reg_u32(regs: &HashMap<u32, Vec<u8>>, r: u32) -> u32 {
-    regs.get(&r)
-        .and_then(|b| b.get(..4))
-        .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-        .unwrap_or(0)
 }
 
 fn ifname(n: &str) -> [u8; libc::IFNAMSIZ] {
