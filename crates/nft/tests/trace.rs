@@ -96,6 +96,7 @@ fn assert_path(p: &KernelPath, ns: &TestNetns, want: &[(&str, &str, &str)]) {
 
 /// Traces and checks that the temporary chain is gone afterwards.
 fn traced(pod: &TestNetns, from: Option<&TestNetns>, conn: &Connection) -> KernelPath {
+    let started = std::time::Instant::now();
     let p = match from {
         None => trace(Some(pod.path()), conn, TraceHow::Connect),
         Some(f) => f
@@ -103,11 +104,13 @@ fn traced(pod: &TestNetns, from: Option<&TestNetns>, conn: &Connection) -> Kerne
             .unwrap(),
     }
     .unwrap_or_else(|e| panic!("trace {conn:?}: {e}"));
+    let took = started.elapsed();
     assert_eq!(
         list_trace_chains(Some(pod.path())).unwrap(),
         Vec::<String>::new()
     );
     summary(conn, &p);
+    println!("  (trace took {took:?})");
     p
 }
 
@@ -474,6 +477,59 @@ fn wait_traces_a_connection_made_by_someone_else() {
 }
 
 #[test]
+fn concurrent_traces_each_get_their_own_packet_and_leave_nothing() {
+    require_root();
+    let w = PodWorld::ipv4_only().unwrap();
+    apply(w.pod.path(), &cni_default(Ipv6Mode::Off));
+    let _sidecar = Probe::sidecar(w.pod.path()).unwrap();
+    let _world = Probe::world(w.world.path()).unwrap();
+    let world = IpAddr::V4(w.world_v4);
+    // Same destination for all, half of them as Envoy: only the source port and uid tell
+    // the traced packets apart.
+    let paths: Vec<(u32, KernelPath)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8u32)
+            .map(|i| {
+                let uid = if i % 2 == 0 { APP_UID } else { 1337 };
+                let conn = outbound(world, 80).uid(uid).gid(uid);
+                let pod = w.pod.path();
+                s.spawn(move || (uid, trace(Some(pod), &conn, TraceHow::Connect).unwrap()))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (uid, p) in &paths {
+        let decided = p.deciding_event().unwrap().to_string();
+        let last_rule = p
+            .events
+            .iter()
+            .rev()
+            .find(|e| e.kind == EventKind::Rule)
+            .unwrap();
+        let (_, comment) =
+            &live_rules(&w.pod)[&(last_rule.table.clone(), last_rule.rule_handle.unwrap())];
+        if *uid == 1337 {
+            assert_eq!(
+                comment, "Envoy (uid 1337) traffic: not captured",
+                "{decided}"
+            );
+        } else {
+            assert_eq!(comment, "redirect outbound to Envoy", "{decided}");
+        }
+        let ids: std::collections::HashSet<u32> = p.events.iter().map(|e| e.id).collect();
+        assert_eq!(ids.len(), 1, "{p:#?}");
+    }
+    let mut names: Vec<&str> = paths.iter().map(|(_, p)| p.trace_chain.as_str()).collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), 8, "chain names must be unique: {names:?}");
+    assert_eq!(
+        list_trace_chains(Some(w.pod.path())).unwrap(),
+        Vec::<String>::new()
+    );
+    println!("trace: 8 concurrent traces in one namespace, each its own packet, no chain left");
+}
+
+#[test]
 fn bad_input_is_a_clear_error() {
     require_root();
     let ns = TestNetns::new().unwrap();
@@ -491,6 +547,25 @@ fn bad_input_is_a_clear_error() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("/nonexistent/netns"), "{e}");
+
+    // Inbound, connecting from inside the pod itself: not what an inbound connection does.
+    let w = PodWorld::ipv4_only().unwrap();
+    apply(w.pod.path(), &cni_default(Ipv6Mode::Off));
+    let inbound = Connection::new(
+        Direction::Inbound,
+        Protocol::Tcp,
+        SocketAddr::new(IpAddr::V4(w.pod_v4), 8080),
+    );
+    let e = w
+        .pod
+        .run(|| trace(Some(w.pod.path()), &inbound, TraceHow::Connect))
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(e, TraceError::InvalidConnection(_)), "{e}");
+    assert_eq!(
+        list_trace_chains(Some(w.pod.path())).unwrap(),
+        Vec::<String>::new()
+    );
 }
 
 /// Waits until a trace chain exists (of process `pid`, if given).

@@ -334,7 +334,9 @@ impl TempChain {
         };
         let (t, n, c) = (table, guard.name.clone(), conn.clone());
         if let Err(e) = netns.run(move || add(t, &n, &c, extra)) {
-            guard.removed = true; // the batch was refused as a whole: nothing to remove
+            // A refused batch changed nothing; after any other failure the chain may exist,
+            // and dropping the guard removes it.
+            guard.removed = matches!(e, TraceError::Refused { .. });
             return Err(e);
         }
         Ok(guard)

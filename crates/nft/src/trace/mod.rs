@@ -10,6 +10,23 @@
 //! through our tables. The chain is added and removed in their own atomic batches; removal
 //! is guaranteed by a guard, by SIGINT/SIGTERM handling for the duration of the call, and by
 //! the next run removing chains left by a killed process ([`remove_stale_chains`]).
+//!
+//! What the kernel reports (observed on 6.18, the same events `nft monitor trace` prints):
+//! - A `Rule` event for every rule whose expressions all matched, with its handle and verdict
+//!   (`continue` for rules without a verdict statement, e.g. `ct zone set`). Rules that did not
+//!   match are silent. NAT statements (`redirect`, and `tproxy` when it found a socket) report
+//!   `accept`; where the packet went is in the rule's text, which the caller looks up by handle.
+//! - Falling off the end of a chain: a rule event WITHOUT a handle, verdict `continue`
+//!   (decoded here as [`EventKind::Return`]); at the end of a base chain it is followed by a
+//!   `Policy` event. `nft monitor trace` does not print the handle-less one.
+//! - The trace id is the same for one packet across hooks and tables (raw, mangle, nat of
+//!   `output`), but a redirected packet coming back over `lo` gets a new id: only the first
+//!   pass (the hook the connection starts at) is reported.
+//! - A packet marked by ANOTHER trace rule also produces events in our chain (end-of-chain
+//!   only, as our rule did not match): the packet is ours only when our rule's event came.
+//! - TCP: only the SYN is marked (`tcp flags & (syn | ack) == syn`): nat chains see only a
+//!   connection's first packet anyway, and later packets of established connections to the
+//!   same destination are not mistaken for it.
 
 use std::fmt;
 use std::io;
@@ -326,6 +343,15 @@ pub fn trace(
 ) -> Result<KernelPath, TraceError> {
     validate(conn)?;
     let ns = Netns::open(netns)?;
+    if conn.direction == Direction::Inbound && how == TraceHow::Connect && ns.is_callers()? {
+        // From inside the pod the packet would leave through `output` and come back over
+        // lo: not the path of a connection arriving from outside.
+        return Err(TraceError::InvalidConnection(
+            "an inbound connection cannot be made from inside the pod's own namespace: run \
+             from another namespace (e.g. the host's) or wait for a real one"
+                .into(),
+        ));
+    }
     let table = ns.run(|| {
         hook::remove_stale()?;
         hook::host_table(&ns)
@@ -352,8 +378,14 @@ pub fn trace(
     // Removed before the signal handlers go back to their defaults.
     let removed = chain.remove();
     drop(signals);
+    if let Err(e) = removed {
+        // Something may be left behind: that matters more than how the watch ended.
+        if let Err(w) = &watched {
+            tracing::warn!("trace ended with: {w}");
+        }
+        return Err(e);
+    }
     let (trace_id, events, attempt) = watched?;
-    removed?;
     Ok(KernelPath {
         table: table.to_string(),
         hook: conn.hook(),
@@ -477,7 +509,9 @@ impl Collector {
     }
 
     fn feed(&mut self, e: TraceEvent) {
-        if self.trace_id.is_none() && e.chain == self.chain {
+        // Our rule matched (not merely: the packet, marked by someone else's trace rule,
+        // passed through our chain).
+        if self.trace_id.is_none() && e.chain == self.chain && e.kind == EventKind::Rule {
             self.trace_id = Some(e.id);
         }
         if self.trace_id != Some(e.id)
@@ -529,6 +563,9 @@ mod tests {
     fn collector_keeps_the_first_marked_packet_in_our_tables() {
         let mut c = Collector::new("istio-explain-1-0");
         c.feed(ev(7, "istio-proxy-nat", "output")); // before our mark: another packet
+        let mut passing = ev(8, "istio-proxy-nat", "istio-explain-1-0");
+        passing.kind = EventKind::Return; // marked by another trace, our rule did not match
+        c.feed(passing);
         c.feed(ev(9, "istio-proxy-nat", "istio-explain-1-0"));
         c.feed(ev(9, "filter", "output")); // not ours
         c.feed(ev(9, "istio-proxy-nat", "output"));

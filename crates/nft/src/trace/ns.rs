@@ -35,6 +35,15 @@ impl Netns {
         self.path.as_deref()
     }
 
+    /// Whether the calling thread is already in this namespace.
+    pub fn is_callers(&self) -> Result<bool, TraceError> {
+        use std::os::unix::fs::MetadataExt;
+        let Some(f) = &self.file else { return Ok(true) };
+        let own = std::fs::metadata("/proc/thread-self/ns/net").map_err(|e| self.err(e))?;
+        let target = f.metadata().map_err(|e| self.err(e))?;
+        Ok((own.dev(), own.ino()) == (target.dev(), target.ino()))
+    }
+
     /// Enters the namespace on the calling thread (only on threads we own and end).
     pub fn enter_this_thread(&self) -> Result<(), TraceError> {
         if let Some(f) = &self.file {
