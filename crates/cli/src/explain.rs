@@ -36,7 +36,8 @@ uses an expression the evaluator does not know (outcome cannot-evaluate); 2 bad 
     name = "istio-nftables explain",
     about = "Explain where a connection goes through a pod's live istio rules, and why.",
     long_about = "Reads the live rules of our tables (nft: inet istio-proxy-{raw,mangle,nat}; \
-                  iptables-legacy: the ISTIO_* chains and the built-in chains that jump to them) \
+                  iptables-legacy: the raw, mangle and nat tables holding ISTIO_* chains, built-in \
+                  chains included) \
                   in the pod's network namespace, walks a synthetic first packet of the \
                   connection through them hook by hook, and prints each chain entered, the \
                   rule that decided (comment and text) and the outcome. --trace confirms it \
@@ -173,7 +174,17 @@ fn run(a: &ExplainArgs) -> Result<ExitCode, ExplainError> {
             }
             None => TraceHow::Connect,
         };
-        let kp = trace::trace(netns, &conn, how).map_err(trace_err)?;
+        let kp = match trace::trace(netns, &conn, how) {
+            Ok(kp) => kp,
+            // The temporary chain is already gone; exit as the signal asked.
+            Err(trace::TraceError::Interrupted { signal }) => {
+                eprintln!(
+                    "istio-nftables explain: interrupted (signal {signal}); nothing left behind"
+                );
+                return Ok(ExitCode::from(128u8.saturating_add(signal as u8)));
+            }
+            Err(e) => return Err(trace_err(e)),
+        };
         Some(ex::compare::compare(&rs, &explanation, &kp))
     } else {
         None

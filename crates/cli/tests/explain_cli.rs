@@ -347,3 +347,41 @@ fn an_unknown_expression_is_reported_honestly() {
         "cannot evaluate rule 1 of inet istio-proxy-nat istio-output: unknown expression limit"
     );
 }
+
+/// Interrupted while waiting for a connection to trace: exit 128+SIGINT, temporary chain gone.
+#[test]
+fn sigint_during_trace_wait_leaves_nothing_behind() {
+    require_root();
+    let (w, _p) = pod(Backend::Nft, InterceptionMode::Redirect);
+    let ns = w.pod.path().to_str().unwrap();
+    let dst = format!("{}:80", w.world_v4);
+    let child = Command::new(CLI)
+        .args([
+            "explain",
+            "--network-namespace",
+            ns,
+            "--dst",
+            &dst,
+            "--trace",
+            "--wait",
+            "30",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let chains = || nft_backend::trace::list_trace_chains(Some(w.pod.path())).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while chains().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no trace chain appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // SAFETY: signalling our own child by its pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(128 + libc::SIGINT), "{}", text(&o));
+    assert!(chains().is_empty(), "{:?}", chains());
+}
