@@ -342,6 +342,9 @@ fn matcher(
                 },
             ]
         }
+        // Without a socket (forwarded or looped-back packets) xt_owner's negated match is
+        // true while nft's `meta skuid !=` does not match; Istio only matches owners in OUTPUT,
+        // where every locally generated packet has its socket, so the two agree there.
         "--uid-owner" | "--gid-owner" => {
             let id: u32 = arg.parse().map_err(|_| unknown())?;
             let key = if tok == "--uid-owner" {
