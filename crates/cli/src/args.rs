@@ -18,7 +18,9 @@ use std::time::Duration;
     version,
     about = "Program Istio's sidecar traffic redirect into a network namespace with nftables (one atomic netlink batch) or iptables-legacy.",
     long_about = "A drop-in for istio-iptables: the same flags, environment variables and defaults. \
-                  Flags win over environment variables, which win over defaults."
+                  Flags win over environment variables, which win over defaults. \
+                  `istio-nftables explain --help`: where a connection goes through a pod's live \
+                  rules, and why."
 )]
 pub struct Args {
     /// Port Envoy captures outbound traffic on.

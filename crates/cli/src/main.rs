@@ -2,6 +2,7 @@
 //! programs the redirect as one nftables netlink batch, or with iptables-legacy.
 
 mod args;
+mod explain;
 mod validation;
 
 use args::Args;
@@ -13,6 +14,11 @@ use std::process::ExitCode;
 const VALIDATION_FAILED: u8 = 126;
 
 fn main() -> ExitCode {
+    // `istio-nftables explain …` is its own command; everything else is istio-iptables' flags.
+    let mut argv = std::env::args();
+    if argv.nth(1).as_deref() == Some("explain") {
+        return explain::main(argv.collect());
+    }
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)

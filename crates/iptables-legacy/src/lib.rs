@@ -13,6 +13,7 @@
 //! Comparisons with live rules are made in iptables-save's canonical form: the expected rules
 //! are restored into a private scratch namespace and saved back (see [`check`]).
 
+pub mod explain;
 mod render;
 mod save;
 mod tools;

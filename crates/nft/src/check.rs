@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 
-fn msg_type(t: u32) -> u16 {
+pub(crate) fn msg_type(t: u32) -> u16 {
     (NFNL_SUBSYS_NFTABLES << 8) | t as u16
 }
 
@@ -32,7 +32,7 @@ fn family_name(f: u32) -> &'static str {
     }
 }
 
-fn cstr_to_string(p: *const libc::c_char) -> String {
+pub(crate) fn cstr_to_string(p: *const libc::c_char) -> String {
     if p.is_null() {
         return String::new();
     }
@@ -131,7 +131,7 @@ fn strip_set_suffix(l: &str) -> String {
     s
 }
 
-fn rule_text(r: *const sys::nftnl_rule) -> String {
+pub(crate) fn rule_text(r: *const sys::nftnl_rule) -> String {
     let mut buf = vec![0u8; 64 * 1024];
     // SAFETY: buffer and rule are valid; snprintf NUL-terminates within `len`.
     let n = unsafe {

@@ -10,6 +10,7 @@
 pub mod ambient_host;
 mod batch;
 mod check;
+pub mod explain;
 mod expr;
 mod model;
 mod netlink;

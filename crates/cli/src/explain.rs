@@ -1,0 +1,289 @@
+//! `istio-nftables explain`: where does this connection go through the pod's live rules, and
+//! why (and, with `--trace`, what the kernel says).
+
+use clap::{Parser, ValueEnum};
+use nft_backend::explain::{
+    self as ex, Connection, Direction, ExplainError, Protocol, compare::Agreement,
+};
+use nft_backend::trace::{self, TraceHow};
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+const JSON_HELP: &str = "\
+JSON output (--json), one object; field names are stable:
+  backend            \"nft\" | \"iptables-legacy\"
+  connection         {direction, protocol, src, dst, uid, gid, iif, oif, assumed[]}
+  steps[]            the path, in evaluation order:
+                     {hook, family, table, chain, kind: rule|return|policy,
+                      rule?: {position, handle?, comment?, text}, verdict, effects[]?}
+                     verdict: {kind: accept|drop|return|continue|jump|goto, chain?}
+  outcome            {kind: redirected|tproxied|dropped|not-captured|untouched|cannot-evaluate,
+                      to?, port?, local?, reason?, expr?, chain?, rule?,
+                      by?: {family, table, chain, rule}}
+  summary            the outcome in one line
+  notes[]            facts the explanation relied on
+  trace              (--trace only) {agree, kernel_steps[] (as steps), kernel_outcome,
+                      attempt, differences[], not_traced[]}
+
+Exit status: 0 explained (and, with --trace, the kernel agrees); 1 failure, or a rule
+uses an expression the evaluator does not know (outcome cannot-evaluate); 2 bad input
+(the message names the argument and value); 3 --trace disagrees with the static explanation.";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "istio-nftables explain",
+    about = "Explain where a connection goes through a pod's live istio rules, and why.",
+    long_about = "Reads the live rules of our tables (nft: inet istio-proxy-{raw,mangle,nat}; \
+                  iptables-legacy: the raw, mangle and nat tables holding ISTIO_* chains, built-in \
+                  chains included) \
+                  in the pod's network namespace, walks a synthetic first packet of the \
+                  connection through them hook by hook, and prints each chain entered, the \
+                  rule that decided (comment and text) and the outcome. --trace confirms it \
+                  with the kernel (nft only).",
+    after_help = JSON_HELP
+)]
+pub struct ExplainArgs {
+    /// The pod's network namespace (e.g. /var/run/netns/NAME or /proc/PID/ns/net).
+    #[arg(long = "network-namespace", value_name = "PATH")]
+    netns: PathBuf,
+    /// outbound: made by a process in the pod; inbound: arriving at the pod.
+    #[arg(long, value_enum, default_value = "outbound")]
+    direction: Dir,
+    #[arg(long, value_enum, default_value = "tcp")]
+    protocol: Proto,
+    /// Destination address and port: 10.0.0.1:80, [fd00::1]:443.
+    #[arg(long, value_name = "ADDR:PORT", value_parser = parse_dst)]
+    dst: SocketAddr,
+    /// Source address (outbound: an address of the pod; inbound: the remote peer).
+    #[arg(long, value_name = "ADDR")]
+    src: Option<IpAddr>,
+    /// uid of the sending process (outbound only; default 0).
+    #[arg(long)]
+    uid: Option<u32>,
+    /// gid of the sending process (outbound only; default 0).
+    #[arg(long)]
+    gid: Option<u32>,
+    /// Which rules to read: auto (nft if our nft tables exist, else iptables-legacy).
+    #[arg(long, value_enum, default_value = "auto")]
+    backend: Which,
+    /// Confirm with the kernel: trace the connection (made by this command, as --uid/--gid,
+    /// inside the namespace) and compare. nft only.
+    #[arg(long)]
+    trace: bool,
+    /// With --trace: wait up to SECONDS for a real connection instead of making one.
+    #[arg(long, value_name = "SECONDS", requires = "trace")]
+    wait: Option<f64>,
+    /// Print JSON (see below) instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Dir {
+    Outbound,
+    Inbound,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Proto {
+    Tcp,
+    Udp,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Which {
+    Auto,
+    Nft,
+    IptablesLegacy,
+}
+
+fn parse_dst(s: &str) -> Result<SocketAddr, String> {
+    let a: SocketAddr = s
+        .parse()
+        .map_err(|_| "expected ADDR:PORT, e.g. 10.0.0.1:80 or [fd00::1]:443".to_string())?;
+    if a.port() == 0 {
+        return Err("port 0 is not a connection's port".into());
+    }
+    Ok(a)
+}
+
+impl ExplainArgs {
+    fn connection(&self) -> Connection {
+        let mut c = Connection::new(
+            match self.direction {
+                Dir::Outbound => Direction::Outbound,
+                Dir::Inbound => Direction::Inbound,
+            },
+            match self.protocol {
+                Proto::Tcp => Protocol::Tcp,
+                Proto::Udp => Protocol::Udp,
+            },
+            self.dst,
+        );
+        c.src = self.src;
+        c.uid = self.uid;
+        c.gid = self.gid;
+        c
+    }
+}
+
+/// Entry point for `istio-nftables explain ARGS…` (`argv` without the program name).
+pub fn main(argv: Vec<String>) -> ExitCode {
+    let args = match ExplainArgs::try_parse_from(
+        std::iter::once("istio-nftables explain".to_string()).chain(argv),
+    ) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    match run(&args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("istio-nftables explain: {e}");
+            ExitCode::from(if e.is_bad_input() { 2 } else { 1 })
+        }
+    }
+}
+
+fn run(a: &ExplainArgs) -> Result<ExitCode, ExplainError> {
+    let conn = a.connection();
+    let netns = Some(a.netns.as_path());
+    let (rs, backend) = ruleset(netns, a.backend)?;
+    if a.trace && rs.backend != ex::ir::Backend::Nft {
+        return Err(ExplainError::BadInput {
+            arg: "--trace",
+            value: "".into(),
+            why: format!("the kernel trace is nft-only; this namespace's rules are {backend}"),
+        });
+    }
+    let facts = ex::namespace_facts(netns, &conn)?;
+    let explanation = ex::explain_with(&rs, &conn, &facts)?;
+    let agreement = if a.trace {
+        let how = match a.wait {
+            Some(s) if s > 0.0 && s.is_finite() => TraceHow::Wait(Duration::from_secs_f64(s)),
+            Some(s) => {
+                return Err(ExplainError::BadInput {
+                    arg: "--wait",
+                    value: s.to_string(),
+                    why: "must be a positive number of seconds".into(),
+                });
+            }
+            None => TraceHow::Connect,
+        };
+        let kp = match trace::trace(netns, &conn, how) {
+            Ok(kp) => kp,
+            // The temporary chain is already gone; exit as the signal asked.
+            Err(trace::TraceError::Interrupted { signal }) => {
+                eprintln!(
+                    "istio-nftables explain: interrupted (signal {signal}); nothing left behind"
+                );
+                return Ok(ExitCode::from(128u8.saturating_add(signal as u8)));
+            }
+            Err(e) => return Err(trace_err(e)),
+        };
+        Some(ex::compare::compare(&rs, &explanation, &kp))
+    } else {
+        None
+    };
+    if a.json {
+        let mut v = serde_json::to_value(&explanation).expect("serialisable");
+        if let Some(ag) = &agreement {
+            v["trace"] = serde_json::to_value(ag).expect("serialisable");
+        }
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).expect("serialisable")
+        );
+    } else {
+        print!("{}", ex::render_text(&explanation));
+        if let Some(ag) = &agreement {
+            print!("{}", render_agreement(ag));
+        }
+    }
+    if matches!(explanation.outcome, ex::Outcome::CannotEvaluate { .. }) {
+        return Ok(ExitCode::from(1));
+    }
+    Ok(match agreement {
+        Some(ag) if !ag.agree => ExitCode::from(3),
+        _ => ExitCode::SUCCESS,
+    })
+}
+
+fn trace_err(e: trace::TraceError) -> ExplainError {
+    match e {
+        trace::TraceError::InvalidConnection(why) => ExplainError::BadInput {
+            arg: "connection",
+            value: String::new(),
+            why,
+        },
+        other => ExplainError::Io {
+            context: "kernel trace".into(),
+            source: std::io::Error::other(other.to_string()),
+        },
+    }
+}
+
+fn render_agreement(ag: &Agreement) -> String {
+    let mut o = String::from("kernel trace:\n");
+    o.push_str(&ex::render::render_steps(&ag.kernel_steps));
+    o.push_str(&format!(
+        "kernel: {} (attempt: {})\n",
+        ag.kernel_outcome, ag.attempt
+    ));
+    if !ag.not_traced.is_empty() {
+        o.push_str(&format!(
+            "note: the kernel trace did not report hook(s) {}\n",
+            ag.not_traced.join(", ")
+        ));
+    }
+    if ag.agree {
+        o.push_str("agree: yes (same deciding rule in every table, same outcome)\n");
+    } else {
+        o.push_str("agree: NO\n");
+        for d in &ag.differences {
+            o.push_str(&format!("  {d}\n"));
+        }
+    }
+    o
+}
+
+/// The live rules to explain, and which backend they are.
+fn ruleset(
+    netns: Option<&Path>,
+    which: Which,
+) -> Result<(ex::ir::Ruleset, &'static str), ExplainError> {
+    let nft = || ex::live_ruleset(netns);
+    let legacy = || {
+        ex::in_netns(netns, || {
+            iptables_legacy::explain::live_ruleset().map_err(|e| ExplainError::Io {
+                context: "reading iptables-legacy rules".into(),
+                source: std::io::Error::other(e.to_string()),
+            })
+        })
+    };
+    let rs = match which {
+        Which::Nft => nft()?,
+        Which::IptablesLegacy => legacy()?,
+        Which::Auto => {
+            let n = nft()?;
+            if n.is_empty() { legacy()? } else { n }
+        }
+    };
+    if rs.is_empty() {
+        return Err(ExplainError::NoRules {
+            netns: ex::shown(netns),
+            looked: match which {
+                Which::Nft => "no inet istio-proxy-* tables",
+                Which::IptablesLegacy => "no ISTIO_* chains in iptables-legacy",
+                Which::Auto => "no inet istio-proxy-* tables, no ISTIO_* chains in iptables-legacy",
+            }
+            .into(),
+        });
+    }
+    let name = rs.backend.name();
+    Ok((rs, name))
+}

@@ -1,0 +1,387 @@
+//! `istio-nftables explain` as a command: text and JSON on a real namespace, `--trace`
+//! agreement and its exit status, the legacy path (and `--trace` refused there), and bad input
+//! naming the argument and value with exit status 2.
+
+use capture::{Config, Facts, InterceptionMode, Ipv6Mode, Plan};
+use integration::*;
+use redirect::{Backend, BackendChoice};
+use serde_json::Value;
+use std::process::{Command, Output};
+
+const CLI: &str = env!("CARGO_BIN_EXE_istio-nftables");
+
+fn explain(args: &[&str]) -> Output {
+    Command::new(CLI)
+        .arg("explain")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn pod(backend: Backend, mode: InterceptionMode) -> (PodWorld, [Probe; 2]) {
+    let w = PodWorld::ipv4_only().unwrap();
+    let cfg = Config {
+        ipv6: Ipv6Mode::Off,
+        inbound_mode: mode,
+        ..Config::cni_default()
+    };
+    let plan = Plan::build(&cfg, &Facts::default()).unwrap();
+    redirect::apply(&plan, Some(w.pod.path()), BackendChoice::Fixed(backend)).unwrap();
+    let probes = [
+        Probe::sidecar(w.pod.path()).unwrap(),
+        Probe::world(w.world.path()).unwrap(),
+    ];
+    (w, probes)
+}
+
+#[test]
+fn explains_in_text_and_json_and_confirms_with_the_kernel() {
+    require_root();
+    let (w, _p) = pod(Backend::Nft, InterceptionMode::Redirect);
+    let ns = w.pod.path().to_str().unwrap();
+    let dst = format!("{}:80", w.world_v4);
+
+    let o = explain(&[
+        "--network-namespace",
+        ns,
+        "--dst",
+        &dst,
+        "--uid",
+        "1000",
+        "--gid",
+        "1000",
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("outcome: redirected to 127.0.0.1:15001"), "{t}");
+    assert!(t.contains("inet istio-proxy-nat istio-redirect"), "{t}");
+    assert!(
+        t.contains("redirect to :15001 comment \"redirect outbound to Envoy\""),
+        "{t}"
+    );
+
+    let o = explain(&[
+        "--network-namespace",
+        ns,
+        "--dst",
+        &dst,
+        "--uid",
+        "1337",
+        "--gid",
+        "1337",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["backend"], "nft");
+    assert_eq!(v["outcome"]["kind"], "not-captured");
+    assert_eq!(
+        v["outcome"]["by"]["rule"]["comment"],
+        "Envoy (uid 1337) traffic: not captured"
+    );
+    assert_eq!(v["connection"]["uid"], 1337);
+    assert!(
+        v["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["kind"] == "policy")
+    );
+    assert!(
+        v["summary"]
+            .as_str()
+            .unwrap()
+            .starts_with("not captured: Envoy (uid 1337)")
+    );
+
+    let o = explain(&[
+        "--network-namespace",
+        ns,
+        "--dst",
+        &dst,
+        "--uid",
+        "1000",
+        "--gid",
+        "1000",
+        "--trace",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["trace"]["agree"], true, "{v}");
+    assert_eq!(v["trace"]["kernel_outcome"], "redirected to port 15001");
+
+    let inbound = format!("{}:15021", w.pod_v4);
+    let o = explain(&[
+        "--network-namespace",
+        ns,
+        "--direction",
+        "inbound",
+        "--dst",
+        &inbound,
+        "--trace",
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("not captured: inbound port excluded from capture"),
+        "{t}"
+    );
+    assert!(t.contains("agree: yes"), "{t}");
+}
+
+#[test]
+fn explains_iptables_legacy_rules_and_refuses_trace_there() {
+    require_root();
+    let (w, _p) = pod(Backend::IptablesLegacy, InterceptionMode::Tproxy);
+    let ns = w.pod.path().to_str().unwrap();
+    let inbound = format!("{}:8080", w.pod_v4);
+    let o = explain(&[
+        "--network-namespace",
+        ns,
+        "--direction",
+        "inbound",
+        "--dst",
+        &inbound,
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("rules: live iptables-legacy rules"), "{t}");
+    assert!(
+        t.contains("diverted by TPROXY to the listener on port 15006"),
+        "{t}"
+    );
+    assert!(t.contains("-A ISTIO_TPROXY"), "{t}");
+
+    let o = explain(&[
+        "--network-namespace",
+        ns,
+        "--direction",
+        "inbound",
+        "--dst",
+        &inbound,
+        "--trace",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--trace"), "{}", text(&o));
+    assert!(text(&o).contains("nft-only"), "{}", text(&o));
+}
+
+#[test]
+fn bad_input_names_the_argument_and_exits_2() {
+    require_root();
+    let (w, _p) = pod(Backend::Nft, InterceptionMode::Redirect);
+    let ns = w.pod.path().to_str().unwrap().to_string();
+    let bare = TestNetns::with_prefix("exbare").unwrap();
+    let bare_ns = bare.path().to_str().unwrap().to_string();
+    let world = format!("{}:80", w.world_v4);
+    let pod_in = format!("{}:8080", w.pod_v4);
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (
+            vec![
+                "--network-namespace",
+                "/var/run/netns/no-such-ns-xyz",
+                "--dst",
+                &world,
+            ],
+            vec!["--network-namespace", "no-such-ns-xyz"],
+        ),
+        (
+            vec!["--network-namespace", "/etc/hostname", "--dst", &world],
+            vec!["--network-namespace", "/etc/hostname"],
+        ),
+        (
+            vec!["--network-namespace", &bare_ns, "--dst", &world],
+            vec!["no istio rules", &bare_ns],
+        ),
+        (
+            vec!["--network-namespace", &ns, "--dst", "10.0.0.300:80"],
+            vec!["--dst", "10.0.0.300:80"],
+        ),
+        (
+            vec!["--network-namespace", &ns, "--dst", "10.0.0.1"],
+            vec!["--dst", "10.0.0.1"],
+        ),
+        (
+            vec!["--network-namespace", &ns, "--dst", "10.0.0.1:0"],
+            vec!["--dst", "port 0"],
+        ),
+        (
+            vec![
+                "--network-namespace",
+                &ns,
+                "--dst",
+                &world,
+                "--src",
+                "fd00::9",
+            ],
+            vec!["--src", "fd00::9", "family"],
+        ),
+        (
+            vec![
+                "--network-namespace",
+                &ns,
+                "--dst",
+                &world,
+                "--src",
+                "10.77.0.1",
+            ],
+            vec!["--src", "10.77.0.1", "address of the pod"],
+        ),
+        (
+            vec![
+                "--network-namespace",
+                &ns,
+                "--direction",
+                "inbound",
+                "--dst",
+                &pod_in,
+                "--uid",
+                "1337",
+            ],
+            vec!["--uid", "1337", "outbound only"],
+        ),
+        (
+            vec![
+                "--network-namespace",
+                &ns,
+                "--direction",
+                "inbound",
+                "--protocol",
+                "udp",
+                "--dst",
+                &pod_in,
+                "--gid",
+                "5",
+            ],
+            vec!["--gid", "5"],
+        ),
+        (
+            vec![
+                "--network-namespace",
+                &ns,
+                "--direction",
+                "inbound",
+                "--dst",
+                &world,
+            ],
+            vec!["--dst", "address of the pod"],
+        ),
+        (
+            vec![
+                "--network-namespace",
+                &ns,
+                "--dst",
+                &world,
+                "--protocol",
+                "sctp",
+            ],
+            vec!["--protocol", "sctp"],
+        ),
+        (
+            vec![
+                "--network-namespace",
+                &ns,
+                "--dst",
+                &world,
+                "--uid",
+                "nobody1",
+            ],
+            vec!["--uid", "nobody1"],
+        ),
+        (
+            vec!["--network-namespace", &ns, "--dst", &world, "--wait", "3"],
+            vec!["--wait", "--trace"],
+        ),
+        (vec!["--network-namespace", &ns], vec!["--dst"]),
+    ];
+    for (args, needles) in cases {
+        let o = explain(&args);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {t}");
+        for n in &needles {
+            assert!(t.contains(n), "{args:?}: expected {n:?} in\n{t}");
+        }
+        assert!(!t.contains("panicked"), "{t}");
+    }
+}
+
+/// A rule the evaluator cannot read is named, not guessed past.
+#[test]
+fn an_unknown_expression_is_reported_honestly() {
+    require_root();
+    let (w, _p) = pod(Backend::Nft, InterceptionMode::Redirect);
+    w.pod
+        .exec_ok(
+            "nft",
+            &[
+                "insert",
+                "rule",
+                "inet",
+                "istio-proxy-nat",
+                "istio-output",
+                "limit",
+                "rate",
+                "100/second",
+                "counter",
+            ],
+        )
+        .unwrap();
+    let ns = w.pod.path().to_str().unwrap();
+    let dst = format!("{}:80", w.world_v4);
+    let o = explain(&["--network-namespace", ns, "--dst", &dst, "--json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["outcome"]["kind"], "cannot-evaluate", "{v}");
+    assert_eq!(
+        v["summary"],
+        "cannot evaluate rule 1 of inet istio-proxy-nat istio-output: unknown expression limit"
+    );
+}
+
+/// Interrupted while waiting for a connection to trace: exit 128+SIGINT, temporary chain gone.
+#[test]
+fn sigint_during_trace_wait_leaves_nothing_behind() {
+    require_root();
+    let (w, _p) = pod(Backend::Nft, InterceptionMode::Redirect);
+    let ns = w.pod.path().to_str().unwrap();
+    let dst = format!("{}:80", w.world_v4);
+    let child = Command::new(CLI)
+        .args([
+            "explain",
+            "--network-namespace",
+            ns,
+            "--dst",
+            &dst,
+            "--trace",
+            "--wait",
+            "30",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let chains = || nft_backend::trace::list_trace_chains(Some(w.pod.path())).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while chains().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no trace chain appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // SAFETY: signalling our own child by its pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(128 + libc::SIGINT), "{}", text(&o));
+    assert!(chains().is_empty(), "{:?}", chains());
+}

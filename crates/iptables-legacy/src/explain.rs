@@ -1,0 +1,537 @@
+//! The live iptables-legacy rules as the explain evaluator's IR (`nft_backend::explain::ir`):
+//! each `iptables-legacy-save` / `ip6tables-legacy-save` rule of the raw, mangle and nat tables
+//! becomes the expressions the kernel would evaluate for it in nft terms (`-m owner
+//! --uid-owner 1337` → `meta skuid == 1337`, `-d 10.0.0.0/8` → payload & mask == net, ...),
+//! so one evaluator explains both backends. The built-in chains are read whole (a pod's
+//! namespace holds only our rules; anything else there is traversed too); a match or target
+//! this reader does not know becomes an `Unknown` expression, reported rather than guessed.
+
+use crate::tools::{Fam, Tools};
+use crate::{LegacyError, save, tables_instantiated};
+use nft_backend::explain::ir::{
+    Backend, BaseHook, Chain, Expr, Hook, Rule, Ruleset, Set, TableFamily, Verdict,
+};
+use std::net::IpAddr;
+
+const REG1: u32 = 1;
+
+/// Our rules in the current namespace, both families; an empty ruleset when there are none.
+pub fn live_ruleset() -> Result<Ruleset, LegacyError> {
+    live_ruleset_with(&Tools::default())
+}
+
+/// [`live_ruleset`] with explicit binary lookup.
+pub fn live_ruleset_with(tools: &Tools) -> Result<Ruleset, LegacyError> {
+    let mut rs = Ruleset {
+        backend: Backend::IptablesLegacy,
+        chains: Vec::new(),
+        sets: Vec::new(),
+    };
+    for fam in [Fam::V4, Fam::V6] {
+        if !tables_instantiated(fam)? {
+            continue;
+        }
+        let text = tools.save(fam)?;
+        if save::parse(&text).iter().any(save::SavedTable::has_ours) {
+            add_family(&mut rs, &text, fam == Fam::V6);
+        }
+    }
+    Ok(rs)
+}
+
+fn priority(table: &str) -> Option<(i32, bool)> {
+    match table {
+        "raw" => Some((-300, false)),
+        "mangle" => Some((-150, false)),
+        "nat" => Some((-100, true)),
+        _ => None,
+    }
+}
+
+/// Adds one family's save output (raw, mangle and nat tables) to `rs`.
+pub fn add_family(rs: &mut Ruleset, save_text: &str, v6: bool) {
+    let family = if v6 {
+        TableFamily::Ip6
+    } else {
+        TableFamily::Ip
+    };
+    for t in save::parse(save_text) {
+        let Some((prio, nat)) = priority(&t.name) else {
+            continue;
+        };
+        for name in &t.chains {
+            let hook = match name.as_str() {
+                "PREROUTING" => Some(Hook::Prerouting),
+                "OUTPUT" => Some(Hook::Output),
+                "INPUT" | "POSTROUTING" | "FORWARD" => Some(Hook::Other),
+                _ => None,
+            };
+            let mut rules = Vec::new();
+            for (i, text) in t.rules_of(name).enumerate() {
+                let (exprs, comment) = translate(text, v6, &t.name, &mut rs.sets);
+                rules.push(Rule {
+                    handle: None,
+                    position: i + 1,
+                    comment,
+                    text: format!("-A {name} {text}"),
+                    exprs,
+                });
+            }
+            rs.chains.push(Chain {
+                family,
+                table: t.name.clone(),
+                name: name.clone(),
+                base: hook.map(|hook| BaseHook {
+                    hook,
+                    priority: prio,
+                    nat,
+                }),
+                rules,
+            });
+        }
+    }
+}
+
+/// Splits a save line into words, keeping `"quoted strings"` whole.
+fn words(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => quoted = !quoted,
+            '\\' if quoted => {
+                if let Some(n) = chars.next() {
+                    cur.push(n);
+                }
+            }
+            c if c.is_whitespace() && !quoted => {
+                if !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                }
+            }
+            c => cur.push(c),
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+fn cmp(negate: bool, data: Vec<u8>) -> Expr {
+    Expr::Cmp {
+        sreg: REG1,
+        op: if negate {
+            libc::NFT_CMP_NEQ as u32
+        } else {
+            libc::NFT_CMP_EQ as u32
+        },
+        data,
+    }
+}
+
+fn meta(key: i32) -> Expr {
+    Expr::Meta {
+        key: key as u32,
+        dreg: REG1,
+    }
+}
+
+fn ifname(name: &str) -> Vec<u8> {
+    // `eth+` is a prefix match: compare only the bytes before the `+`.
+    match name.strip_suffix('+') {
+        Some(prefix) => prefix.as_bytes().to_vec(),
+        None => {
+            let mut b = vec![0u8; libc::IFNAMSIZ];
+            b[..name.len().min(libc::IFNAMSIZ)]
+                .copy_from_slice(&name.as_bytes()[..name.len().min(libc::IFNAMSIZ)]);
+            b
+        }
+    }
+}
+
+fn parse_u32(s: &str) -> Option<u32> {
+    match s.strip_prefix("0x") {
+        Some(h) => u32::from_str_radix(h, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
+/// `VALUE[/MASK]` with the mask required to be all ones (or absent).
+fn full_mask_value(s: &str) -> Option<u32> {
+    match s.split_once('/') {
+        Some((v, m)) if parse_u32(m) == Some(u32::MAX) => parse_u32(v),
+        Some(_) => None,
+        None => parse_u32(s),
+    }
+}
+
+fn addr_match(v6: bool, source: bool, cidr: &str, negate: bool) -> Option<Vec<Expr>> {
+    let (a, p) = cidr
+        .split_once('/')
+        .unwrap_or((cidr, if v6 { "128" } else { "32" }));
+    let a: IpAddr = a.parse().ok()?;
+    let p: u32 = p.parse().ok()?;
+    let (bytes, offset) = match (a, source) {
+        (IpAddr::V4(a), true) => (a.octets().to_vec(), 12),
+        (IpAddr::V4(a), false) => (a.octets().to_vec(), 16),
+        (IpAddr::V6(a), true) => (a.octets().to_vec(), 8),
+        (IpAddr::V6(a), false) => (a.octets().to_vec(), 24),
+    };
+    let len = bytes.len();
+    let mask: Vec<u8> = (0..len)
+        .map(|i| {
+            let bits = (p as i32 - i as i32 * 8).clamp(0, 8);
+            if bits == 0 { 0 } else { 0xffu8 << (8 - bits) }
+        })
+        .collect();
+    let net: Vec<u8> = bytes.iter().zip(&mask).map(|(b, m)| b & m).collect();
+    Some(vec![
+        Expr::Payload {
+            base: libc::NFT_PAYLOAD_NETWORK_HEADER as u32,
+            offset,
+            len: len as u32,
+            dreg: REG1,
+        },
+        Expr::Bitwise {
+            sreg: REG1,
+            dreg: REG1,
+            mask,
+            xor: vec![0; len],
+        },
+        cmp(negate, net),
+    ])
+}
+
+fn port_payload(offset: u32) -> Expr {
+    Expr::Payload {
+        base: libc::NFT_PAYLOAD_TRANSPORT_HEADER as u32,
+        offset,
+        len: 2,
+        dreg: REG1,
+    }
+}
+
+/// Match modules whose options [`matcher`] reads (`-m tcp` itself adds nothing).
+const MODULES: [&str; 8] = [
+    "tcp",
+    "udp",
+    "owner",
+    "mark",
+    "connmark",
+    "conntrack",
+    "multiport",
+    "comment",
+];
+
+/// One save rule (after `-A CHAIN`) as expressions, and its `-m comment`. The first thing
+/// this reader does not know ends the rule with an `Unknown` expression.
+fn translate(
+    text: &str,
+    v6: bool,
+    table: &str,
+    sets: &mut Vec<Set>,
+) -> (Vec<Expr>, Option<String>) {
+    let w = words(text);
+    let mut out = Vec::new();
+    let mut comment = None;
+    let mut negate = false;
+    let mut i = 0;
+    while i < w.len() {
+        let (tok, arg) = (
+            w[i].as_str(),
+            w.get(i + 1).map(String::as_str).unwrap_or(""),
+        );
+        match tok {
+            "!" => {
+                negate = true;
+                i += 1;
+                continue;
+            }
+            "-j" | "-g" => {
+                target(&w[i + 1..], tok == "-g", &mut out);
+                break;
+            }
+            "--comment" => comment = Some(arg.to_string()),
+            "-m" if MODULES.contains(&arg) => {}
+            _ => {
+                let ctx = Ctx {
+                    v6,
+                    table,
+                    before: &w[..i],
+                };
+                match matcher(tok, arg, negate, &ctx, sets) {
+                    Ok(e) => out.extend(e),
+                    Err(what) => {
+                        out.push(Expr::Unknown(what));
+                        break;
+                    }
+                }
+            }
+        }
+        negate = false;
+        i += 2;
+    }
+    (out, comment)
+}
+
+/// Where a match option stands: the family, the table, and the words before it.
+struct Ctx<'a> {
+    v6: bool,
+    table: &'a str,
+    before: &'a [String],
+}
+
+/// One match option (`-p tcp`, `! -d 10.0.0.0/8`, `--uid-owner 1337`, ...) as expressions.
+fn matcher(
+    tok: &str,
+    arg: &str,
+    negate: bool,
+    ctx: &Ctx,
+    sets: &mut Vec<Set>,
+) -> Result<Vec<Expr>, String> {
+    let unknown = || format!("{tok} {arg}");
+    Ok(match tok {
+        "-p" => {
+            let n = match arg {
+                "tcp" => libc::IPPROTO_TCP,
+                "udp" => libc::IPPROTO_UDP,
+                _ => return Err(unknown()),
+            };
+            vec![meta(libc::NFT_META_L4PROTO), cmp(negate, vec![n as u8])]
+        }
+        "-s" | "-d" => addr_match(ctx.v6, tok == "-s", arg, negate).ok_or_else(unknown)?,
+        "-i" | "-o" => {
+            let key = if tok == "-i" {
+                libc::NFT_META_IIFNAME
+            } else {
+                libc::NFT_META_OIFNAME
+            };
+            vec![meta(key), cmp(negate, ifname(arg))]
+        }
+        "--dport" | "--sport" => {
+            let p: u16 = arg.parse().map_err(|_| unknown())?;
+            vec![
+                port_payload(if tok == "--dport" { 2 } else { 0 }),
+                cmp(negate, p.to_be_bytes().to_vec()),
+            ]
+        }
+        "--dports" | "--sports" => {
+            let ports: Vec<u16> = arg
+                .split(',')
+                .map(|p| p.parse().map_err(|_| unknown()))
+                .collect::<Result<_, _>>()?;
+            let name = format!("multiport-{}", sets.len());
+            sets.push(Set {
+                table: ctx.table.to_string(),
+                name: name.clone(),
+                interval: false,
+                elements: ports
+                    .iter()
+                    .map(|p| (p.to_be_bytes().to_vec(), false))
+                    .collect(),
+            });
+            vec![
+                port_payload(if tok == "--dports" { 2 } else { 0 }),
+                Expr::Lookup {
+                    sreg: REG1,
+                    set: name,
+                    invert: negate,
+                },
+            ]
+        }
+        // Without a socket (forwarded or looped-back packets) xt_owner's negated match is
+        // true while nft's `meta skuid !=` does not match; Istio only matches owners in OUTPUT,
+        // where every locally generated packet has its socket, so the two agree there.
+        "--uid-owner" | "--gid-owner" => {
+            let id: u32 = arg.parse().map_err(|_| unknown())?;
+            let key = if tok == "--uid-owner" {
+                libc::NFT_META_SKUID
+            } else {
+                libc::NFT_META_SKGID
+            };
+            vec![meta(key), cmp(negate, id.to_ne_bytes().to_vec())]
+        }
+        "--mark" => {
+            // `-m mark --mark` or `-m connmark --mark`: the latest of the two modules says which.
+            let module = ctx
+                .before
+                .iter()
+                .rev()
+                .find(|t| matches!(t.as_str(), "mark" | "connmark"));
+            let v = full_mask_value(arg).ok_or_else(unknown)?;
+            let load = if module.is_some_and(|t| t == "connmark") {
+                Expr::Ct {
+                    key: libc::NFT_CT_MARK as u32,
+                    dreg: REG1,
+                }
+            } else {
+                meta(libc::NFT_META_MARK)
+            };
+            vec![load, cmp(negate, v.to_ne_bytes().to_vec())]
+        }
+        "--ctstate" if !negate => {
+            let mut mask = 0u32;
+            for s in arg.split(',') {
+                mask |= match s {
+                    "INVALID" => 1,
+                    "ESTABLISHED" => 2,
+                    "RELATED" => 4,
+                    "NEW" => 8,
+                    "UNTRACKED" => 64,
+                    _ => return Err(unknown()),
+                };
+            }
+            vec![
+                Expr::Ct {
+                    key: libc::NFT_CT_STATE as u32,
+                    dreg: REG1,
+                },
+                Expr::Bitwise {
+                    sreg: REG1,
+                    dreg: REG1,
+                    mask: mask.to_ne_bytes().to_vec(),
+                    xor: vec![0; 4],
+                },
+                cmp(true, 0u32.to_ne_bytes().to_vec()),
+            ]
+        }
+        "-m" => return Err(unknown()),
+        _ => return Err(tok.to_string()),
+    })
+}
+
+/// `-j TARGET options…` as expressions (always the last thing of a rule).
+fn target(w: &[String], goto: bool, out: &mut Vec<Expr>) {
+    let opt = |name: &str| {
+        w.iter()
+            .position(|t| t == name)
+            .and_then(|p| w.get(p + 1))
+            .map(String::as_str)
+    };
+    let imm = |data: Vec<u8>| Expr::Immediate { dreg: REG1, data };
+    let t = w.first().map(String::as_str).unwrap_or("");
+    match t {
+        "RETURN" => out.push(Expr::Verdict(Verdict::Return)),
+        "ACCEPT" => out.push(Expr::Verdict(Verdict::Accept)),
+        "DROP" => out.push(Expr::Verdict(Verdict::Drop)),
+        "REDIRECT" => {
+            let port = opt("--to-ports")
+                .or(opt("--to-port"))
+                .and_then(|p| p.parse::<u16>().ok());
+            match port {
+                Some(p) => {
+                    out.push(imm(p.to_be_bytes().to_vec()));
+                    out.push(Expr::Redir {
+                        port_reg: Some(REG1),
+                    });
+                }
+                None => out.push(Expr::Redir { port_reg: None }),
+            }
+        }
+        "TPROXY" => {
+            let port = opt("--on-port").and_then(|p| p.parse::<u16>().ok());
+            let mark = opt("--tproxy-mark").and_then(full_mask_value);
+            let (Some(port), Some(mark)) = (port, mark) else {
+                out.push(Expr::Unknown(format!("-j {}", w.join(" "))));
+                return;
+            };
+            out.push(imm(port.to_be_bytes().to_vec()));
+            out.push(Expr::Tproxy {
+                family: 0,
+                port_reg: Some(REG1),
+                miss_drops: true,
+            });
+            out.push(imm(mark.to_ne_bytes().to_vec()));
+            out.push(Expr::MetaSet {
+                key: libc::NFT_META_MARK as u32,
+                sreg: REG1,
+            });
+            out.push(Expr::Verdict(Verdict::Accept));
+        }
+        "MARK" => match opt("--set-xmark")
+            .or(opt("--set-mark"))
+            .and_then(full_mask_value)
+        {
+            Some(m) => {
+                out.push(imm(m.to_ne_bytes().to_vec()));
+                out.push(Expr::MetaSet {
+                    key: libc::NFT_META_MARK as u32,
+                    sreg: REG1,
+                });
+            }
+            None => out.push(Expr::Unknown(format!("-j {}", w.join(" ")))),
+        },
+        "CONNMARK" if w.iter().any(|t| t == "--save-mark") => {
+            out.push(meta(libc::NFT_META_MARK));
+            out.push(Expr::CtSet {
+                key: libc::NFT_CT_MARK as u32,
+                sreg: REG1,
+            });
+        }
+        "CONNMARK" if w.iter().any(|t| t == "--restore-mark") => {
+            out.push(Expr::Ct {
+                key: libc::NFT_CT_MARK as u32,
+                dreg: REG1,
+            });
+            out.push(Expr::MetaSet {
+                key: libc::NFT_META_MARK as u32,
+                sreg: REG1,
+            });
+        }
+        "CT" => match opt("--zone").and_then(|z| z.parse::<u16>().ok()) {
+            Some(z) => {
+                out.push(imm(z.to_ne_bytes().to_vec()));
+                out.push(Expr::CtSet {
+                    key: libc::NFT_CT_ZONE as u32,
+                    sreg: REG1,
+                });
+            }
+            None => out.push(Expr::Unknown(format!("-j {}", w.join(" ")))),
+        },
+        // Any other target is a user chain (`-j ISTIO_OUTPUT`): targets with options are
+        // upper-case names we handled above or do not know (they fail the lookup below).
+        chain if !chain.is_empty() && w.len() == 1 => {
+            out.push(Expr::Verdict(if goto {
+                Verdict::Goto(chain.to_string())
+            } else {
+                Verdict::Jump(chain.to_string())
+            }));
+        }
+        _ => out.push(Expr::Unknown(format!("-j {}", w.join(" ")))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn translates_istio_rules() {
+        let mut sets = Vec::new();
+        let (e, c) = translate(
+            "! -d 127.0.0.1/32 -o lo -p tcp -m tcp ! --dport 15008 -m owner --uid-owner 1337 -m comment --comment \"hi there\" -j ISTIO_IN_REDIRECT",
+            false,
+            "nat",
+            &mut sets,
+        );
+        assert_eq!(c.as_deref(), Some("hi there"));
+        assert!(!e.iter().any(|x| matches!(x, Expr::Unknown(_))), "{e:?}");
+        assert_eq!(
+            e.last(),
+            Some(&Expr::Verdict(Verdict::Jump("ISTIO_IN_REDIRECT".into())))
+        );
+        let (e, _) = translate(
+            "-p tcp -m multiport --dports 15020,15021 -j RETURN",
+            false,
+            "nat",
+            &mut sets,
+        );
+        assert!(matches!(e[3], Expr::Lookup { invert: false, .. }));
+        assert_eq!(sets.len(), 1);
+        let (e, _) = translate("-p tcp -m foo --bar -j RETURN", false, "nat", &mut sets);
+        assert_eq!(e.last(), Some(&Expr::Unknown("-m foo".into())));
+    }
+}

@@ -1,0 +1,225 @@
+//! The kernel's trace beside the static explanation: the kernel's events become steps of the
+//! same form (rules looked up by handle in the live ruleset), and the two must agree on the
+//! deciding rule of every table the kernel reported, on the whole path through every hook it
+//! reported (each rule matched, each end of chain, each policy), and on the outcome.
+
+use super::ir::{Expr, Hook, Ruleset, Verdict};
+use super::{Explanation, Outcome, RuleRef, Step, StepKind};
+use crate::trace::{self, EventKind, KernelPath};
+use serde::Serialize;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Agreement {
+    pub agree: bool,
+    /// The kernel's path in the explanation's form.
+    pub kernel_steps: Vec<Step>,
+    /// What the kernel's path amounts to (`redirected to port 15001`, `dropped`, ...).
+    pub kernel_outcome: String,
+    /// What the traced connection attempt itself saw.
+    pub attempt: String,
+    /// Every disagreement, readable; empty when they agree.
+    pub differences: Vec<String>,
+    /// Hooks the static path crosses that the kernel trace did not report.
+    pub not_traced: Vec<String>,
+}
+
+/// The kernel's events as steps. The hook of an event in a regular chain is the hook of the
+/// base chain that led there.
+pub fn kernel_steps(rs: &Ruleset, kp: &KernelPath) -> Vec<Step> {
+    let mut hook = match kp.hook {
+        "prerouting" => Hook::Prerouting,
+        _ => Hook::Output,
+    };
+    let mut out = Vec::new();
+    for e in &kp.events {
+        if let Some(c) = rs
+            .chains
+            .iter()
+            .find(|c| c.table == e.table && c.name == e.chain)
+            && let Some(b) = c.base
+        {
+            hook = b.hook;
+        }
+        let rule = e
+            .rule_handle
+            .filter(|_| e.kind == EventKind::Rule)
+            .and_then(|h| rs.rule_by_handle(&e.table, h))
+            .map(|(_, r)| RuleRef::of(r))
+            .or_else(|| {
+                (e.kind == EventKind::Rule).then(|| RuleRef {
+                    position: 0,
+                    handle: e.rule_handle,
+                    comment: None,
+                    text: "(rule not in the dump)".into(),
+                })
+            });
+        out.push(Step {
+            hook,
+            family: "inet",
+            table: e.table.clone(),
+            chain: e.chain.clone(),
+            kind: match e.kind {
+                EventKind::Rule => StepKind::Rule,
+                EventKind::Return => StepKind::Return,
+                EventKind::Policy => StepKind::Policy,
+            },
+            rule,
+            verdict: e.verdict.as_ref().map(verdict).unwrap_or(Verdict::Continue),
+            effects: Vec::new(),
+        });
+    }
+    out
+}
+
+fn verdict(v: &trace::Verdict) -> Verdict {
+    match v {
+        trace::Verdict::Accept => Verdict::Accept,
+        trace::Verdict::Drop => Verdict::Drop,
+        trace::Verdict::Return => Verdict::Return,
+        trace::Verdict::Jump(c) => Verdict::Jump(c.clone()),
+        trace::Verdict::Goto(c) => Verdict::Goto(c.clone()),
+        _ => Verdict::Continue,
+    }
+}
+
+/// The rule that decided in one table and hook: the last matched rule with a verdict that
+/// ends a chain (accept, drop, return); `None` = nothing decided, the policy did.
+fn deciding(steps: &[Step], hook: Hook, table: &str) -> Option<u64> {
+    steps
+        .iter()
+        .rfind(|s| {
+            s.hook == hook
+                && s.table == table
+                && s.kind == StepKind::Rule
+                && matches!(s.verdict, Verdict::Accept | Verdict::Drop | Verdict::Return)
+        })
+        .and_then(|s| s.rule.as_ref()?.handle)
+}
+
+/// The whole path through one hook, step by step: `table chain kind [handle] verdict`.
+fn path(steps: &[Step], hook: Hook) -> Vec<String> {
+    steps
+        .iter()
+        .filter(|s| s.hook == hook)
+        .map(|s| {
+            let kind = match s.kind {
+                StepKind::Rule => "rule",
+                StepKind::Return => "end of chain",
+                StepKind::Policy => "policy",
+            };
+            let handle = s
+                .rule
+                .as_ref()
+                .and_then(|r| r.handle)
+                .map(|h| format!(" handle {h}"))
+                .unwrap_or_default();
+            format!("{} {} {kind}{handle} {}", s.table, s.chain, s.verdict)
+        })
+        .collect()
+}
+
+/// The outcome class of a path: what its accepting/dropping rules do.
+fn class_of(rs: &Ruleset, steps: &[Step]) -> String {
+    let mut class = "not captured".to_string();
+    for s in steps.iter().filter(|s| s.kind == StepKind::Rule) {
+        let Some(h) = s.rule.as_ref().and_then(|r| r.handle) else {
+            continue;
+        };
+        let Some((_, r)) = rs.rule_by_handle(&s.table, h) else {
+            continue;
+        };
+        let port = r.exprs.iter().find_map(|e| match e {
+            Expr::Immediate { data, .. } if data.len() == 2 => {
+                Some(u16::from_be_bytes([data[0], data[1]]))
+            }
+            _ => None,
+        });
+        let port = port.map(|p| p.to_string()).unwrap_or_default();
+        if s.verdict == Verdict::Drop {
+            return "dropped".into();
+        }
+        if r.exprs.iter().any(|e| matches!(e, Expr::Redir { .. })) {
+            class = format!("redirected to port {port}");
+        }
+        if r.exprs.iter().any(|e| matches!(e, Expr::Tproxy { .. })) && s.verdict == Verdict::Accept
+        {
+            class = format!("diverted by TPROXY to port {port}");
+        }
+    }
+    class
+}
+
+fn static_class(o: &Outcome) -> String {
+    match o {
+        Outcome::Redirected { to, .. } => format!("redirected to port {}", to.port()),
+        Outcome::Tproxied { port, .. } => format!("diverted by TPROXY to port {port}"),
+        Outcome::Dropped { .. } => "dropped".into(),
+        Outcome::NotCaptured { .. } | Outcome::Untouched { .. } => "not captured".into(),
+        Outcome::CannotEvaluate { .. } => "cannot evaluate".into(),
+    }
+}
+
+/// Compares the kernel's path with the static explanation.
+pub fn compare(rs: &Ruleset, ex: &Explanation, kp: &KernelPath) -> Agreement {
+    let ks = kernel_steps(rs, kp);
+    let mut differences = Vec::new();
+    let mut not_traced = Vec::new();
+    let mut hooks: Vec<Hook> = ex.steps.iter().map(|s| s.hook).collect();
+    hooks.dedup();
+    for hook in hooks {
+        if !ks.iter().any(|s| s.hook == hook) {
+            not_traced.push(hook.name().to_string());
+            continue;
+        }
+        let mut tables: Vec<&str> = ex
+            .steps
+            .iter()
+            .chain(&ks)
+            .filter(|s| s.hook == hook)
+            .map(|s| s.table.as_str())
+            .collect();
+        tables.sort();
+        tables.dedup();
+        for t in tables {
+            let (a, b) = (deciding(&ex.steps, hook, t), deciding(&ks, hook, t));
+            if a != b {
+                let show = |h: Option<u64>| {
+                    h.map(|h| format!("rule handle {h}"))
+                        .unwrap_or_else(|| "no rule (policy)".into())
+                };
+                differences.push(format!(
+                    "hook {} table {t}: static path decided by {}, the kernel's by {}",
+                    hook.name(),
+                    show(a),
+                    show(b)
+                ));
+            }
+        }
+        let (a, b) = (path(&ex.steps, hook), path(&ks, hook));
+        if let Some(i) = (0..a.len().max(b.len())).find(|&i| a.get(i) != b.get(i)) {
+            let at = |v: &[String]| v.get(i).cloned().unwrap_or_else(|| "(nothing)".into());
+            differences.push(format!(
+                "hook {}: paths differ at step {}: static {}, kernel {}",
+                hook.name(),
+                i + 1,
+                at(&a),
+                at(&b)
+            ));
+        }
+    }
+    let kernel_outcome = class_of(rs, &ks);
+    let mine = static_class(&ex.outcome);
+    if kernel_outcome != mine {
+        differences.push(format!(
+            "outcome: static path says {mine}, the kernel's path {kernel_outcome}"
+        ));
+    }
+    Agreement {
+        agree: differences.is_empty(),
+        kernel_steps: ks,
+        kernel_outcome,
+        attempt: format!("{:?}", kp.attempt),
+        differences,
+        not_traced,
+    }
+}

@@ -1,0 +1,172 @@
+//! The connection to explain: checked against the namespace (bad input names the argument),
+//! and turned into the synthetic first packet the walk starts with.
+
+use super::eval::{CT_STATE_NEW, Packet};
+use super::facts::NsFacts;
+use super::{ASSUMED_SPORT, Connection, Direction, ExplainError, Protocol};
+use serde::Serialize;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// The connection as explained, with every assumption made explicit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Described {
+    pub direction: &'static str,
+    pub protocol: &'static str,
+    pub src: SocketAddr,
+    pub dst: SocketAddr,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub iif: Option<String>,
+    pub oif: Option<String>,
+    /// Values not given on the command line and what was assumed for them.
+    pub assumed: Vec<String>,
+}
+
+impl Described {
+    pub(super) fn of(conn: &Connection, pkt: &Packet, assumed: Vec<String>) -> Self {
+        Described {
+            direction: match conn.direction {
+                Direction::Outbound => "outbound",
+                Direction::Inbound => "inbound",
+            },
+            protocol: conn.protocol.name(),
+            src: pkt.src,
+            dst: pkt.dst,
+            uid: pkt.uid,
+            gid: pkt.gid,
+            iif: pkt.iif.clone(),
+            oif: pkt.oif.clone(),
+            assumed,
+        }
+    }
+}
+
+fn bad(arg: &'static str, value: impl ToString, why: impl Into<String>) -> ExplainError {
+    ExplainError::BadInput {
+        arg,
+        value: value.to_string(),
+        why: why.into(),
+    }
+}
+
+/// Checks the connection makes sense for this namespace (before any evaluation).
+pub fn validate(conn: &Connection, facts: &NsFacts) -> Result<(), ExplainError> {
+    if conn.dst.port() == 0 {
+        return Err(bad("--dst", conn.dst, "port 0 is not a connection's port"));
+    }
+    if let Some(src) = conn.src {
+        if src.is_ipv6() != conn.is_ipv6() {
+            return Err(bad(
+                "--src",
+                src,
+                format!("is not of the same IP family as --dst {}", conn.dst),
+            ));
+        }
+        if src.is_unspecified() {
+            return Err(bad("--src", src, "the unspecified address sends nothing"));
+        }
+    }
+    if conn.dst.ip().is_unspecified() || conn.dst.ip().is_multicast() {
+        return Err(bad("--dst", conn.dst, "not a unicast destination"));
+    }
+    match conn.direction {
+        Direction::Inbound => {
+            if conn.uid.is_some() || conn.gid.is_some() {
+                let (arg, v) = match conn.uid {
+                    Some(u) => ("--uid", u),
+                    None => ("--gid", conn.gid.unwrap_or(0)),
+                };
+                return Err(bad(
+                    arg,
+                    v,
+                    "an inbound connection's sender is outside the pod: uid/gid apply to outbound only",
+                ));
+            }
+            if !facts.is_local(conn.dst.ip()) {
+                return Err(bad(
+                    "--dst",
+                    conn.dst,
+                    format!(
+                        "an inbound destination must be an address of the pod ({})",
+                        facts.address_list()
+                    ),
+                ));
+            }
+        }
+        Direction::Outbound => {
+            if let Some(src) = conn.src
+                && !facts.is_local(src)
+            {
+                return Err(bad(
+                    "--src",
+                    src,
+                    format!(
+                        "an outbound source must be an address of the pod ({})",
+                        facts.address_list()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The first packet of `conn` as the first hook sees it, and what was assumed.
+pub(super) fn first_packet(
+    conn: &Connection,
+    facts: &NsFacts,
+) -> Result<(Packet, Vec<String>), ExplainError> {
+    let v6 = conn.is_ipv6();
+    let mut assumed = vec![format!("source port {ASSUMED_SPORT}")];
+    let l4proto = match conn.protocol {
+        Protocol::Tcp => libc::IPPROTO_TCP as u8,
+        Protocol::Udp => libc::IPPROTO_UDP as u8,
+    };
+    let mut p = Packet {
+        l4proto,
+        src: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), ASSUMED_SPORT),
+        dst: conn.dst,
+        iif: None,
+        oif: None,
+        uid: None,
+        gid: None,
+        mark: 0,
+        ct_state: CT_STATE_NEW,
+        ct_mark: 0,
+        ct_zone: 0,
+    };
+    match conn.direction {
+        Direction::Outbound => {
+            let Some((oif, src)) = facts.route.clone() else {
+                return Err(bad("--dst", conn.dst, "no route from the pod"));
+            };
+            p.oif = Some(oif);
+            p.src.set_ip(conn.src.unwrap_or(src));
+            if conn.src.is_none() {
+                assumed.push(format!("source address {src} (the route's)"));
+            }
+            p.uid = Some(conn.uid.unwrap_or(0));
+            p.gid = Some(conn.gid.unwrap_or(0));
+            if conn.uid.is_none() {
+                assumed.push("uid 0".into());
+            }
+            if conn.gid.is_none() {
+                assumed.push("gid 0".into());
+            }
+        }
+        Direction::Inbound => {
+            let iif = facts.iface_of(conn.dst.ip()).unwrap_or("lo").to_string();
+            p.iif = Some(iif);
+            let src = conn.src.unwrap_or(if v6 {
+                IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 1))
+            } else {
+                IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1))
+            });
+            if conn.src.is_none() {
+                assumed.push(format!("source address {src} (outside the pod)"));
+            }
+            p.src.set_ip(src);
+        }
+    }
+    Ok((p, assumed))
+}
