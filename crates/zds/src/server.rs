@@ -84,13 +84,20 @@ impl ZdsServerBuilder {
         let (commands_tx, commands) = mpsc::channel(1024);
         let (ready_tx, ready) = watch::channel(false);
         let store = Arc::new(Mutex::new(self.store));
+        let (greeted_tx, greeted) = mpsc::channel(4);
+        let acceptor = tokio::spawn(accept_loop(
+            self.socket.clone(),
+            listener,
+            self.config.hello_timeout,
+            greeted_tx,
+        ));
         let task = Connection {
             socket: self.socket.clone(),
             config: self.config,
             store: store.clone(),
             ready: ready_tx,
         };
-        let task = tokio::spawn(task.run(listener, commands));
+        let task = tokio::spawn(task.run(greeted, commands));
         info!(socket = %self.socket.display(), "ZDS server listening");
         Ok(ZdsServer {
             socket: self.socket,
@@ -98,7 +105,7 @@ impl ZdsServerBuilder {
             commands: commands_tx,
             ready,
             store,
-            task,
+            tasks: [acceptor, task],
         })
     }
 }
@@ -112,7 +119,8 @@ pub struct ZdsServer {
     commands: mpsc::Sender<Command>,
     ready: watch::Receiver<bool>,
     store: Arc<Mutex<Store>>,
-    task: tokio::task::JoinHandle<()>,
+    /// The accept loop and the connection task.
+    tasks: [tokio::task::JoinHandle<()>; 2],
 }
 
 enum Command {
@@ -236,7 +244,7 @@ impl ZdsServer {
 
 impl Drop for ZdsServer {
     fn drop(&mut self) {
-        self.task.abort();
+        self.tasks.iter().for_each(|t| t.abort());
         if std::fs::symlink_metadata(&self.socket)
             .is_ok_and(|m| (m.dev(), m.ino()) == self.socket_id)
         {
@@ -295,8 +303,49 @@ fn listen(path: &Path) -> Result<(UnixListener, (u64, u64)), ZdsError> {
     Ok((listener, (meta.dev(), meta.ino())))
 }
 
+/// Accepts connections and reads each one's hello on its own task, so a silent client delays
+/// nobody. Only greeted connections reach the connection task (and may replace its current
+/// one): a mere connect, e.g. a second agent probing the socket, never disturbs ztunnel.
+async fn accept_loop(
+    socket: PathBuf,
+    listener: UnixListener,
+    hello_timeout: Duration,
+    greeted: mpsc::Sender<SeqpacketConn>,
+) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                warn!(socket = %socket.display(), "accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (socket, greeted) = (socket.clone(), greeted.clone());
+        tokio::spawn(async move {
+            let conn = SeqpacketConn::new(stream);
+            match read_hello(&conn, hello_timeout).await {
+                Ok(()) => {
+                    let _ = greeted.send(conn).await;
+                }
+                Err(e) => {
+                    warn!(socket = %socket.display(), "ztunnel hello failed: {e}; connection dropped")
+                }
+            }
+        });
+    }
+}
+
+async fn read_hello(conn: &SeqpacketConn, timeout: Duration) -> Result<(), LinkError> {
+    let packet = tokio::time::timeout(timeout, conn.recv())
+        .await
+        .map_err(|_| LinkError::Timeout(timeout))??
+        .ok_or(LinkError::Closed)?;
+    Ok(wire::decode_hello(&packet.bytes)?)
+}
+
 enum Event {
-    Accepted(std::io::Result<tokio::net::UnixStream>),
+    Greeted(Option<SeqpacketConn>),
     Command(Option<Command>),
     Ended(String),
 }
@@ -310,28 +359,29 @@ struct Connection {
 }
 
 impl Connection {
-    async fn run(self, listener: UnixListener, mut commands: mpsc::Receiver<Command>) {
+    async fn run(
+        self,
+        mut greeted: mpsc::Receiver<SeqpacketConn>,
+        mut commands: mpsc::Receiver<Command>,
+    ) {
         let mut conn: Option<SeqpacketConn> = None;
         loop {
             // The select only picks the event; acting on it (which replaces `conn`) comes after,
             // once the futures borrowing `conn` are gone. All three are cancel-safe.
             let event = tokio::select! {
-                accepted = listener.accept() => Event::Accepted(accepted.map(|(s, _)| s)),
+                new = greeted.recv() => Event::Greeted(new),
                 cmd = commands.recv() => Event::Command(cmd),
                 gone = idle(conn.as_ref()), if conn.is_some() => Event::Ended(gone),
             };
             match event {
-                Event::Accepted(Ok(stream)) => {
+                Event::Greeted(None) => return,
+                Event::Greeted(Some(new)) => {
                     if conn.take().is_some() {
                         info!(socket = %self.socket.display(), "a new ztunnel connection replaces the current one");
                     }
                     self.ready.send_replace(false);
-                    conn = self.handshake(SeqpacketConn::new(stream)).await;
+                    conn = self.send_snapshot(new).await;
                     self.ready.send_replace(conn.is_some());
-                }
-                Event::Accepted(Err(e)) => {
-                    warn!(socket = %self.socket.display(), "accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 Event::Command(None) => return,
                 Event::Command(Some(cmd)) => {
@@ -349,12 +399,8 @@ impl Connection {
         }
     }
 
-    /// Hello, then the snapshot. Returns the connection if ztunnel took it all.
-    async fn handshake(&self, conn: SeqpacketConn) -> Option<SeqpacketConn> {
-        if let Err(e) = self.read_hello(&conn).await {
-            warn!(socket = %self.socket.display(), "ztunnel hello failed: {e}; connection dropped");
-            return None;
-        }
+    /// Sends the snapshot on a greeted connection; returns it if ztunnel took it all.
+    async fn send_snapshot(&self, conn: SeqpacketConn) -> Option<SeqpacketConn> {
         let steps = lock(&self.store).snapshot();
         let pods = steps.len() - 1;
         for (req, netns) in steps {
@@ -377,14 +423,6 @@ impl Connection {
         }
         info!(socket = %self.socket.display(), pods, "ztunnel connected, snapshot sent");
         Some(conn)
-    }
-
-    async fn read_hello(&self, conn: &SeqpacketConn) -> Result<(), LinkError> {
-        let packet = tokio::time::timeout(self.config.hello_timeout, conn.recv())
-            .await
-            .map_err(|_| LinkError::Timeout(self.config.hello_timeout))??
-            .ok_or(LinkError::Closed)?;
-        Ok(wire::decode_hello(&packet.bytes)?)
     }
 
     /// Runs one command; returns false when the connection must be dropped.

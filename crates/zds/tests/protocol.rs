@@ -398,3 +398,22 @@ async fn dropping_the_server_closes_ztunnels_connection() {
     drop(server);
     zt.closed().await;
 }
+
+#[tokio::test]
+async fn a_connection_without_hello_does_not_disturb_the_current_ztunnel() {
+    let (_dir, server, zt) = ready_server_and_ztunnel().await;
+    // A second agent probing the socket (bind refuses: in use) and a silent client.
+    let err = ZdsServer::bind(server.socket_path(), quick())
+        .err()
+        .unwrap();
+    assert!(matches!(err, ZdsError::InUse { .. }), "{err}");
+    let silent = FakeZtunnel::connect_silent(server.socket_path());
+    silent.closed().await; // dropped after the hello timeout
+    assert!(server.is_ready());
+    let add = server.add_workload("uid-1", info("app"), own_netns());
+    let (res, ()) = tokio::join!(add, async {
+        assert!(matches!(zt.recv().await.0, Request::Add { .. }));
+        zt.ack().await;
+    });
+    res.unwrap();
+}
