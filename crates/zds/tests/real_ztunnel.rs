@@ -252,3 +252,42 @@ async fn server_restart_ztunnel_reconnects_and_reconciles_to_the_new_snapshot() 
     assert!(serves_pod(kept.path()).unwrap(), "{}", zt.log_tail(40));
     assert_eq!(server.known_workloads(), ["uid-kept"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_ztunnel_cannot_serve_is_refused_with_its_reason_and_can_be_added_later() {
+    let Some(bin) = prerequisites() else { return };
+    let pod = TestNetns::with_prefix("zds-pod").unwrap();
+    let r = rig(&bin, &[workload("app")], |b| b).await;
+    // Something in the pod already holds ztunnel's outbound port.
+    let squatter = pod
+        .run(|| std::net::TcpListener::bind("[::]:15001"))
+        .unwrap()
+        .unwrap();
+    let err = r
+        .server
+        .add_workload("uid-app", info("app"), netns_fd(&pod))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ZdsError::Rejected { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("default/app (uid uid-app)"), "{msg}");
+    assert!(msg.contains(&r.path.display().to_string()), "{msg}");
+    assert!(r.server.known_workloads().is_empty());
+    // Withdrawn: ztunnel would otherwise retry a pending pod every 5 s (RETRY_DURATION in
+    // its src/inpod/workloadmanager.rs) and serve it behind the caller's back once the port
+    // is free. Free it and wait past one retry period: nothing may start.
+    assert!(r.server.is_ready());
+    drop(squatter);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(serves_nothing(pod.path()).unwrap(), "{}", r.zt.log_tail(20));
+
+    // Once the port is free, the same pod is added normally.
+    with_log(
+        &r.zt,
+        "add after the conflict",
+        r.server
+            .add_workload("uid-app", info("app"), netns_fd(&pod)),
+    )
+    .await;
+    eventually(&r.zt, "pod served", || serves_pod(pod.path()).unwrap()).await;
+}
