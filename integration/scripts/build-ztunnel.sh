@@ -31,9 +31,14 @@ flock 9
 SHA=$(sha256sum "$SRC_TGZ" | cut -d' ' -f1)
 STAMP_FILE=$CACHE/ztunnel.stamp
 BUILT=$CACHE/bin/ztunnel
-if [ "${FORCE:-0}" != 1 ] && [ -x "$DEST" ] && [ -x "$BUILT" ] \
-   && [ "$(cat "$STAMP_FILE" 2>/dev/null)" = "$SHA" ] && cmp -s "$BUILT" "$DEST"; then
-  log "up to date ($DEST, source sha256 ${SHA:0:16}…)"; exit 0
+if [ "${FORCE:-0}" != 1 ] && [ -x "$BUILT" ] && [ "$(cat "$STAMP_FILE" 2>/dev/null)" = "$SHA" ]; then
+  if cmp -s "$BUILT" "$DEST"; then
+    log "up to date ($DEST, source sha256 ${SHA:0:16}…)"
+  else
+    install -D -m 0755 "$BUILT" "$DEST"
+    log "reinstalled $DEST from the cache (source sha256 ${SHA:0:16}…)"
+  fi
+  exit 0
 fi
 
 # 1. fresh source tree for this tarball (a stale tree from another version would mix files)

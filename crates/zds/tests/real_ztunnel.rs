@@ -137,6 +137,16 @@ async fn add_opens_ztunnels_listeners_in_the_pod_and_del_closes_them() {
     // Deleting a pod ztunnel does not know is acknowledged too (idempotent DEL).
     let outcome = with_log(&r.zt, "del unknown", r.server.del_workload("uid-none")).await;
     assert_eq!(outcome, DelOutcome::Acked);
+
+    // A graceful stop (SIGTERM) ends ztunnel and with it the connection.
+    let mut r = r;
+    r.zt.stop(BOUND);
+    assert!(!r.zt.is_running());
+    let mut ready_rx = r.server.ready();
+    tokio::time::timeout(BOUND, ready_rx.wait_for(|r| !*r))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(
         r.zt.log().contains("received snapshot sent"),
         "{}",
