@@ -91,7 +91,7 @@ impl ZdsServerBuilder {
             self.config.hello_timeout,
             greeted_tx,
         ));
-        let task = Connection {
+        let task = ConnectionTask {
             socket: self.socket.clone(),
             config: self.config,
             store: store.clone(),
@@ -154,9 +154,10 @@ impl ZdsServer {
         &self.socket
     }
 
-    /// Hands the pod's netns to ztunnel and returns once ztunnel acknowledged it; only then is
-    /// the pod in the store (sent again on every reconnect). Fails at once when no ztunnel is
-    /// connected, so callers can fail closed. A pod ztunnel refuses is withdrawn again
+    /// Hands the pod's netns to ztunnel and returns once ztunnel acknowledged it. The pod is
+    /// in the store (sent again on every reconnect) exactly when its last add succeeded: a
+    /// failed add also forgets what an earlier add of the same uid stored. Fails at once when
+    /// no ztunnel is connected, so callers can fail closed. A pod ztunnel refuses is withdrawn
     /// (`DelWorkload`), so ztunnel does not keep retrying a pod the caller gave up on.
     pub async fn add_workload(
         &self,
@@ -344,6 +345,12 @@ async fn read_hello(conn: &SeqpacketConn, timeout: Duration) -> Result<(), LinkE
     Ok(wire::decode_hello(&packet.bytes)?)
 }
 
+enum AddFailure {
+    NotConnected,
+    Rejected(String),
+    Link(LinkError),
+}
+
 enum Event {
     Greeted(Option<SeqpacketConn>),
     Command(Option<Command>),
@@ -351,14 +358,14 @@ enum Event {
 }
 
 /// The task that owns the ztunnel connection.
-struct Connection {
+struct ConnectionTask {
     socket: PathBuf,
     config: ZdsConfig,
     store: Arc<Mutex<Store>>,
     ready: watch::Sender<bool>,
 }
 
-impl Connection {
+impl ConnectionTask {
     async fn run(
         self,
         mut greeted: mpsc::Receiver<SeqpacketConn>,
@@ -454,42 +461,60 @@ impl Connection {
         netns: Arc<OwnedFd>,
     ) -> (Result<(), ZdsError>, bool) {
         let pod = pod_label(uid, Some(&info));
+        let (result, keep) = self.try_add(conn, uid, &info, &netns).await;
+        let mut store = lock(&self.store);
+        match result {
+            Ok(()) => {
+                store.insert(uid.to_string(), Entry::Served { info, netns });
+                debug!(socket = %self.socket.display(), %pod, "ztunnel serves pod");
+                (Ok(()), keep)
+            }
+            Err(failure) => {
+                store.remove(uid);
+                (Err(self.add_error(pod, failure)), keep)
+            }
+        }
+    }
+
+    /// The Add exchange; returns whether the connection is still usable.
+    async fn try_add(
+        &self,
+        conn: Option<&SeqpacketConn>,
+        uid: &str,
+        info: &WorkloadInfo,
+        netns: &Arc<OwnedFd>,
+    ) -> (Result<(), AddFailure>, bool) {
         let Some(conn) = conn else {
-            return (Err(self.not_connected(pod)), true);
+            return (Err(AddFailure::NotConnected), true);
         };
         let req = Request::Add {
             uid: uid.to_string(),
             info: info.clone(),
         };
         match self.exchange(conn, &req, Some(netns.as_fd())).await {
-            Ok(Response::Ack) => {
-                lock(&self.store).insert(uid.to_string(), Entry::Served { info, netns });
-                debug!(socket = %self.socket.display(), %pod, "ztunnel serves pod");
-                (Ok(()), true)
-            }
+            Ok(Response::Ack) => (Ok(()), true),
             Ok(Response::Nack(message)) => {
                 let keep = self.withdraw(conn, uid).await;
-                let socket = self.socket.clone();
-                (
-                    Err(ZdsError::Rejected {
-                        socket,
-                        pod,
-                        message,
-                    }),
-                    keep,
-                )
+                (Err(AddFailure::Rejected(message)), keep)
             }
-            Err(source) => {
-                let socket = self.socket.clone();
-                (
-                    Err(ZdsError::Link {
-                        socket,
-                        pod,
-                        source,
-                    }),
-                    false,
-                )
-            }
+            Err(e) => (Err(AddFailure::Link(e)), false),
+        }
+    }
+
+    fn add_error(&self, pod: String, failure: AddFailure) -> ZdsError {
+        let socket = self.socket.clone();
+        match failure {
+            AddFailure::NotConnected => ZdsError::NotConnected { socket, pod },
+            AddFailure::Rejected(message) => ZdsError::Rejected {
+                socket,
+                pod,
+                message,
+            },
+            AddFailure::Link(source) => ZdsError::Link {
+                socket,
+                pod,
+                source,
+            },
         }
     }
 
@@ -546,13 +571,6 @@ impl Connection {
         tokio::time::timeout(timeout, round_trip)
             .await
             .map_err(|_| LinkError::Timeout(timeout))?
-    }
-
-    fn not_connected(&self, pod: String) -> ZdsError {
-        ZdsError::NotConnected {
-            socket: self.socket.clone(),
-            pod,
-        }
     }
 }
 

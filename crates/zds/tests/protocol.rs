@@ -417,3 +417,31 @@ async fn a_connection_without_hello_does_not_disturb_the_current_ztunnel() {
     });
     res.unwrap();
 }
+
+#[tokio::test]
+async fn a_failed_add_forgets_the_uid_even_if_an_earlier_add_stored_it() {
+    let (_dir, server, zt) = ready_server_and_ztunnel().await;
+    let add = server.add_workload("uid-1", info("app"), own_netns());
+    let (res, ()) = tokio::join!(add, async {
+        zt.recv().await;
+        zt.ack().await;
+    });
+    res.unwrap();
+    assert_eq!(server.known_workloads(), ["uid-1"]);
+    // The sandbox got a new netns and ztunnel refuses it: ztunnel has dropped the old proxy
+    // (it replaces a uid's netns), so the store must not resend the old one either.
+    let add = server.add_workload("uid-1", info("app"), own_netns());
+    let (res, ()) = tokio::join!(add, async {
+        zt.recv().await;
+        zt.nack("failure to start proxy").await;
+        assert_eq!(
+            zt.recv().await.0,
+            Request::Del {
+                uid: "uid-1".into()
+            }
+        );
+        zt.ack().await;
+    });
+    assert!(matches!(res, Err(ZdsError::Rejected { .. })), "{res:?}");
+    assert!(server.known_workloads().is_empty());
+}
