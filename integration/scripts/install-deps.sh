@@ -3,7 +3,10 @@
 # Debian 12 (bookworm), as root. Idempotent and quiet on a second run:
 #   1. apt-get update + install ONLY when a package is missing
 #   2. build-cnitool.sh        -> /usr/local/bin/cnitool
-# SKIP_CNITOOL=1 skips step 2.
+#   3. build-ztunnel.sh        -> /usr/local/bin/ztunnel-test (Istio's ztunnel, the ZDS peer of
+#      the ambient tests; cached in /var/cache/istio-cni-build/ztunnel, rebuilt only when its
+#      source tarball changes; the first build takes ~10+ min on 2 cores)
+# SKIP_CNITOOL=1 skips step 2, SKIP_ZTUNNEL=1 step 3.
 # No libmnl.a is needed: the mnl_* functions come from our Rust crate crates/mnl-impl, and
 # .cargo/config.toml links Debian's /usr/lib/x86_64-linux-gnu/libnftnl.a directly.
 set -euo pipefail
@@ -23,6 +26,8 @@ PKGS=(
   golang-go golang-github-appc-cni-dev
   # test harness helpers
   python3 jq socat hyperfine curl
+  # protoc for ztunnel's build.rs (build-ztunnel.sh)
+  protobuf-compiler
 )
 missing=()
 for p in "${PKGS[@]}"; do
@@ -38,3 +43,4 @@ else
 fi
 
 [ "${SKIP_CNITOOL:-0}" = 1 ] || "$HERE/build-cnitool.sh"
+[ "${SKIP_ZTUNNEL:-0}" = 1 ] || "$HERE/build-ztunnel.sh"

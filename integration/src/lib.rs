@@ -12,6 +12,8 @@
 //!   (only its own thread changes identity) and reports where the connection landed.
 //!
 //! * [`cni`]: the CNI client side (`cnitool`, a local Kubernetes API server serving Pod JSON).
+//! * [`ztunnel`]: a real ztunnel (built by `scripts/build-ztunnel.sh`) in its own namespace,
+//!   the peer of the ambient node agent's ZDS socket.
 //! * [`node`]: the whole product on one machine — a node namespace with a host layout,
 //!   the real `install-cni` daemon, and the [`pods`] a node sees.
 //!
@@ -34,6 +36,7 @@ pub mod node;
 mod ns;
 pub mod pods;
 mod probe;
+pub mod ztunnel;
 
 pub use ns::{Link, PodWorld, TestNetns};
 pub use probe::{
