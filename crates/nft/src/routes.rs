@@ -76,8 +76,7 @@ pub fn apply(plan: &Plan) -> Result<(), RouteError> {
     let sock = mnl::Socket::new(mnl::Bus::Route).map_err(err("opening an rtnetlink socket"))?;
     let lo = lo_index().map_err(err("finding the loopback interface"))?;
     if plan.ipv6_passthrough_addr {
-        add_address_v6(&sock, lo, std::net::Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6))
-            .map_err(err("adding ::6/128 to lo"))?;
+        add_address_v6(&sock, lo, PASSTHROUGH_V6).map_err(err("adding ::6/128 to lo"))?;
     }
     if let Some(r) = &plan.tproxy_routes {
         let families: &[u8] = if r.ipv6 {
@@ -97,6 +96,31 @@ pub fn apply(plan: &Plan) -> Result<(), RouteError> {
         }
     }
     Ok(())
+}
+
+/// What [`apply`] installs that is missing in the current namespace, as readable lines (empty
+/// = in place). Reads the `::6` address only; TPROXY's rule and routes are not read back.
+pub fn drift(plan: &Plan) -> Result<Vec<String>, RouteError> {
+    let mut out = Vec::new();
+    if plan.ipv6_passthrough_addr && !has_passthrough_address()? {
+        out.push(format!(
+            "lo: missing address {PASSTHROUGH_V6}/128 (source of the IPv6 inbound passthrough)"
+        ));
+    }
+    Ok(out)
+}
+
+const PASSTHROUGH_V6: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6);
+
+fn has_passthrough_address() -> Result<bool, RouteError> {
+    let addrs = nix::ifaddrs::getifaddrs().map_err(|e| RouteError {
+        what: "listing the addresses on lo".into(),
+        source: e.into(),
+    })?;
+    Ok(addrs
+        .filter(|a| a.interface_name == "lo")
+        .filter_map(|a| a.address?.as_sockaddr_in6().map(|s| s.ip()))
+        .any(|ip| ip == PASSTHROUGH_V6))
 }
 
 fn add_address_v6(sock: &mnl::Socket, ifindex: u32, addr: std::net::Ipv6Addr) -> io::Result<()> {
