@@ -10,6 +10,7 @@
 use integration::*;
 use netns::NsLock;
 use redirect::Backend;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -147,9 +148,20 @@ struct Tally {
     rounds: usize,
     good_rounds: usize,
     bad_states: Vec<String>,
+    /// Wall time of the longest round: the last call's wait for the lock, against
+    /// `redirect::DEFAULT_LOCK_WAIT`.
+    slowest: Duration,
 }
 
 impl Tally {
+    /// Runs `ops` at once on `ns` and counts them.
+    fn run_all(&mut self, ns: &Path, ops: &[Op]) {
+        let t = Instant::now();
+        let outs = run_all(ns, ops);
+        self.slowest = self.slowest.max(t.elapsed());
+        self.calls(&outs);
+    }
+
     fn calls(&mut self, outs: &[(Op, Output)]) {
         self.calls += outs.len();
         for (op, out) in outs {
@@ -170,11 +182,13 @@ impl Tally {
 
     fn report(&self, label: &str, end_state: &str) {
         println!(
-            "{label}: {} calls, {} failed, end state {end_state} in {}/{} rounds",
+            "{label}: {} calls, {} failed, end state {end_state} in {}/{} rounds \
+             (slowest round {:.1?})",
             self.calls,
             self.failed.len(),
             self.good_rounds,
-            self.rounds
+            self.rounds,
+            self.slowest
         );
         assert!(
             self.failed.is_empty() && self.bad_states.is_empty(),
@@ -193,7 +207,7 @@ fn parallel_adds(label: &str, ops: &[Op], rounds: usize) {
     let mut t = Tally::default();
     for _ in 0..rounds {
         let ns = TestNetns::with_prefix("tpa").unwrap();
-        t.calls(&run_all(ns.path(), ops));
+        t.run_all(ns.path(), ops);
         let st = state(ns.path());
         let backend_ok = |b: Backend| ops.iter().any(|o| matches!(o, Op::Add(x) if *x == b));
         t.round(matches!(st, State::Complete(b) if backend_ok(b)), &st);
@@ -241,7 +255,7 @@ fn parallel_del() {
         let ns = TestNetns::with_prefix("tpd").unwrap();
         let add = run(ns.path(), Op::Add(backend));
         assert!(add.status.success(), "setup ADD: {}", describe(&add));
-        t.calls(&run_all(ns.path(), &many(100, Op::Del)));
+        t.run_all(ns.path(), &many(100, Op::Del));
         let st = state(ns.path());
         t.round(st == State::Untouched, &st);
     }
@@ -261,7 +275,7 @@ fn parallel_add_and_del_interleaved() {
     let mut t = Tally::default();
     for _ in 0..5 {
         let ns = TestNetns::with_prefix("tpi").unwrap();
-        t.calls(&run_all(ns.path(), &ops));
+        t.run_all(ns.path(), &ops);
         let st = state(ns.path());
         t.round(matches!(st, State::Untouched | State::Complete(_)), &st);
     }
@@ -271,11 +285,21 @@ fn parallel_add_and_del_interleaved() {
     );
 }
 
-/// Median wall time of an uncontended ADD (spawn to exit) on fresh namespaces.
-fn typical_add(backend: Backend) -> Duration {
+/// A fresh namespace, holding `before`'s complete rules if given.
+fn fresh(before: Option<Backend>) -> TestNetns {
+    let ns = TestNetns::with_prefix("tk").unwrap();
+    if let Some(b) = before {
+        let out = run(ns.path(), Op::Add(b));
+        assert!(out.status.success(), "setup ADD: {}", describe(&out));
+    }
+    ns
+}
+
+/// Median wall time of an uncontended ADD (spawn to exit).
+fn typical_add(before: Option<Backend>, backend: Backend) -> Duration {
     let mut times: Vec<Duration> = (0..5)
         .map(|_| {
-            let ns = TestNetns::with_prefix("tkt").unwrap();
+            let ns = fresh(before);
             let t = Instant::now();
             let out = run(ns.path(), Op::Add(backend));
             assert!(out.status.success(), "{}", describe(&out));
@@ -292,57 +316,110 @@ fn only_passthrough_address_missing(drift: &str) -> bool {
     drift.lines().all(|l| l.contains("::6"))
 }
 
-/// ~100 ADDs into fresh dual-stack namespaces, each SIGKILLed after a random delay between 0
-/// and the typical ADD duration (seeded, so a failure can be replayed).
-fn sigkill(backend: Backend, seed: u64) {
+/// What a killed ADD of `backend` (over `before`'s rules) may leave, named for the summary;
+/// `None` for anything else (both kinds, or a half state we do not document).
+fn kill_outcome(st: &State, before: Option<Backend>, backend: Backend) -> Option<&'static str> {
+    Some(match st {
+        State::Untouched if before.is_none() => "untouched",
+        State::Untouched => "empty (old removed, new not yet)",
+        State::Complete(b) if *b == backend => "complete",
+        State::Complete(b) if Some(*b) == before => "old rules kept",
+        // The documented partial states (iptables-legacy's crate docs): rules complete but
+        // `::6` not yet on lo (either backend), or IPv4 only (legacy, killed between the
+        // families; the routes come last, so `::6` is missing too).
+        State::Partial(b, drift) if *b == backend && only_passthrough_address_missing(drift) => {
+            "half (rules complete, ::6 missing)"
+        }
+        State::Partial(Backend::IptablesLegacy, drift)
+            if backend == Backend::IptablesLegacy
+                && drift
+                    .lines()
+                    .all(|l| l.starts_with("IPv6 ") || l.contains("::6")) =>
+        {
+            "half (IPv4 only)"
+        }
+        // Removing the old legacy rules is one restore per family, too.
+        State::Partial(Backend::IptablesLegacy, _) if before == Some(Backend::IptablesLegacy) => {
+            "old rules half removed"
+        }
+        _ => return None,
+    })
+}
+
+/// `kills` ADDs into fresh dual-stack namespaces (holding `before`'s rules if given), each
+/// SIGKILLed after a random delay between 0 and the typical ADD duration (seeded, so a
+/// failure can be replayed). Every state but "untouched", "old rules kept" and "complete"
+/// must be drift for CHECK and repaired by the next ADD.
+fn sigkill(label: &str, before: Option<Backend>, backend: Backend, kills: usize, seed: u64) {
     require_root();
-    const KILLS: usize = 100;
-    let typical = typical_add(backend);
+    let typical = typical_add(before, backend);
     let mut rng = fastrand::Rng::with_seed(seed);
-    let (mut untouched, mut complete, mut half) = (0, 0, 0);
-    for i in 0..KILLS {
-        let ns = TestNetns::with_prefix("tk").unwrap();
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for i in 0..kills {
+        let ns = fresh(before);
         let delay = Duration::from_micros(rng.u64(0..=typical.as_micros() as u64));
         let mut child = command(ns.path(), Op::Add(backend)).spawn().unwrap();
         std::thread::sleep(delay);
         let _ = child.kill();
         let _ = child.wait();
         let st = state(ns.path());
-        let at = format!("kill {i} after {delay:?} (seed {seed})");
-        match st {
-            State::Untouched => untouched += 1,
-            State::Complete(b) if b == backend => complete += 1,
-            State::Partial(b, drift)
-                if b == backend
-                    && (backend == Backend::IptablesLegacy
-                        || only_passthrough_address_missing(&drift)) =>
-            {
-                half += 1;
-                let add = run(ns.path(), Op::Add(backend));
-                assert!(add.status.success(), "{at}: repair ADD: {}", describe(&add));
-                assert_eq!(
-                    state(ns.path()),
-                    State::Complete(backend),
-                    "{at}: ADD did not repair {drift}"
-                );
-            }
-            other => panic!("{at}: {backend} left {other:?}"),
+        let at = format!("{label}: kill {i} after {delay:?} (seed {seed})");
+        let outcome =
+            kill_outcome(&st, before, backend).unwrap_or_else(|| panic!("{at}: left {st:?}"));
+        *counts.entry(outcome).or_default() += 1;
+        if matches!(st, State::Partial(..)) || (before.is_some() && st == State::Untouched) {
+            // CHECK said drift (state() ran it); the next ADD must repair.
+            let add = run(ns.path(), Op::Add(backend));
+            assert!(add.status.success(), "{at}: repair ADD: {}", describe(&add));
+            assert_eq!(
+                state(ns.path()),
+                State::Complete(backend),
+                "{at}: ADD did not repair {st:?}"
+            );
         }
     }
+    let tally: Vec<String> = counts.iter().map(|(k, n)| format!("{n} {k}")).collect();
     println!(
-        "SIGKILL {backend}: {KILLS} kills within {typical:?} of start: {untouched} untouched, \
-         {complete} complete, {half} half (all reported by CHECK and repaired by ADD)"
+        "{label}: {kills} kills within {typical:.0?} of start: {} (every partial state \
+         reported by CHECK and repaired by ADD)",
+        tally.join(", ")
     );
 }
 
 #[test]
 fn sigkill_during_add_legacy() {
-    sigkill(Backend::IptablesLegacy, 0x11_0002);
+    sigkill(
+        "SIGKILL legacy",
+        None,
+        Backend::IptablesLegacy,
+        100,
+        0x11_0002,
+    );
 }
 
 #[test]
 fn sigkill_during_add_nft() {
-    sigkill(Backend::Nft, 0x11_0003);
+    sigkill("SIGKILL nft", None, Backend::Nft, 100, 0x11_0003);
+}
+
+/// Kills while an ADD switches backends: the old kind goes before the new one comes, so
+/// both kinds never coexist, whenever the kill lands.
+#[test]
+fn sigkill_during_backend_switch() {
+    sigkill(
+        "SIGKILL nft ADD over legacy rules",
+        Some(Backend::IptablesLegacy),
+        Backend::Nft,
+        50,
+        0x11_0004,
+    );
+    sigkill(
+        "SIGKILL legacy ADD over nft rules",
+        Some(Backend::Nft),
+        Backend::IptablesLegacy,
+        50,
+        0x11_0005,
+    );
 }
 
 /// A wrapper `iptables-legacy-restore` (first on PATH) that, for a committing call, leaves a
@@ -469,6 +546,13 @@ fn lock_wait_is_bounded_and_names_the_namespace() {
     ] {
         assert!(r.is_err(), "{r:?}");
     }
+    // Without a path (the CLI in its own namespace) the caller's namespace is the one locked.
+    let err = ns
+        .run(|| redirect::cleanup_until(None, Instant::now() + Duration::from_millis(100)))
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("current namespace"), "{err}");
     drop(held);
     assert_eq!(state(ns.path()), State::Untouched);
 }
