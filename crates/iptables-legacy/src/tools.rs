@@ -23,7 +23,7 @@ const LOCK_WAIT_SECS: &str = "30";
 /// none measurable (300 restores: 2.2–2.9 ms each with either file).
 const UNCONTENDED_XTABLES_LOCK: &str = "/proc/self/stat";
 
-/// Where the backend looks for the iptables-legacy binaries, and which xtables lock they use.
+/// Where the backend looks for the iptables-legacy binaries.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tools {
     /// Searched in order for each binary.

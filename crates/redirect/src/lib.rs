@@ -137,7 +137,8 @@ fn resolve_here(choice: BackendChoice) -> Result<Detection, RedirectError> {
 /// How long [`apply`], [`check`] and [`cleanup`] wait for the namespace's lock while other
 /// calls on the same namespace run (the `*_until` variants take the caller's deadline). A
 /// call holds it for a few ms (nft) to tens of ms (iptables-legacy), so this covers hundreds
-/// of queued calls and stays far inside the runtimes' CNI timeouts (minutes).
+/// of queued calls and stays far inside the runtimes' CNI timeouts (the CRI request
+/// timeout, kubelet's default 2 min).
 pub const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(15);
 
 /// Runs `f` inside the namespace (`None`: the caller's own) while holding its lock, so that
