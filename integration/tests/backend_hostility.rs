@@ -427,9 +427,17 @@ fn sigkill_during_backend_switch() {
 /// restore is under way.
 fn slow_restore_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let script = "#!/bin/sh\n\
-        case \" $* \" in *' --test '*) ;; *) touch \"$RESTORE_MARK\"; sleep 0.3;; esac\n\
-        exec /usr/sbin/iptables-legacy-restore \"$@\"\n";
+    let real = iptables_legacy::Tools::default()
+        .find("iptables-legacy-restore")
+        .unwrap();
+    // 1 s: ample time for the test to see the mark and kill the CLI before the real restore
+    // even starts, also on a loaded machine.
+    let script = format!(
+        "#!/bin/sh\n\
+         case \" $* \" in *' --test '*) ;; *) touch \"$RESTORE_MARK\"; sleep 1;; esac\n\
+         exec {} \"$@\"\n",
+        real.display()
+    );
     let path = dir.path().join("iptables-legacy-restore");
     std::fs::write(&path, script).unwrap();
     use std::os::unix::fs::PermissionsExt;
@@ -460,7 +468,8 @@ fn a_killed_add_keeps_the_lock_until_its_restore_has_committed() {
     // The first look, as soon as the lock is free, must already be the final state: IPv4
     // committed by the orphaned restore, IPv6 never started.
     let first = state(ns.path());
-    std::thread::sleep(Duration::from_millis(500));
+    // Longer than the wrapper's delay: an orphaned restore would have committed by now.
+    std::thread::sleep(Duration::from_millis(1500));
     let later = state(ns.path());
     assert_eq!(
         first, later,
