@@ -57,8 +57,20 @@ enum Op {
     Del,
 }
 
-fn command(ns: &Path, op: Op) -> Command {
+/// The CLI aimed at `ns`, quiet, output captured.
+fn cli_in(ns: &Path) -> Command {
     let mut c = Command::new(cli());
+    c.arg("--network-namespace")
+        .arg(ns)
+        .env("LOG_LEVEL", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+fn command(ns: &Path, op: Op) -> Command {
+    let mut c = cli_in(ns);
     match op {
         Op::Add(b) => c.args(ADD_FLAGS).args(["--backend", &b.to_string()]),
         Op::Check(b) => c
@@ -66,12 +78,6 @@ fn command(ns: &Path, op: Op) -> Command {
             .args(["--backend", &b.to_string(), "--check"]),
         Op::Del => c.arg("--cleanup-only"),
     };
-    c.arg("--network-namespace")
-        .arg(ns)
-        .env("LOG_LEVEL", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
     c
 }
 
@@ -564,4 +570,65 @@ fn lock_wait_is_bounded_and_names_the_namespace() {
     assert!(err.contains("current namespace"), "{err}");
     drop(held);
     assert_eq!(state(ns.path()), State::Untouched);
+}
+
+/// ADD (or with `check`, CHECK) in TPROXY mode.
+fn tproxy(ns: &Path, backend: Backend, check: bool) -> Output {
+    let flags = ADD_FLAGS.map(|f| if f == "REDIRECT" { "TPROXY" } else { f });
+    let mut c = cli_in(ns);
+    c.args(flags).args(["--backend", &backend.to_string()]);
+    if check {
+        c.arg("--check");
+    }
+    c.output().unwrap()
+}
+
+/// TPROXY's policy rule and local route come after the rules, so a kill can land between:
+/// CHECK reads them back, ADD repairs them, and re-applying never piles up duplicate rules.
+#[test]
+fn tproxy_routes_are_checked_repaired_and_not_duplicated() {
+    require_root();
+    for backend in [Backend::Nft, Backend::IptablesLegacy] {
+        let ns = TestNetns::with_prefix("ttp").unwrap();
+        let p = ns.path();
+        for _ in 0..3 {
+            let add = tproxy(p, backend, false);
+            assert!(add.status.success(), "{backend}: {}", describe(&add));
+        }
+        for fam in ["-4", "-6"] {
+            let rules = ns.exec_ok("ip", &[fam, "rule"]).unwrap();
+            assert_eq!(
+                rules.matches("fwmark 0x539 lookup 133").count(),
+                1,
+                "{backend} {fam}: {rules}"
+            );
+        }
+        assert!(tproxy(p, backend, true).status.success());
+        ns.exec_ok(
+            "ip",
+            &["-4", "rule", "del", "fwmark", "0x539", "lookup", "133"],
+        )
+        .unwrap();
+        ns.exec_ok(
+            "ip",
+            &[
+                "-6", "route", "del", "local", "default", "dev", "lo", "table", "133",
+            ],
+        )
+        .unwrap();
+        let check = tproxy(p, backend, true);
+        let drift = String::from_utf8_lossy(&check.stdout);
+        assert_eq!(
+            check.status.code(),
+            Some(1),
+            "{backend}: {}",
+            describe(&check)
+        );
+        assert!(drift.contains("IPv4: missing policy rule"), "{drift}");
+        assert!(drift.contains("IPv6: missing route"), "{drift}");
+        let add = tproxy(p, backend, false);
+        assert!(add.status.success(), "{backend}: {}", describe(&add));
+        let check = tproxy(p, backend, true);
+        assert!(check.status.success(), "{backend}: {}", describe(&check));
+    }
 }

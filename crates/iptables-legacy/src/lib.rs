@@ -39,8 +39,8 @@
 //! 4. complete.
 //!
 //! [`check`] reports 2 as drift (`IPv6 nat ISTIO_…: missing chain`), `redirect::check` also 3
-//! (`::6` missing; TPROXY routes are not read back), and the next apply repairs both (it
-//! removes what is there and re-creates everything). A kill of the restore child itself (e.g.
+//! (`nft_backend::routes::drift`: `::6`, TPROXY's rule and route), and the next apply repairs
+//! both (it removes what is there and re-creates everything; routes already there are kept). A kill of the restore child itself (e.g.
 //! the whole cgroup) can also stop between two tables of one family (TPROXY plans use
 //! `mangle` and `nat`): our chains then exist in one table only, which [`check`] reports and
 //! apply repairs the same way. The nft backend has no states 2 or a table split: its rules are
