@@ -12,6 +12,39 @@
 //! deletes our chains, then re-creates everything, so a rerun yields exactly the same rules.
 //! Comparisons with live rules are made in iptables-save's canonical form: the expected rules
 //! are restored into a private scratch namespace and saved back (see [`check`]).
+//!
+//! # Concurrency
+//!
+//! Reading the live rules and writing the removal + payload is a read-modify-write: two
+//! calls on one namespace at once would both see "fresh" and the second restore would fail
+//! (`-N ISTIO_INBOUND`: chain exists), or both remove the same chains (`Couldn't load target`).
+//! So [`apply`] and [`cleanup`] take the caller's hold on the namespace's lock
+//! ([`netns::NsLock`], taken by `redirect` for every backend, check and cleanup), and each
+//! restore child inherits that hold. The children's own xtables lock is then redundant and is
+//! pointed at a file nobody else locks (the namespace file, Istio's choice, is our lock itself;
+//! see `tools.rs`).
+//!
+//! # What a kill can leave
+//!
+//! Each family is one `*-restore` process fed its complete input; the kernel commits it table
+//! by table (each table one atomic replace). The IPv4 restore runs before the IPv6 one, then
+//! the routes (`::6` on lo for IPv6, TPROXY's policy routes). A restore child already started
+//! holds the namespace's lock and finishes even if its caller is SIGKILLed, so killing *our*
+//! process leaves one of:
+//!
+//! 1. nothing changed (killed before the IPv4 commit);
+//! 2. IPv4 complete, IPv6 as before (killed between the two restores): on a dual-stack pod,
+//!    "IPv4 rules only";
+//! 3. both families complete, `::6`/TPROXY routes not yet added (killed before the routes);
+//! 4. complete.
+//!
+//! [`check`] reports 2 as drift (`IPv6 nat ISTIO_…: missing chain`), `redirect::check` also 3
+//! (`nft_backend::routes::drift`: `::6`, TPROXY's rule and route), and the next apply repairs
+//! both (it removes what is there and re-creates everything; routes already there are kept). A kill of the restore child itself (e.g.
+//! the whole cgroup) can also stop between two tables of one family (TPROXY plans use
+//! `mangle` and `nat`): our chains then exist in one table only, which [`check`] reports and
+//! apply repairs the same way. The nft backend has no states 2 or a table split: its rules are
+//! one batch, committed all or nothing, then the same routes (state 3).
 
 pub mod explain;
 mod render;
@@ -22,10 +55,11 @@ pub use render::{render_payload, rule_args};
 pub use tools::Tools;
 
 use capture::Plan;
+use netns::NsLock;
 use save::{SavedTable, is_ours, jump_target};
 use std::collections::BTreeMap;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use tools::Fam;
 
 #[derive(Debug, thiserror::Error)]
@@ -54,9 +88,9 @@ pub enum LegacyError {
 }
 
 /// Programs `plan` into the current network namespace with iptables-legacy-restore.
-/// `lock_file` scopes the xtables lock (e.g. to the pod's namespace file).
-pub fn apply(plan: &Plan, lock_file: Option<&Path>) -> Result<(), LegacyError> {
-    apply_with(plan, lock_file, &Tools::default())
+/// `held` is the caller's hold on this namespace's lock (see the crate docs).
+pub fn apply(plan: &Plan, held: &NsLock) -> Result<(), LegacyError> {
+    apply_with(plan, held, &Tools::default())
 }
 
 /// [`apply`] with explicit binary lookup.
@@ -67,7 +101,7 @@ pub fn apply(plan: &Plan, lock_file: Option<&Path>) -> Result<(), LegacyError> {
 /// committing (e.g. a missing module) cannot be caught by `--test`: if IPv6 fails after IPv4
 /// was committed, our IPv4 rules are removed again so the pod is never half-programmed.
 /// Finally the plan's routes/addresses are installed (`nft_backend::routes::apply`).
-pub fn apply_with(plan: &Plan, lock_file: Option<&Path>, tools: &Tools) -> Result<(), LegacyError> {
+pub fn apply_with(plan: &Plan, held: &NsLock, tools: &Tools) -> Result<(), LegacyError> {
     let mut inputs: Vec<(Fam, String)> = Vec::new();
     for fam in [Fam::V4, Fam::V6] {
         let payload = render_payload(plan, fam == Fam::V6);
@@ -100,12 +134,12 @@ pub fn apply_with(plan: &Plan, lock_file: Option<&Path>, tools: &Tools) -> Resul
         }
     }
     for (fam, input) in &inputs {
-        tools.restore(*fam, input, lock_file, true)?;
+        tools.restore(*fam, input, Some(held), true)?;
     }
     for (i, (fam, input)) in inputs.iter().enumerate() {
-        if let Err(e) = tools.restore(*fam, input, lock_file, false) {
+        if let Err(e) = tools.restore(*fam, input, Some(held), false) {
             for (done, _) in &inputs[..i] {
-                let _ = cleanup_family(tools, *done, lock_file);
+                let _ = cleanup_family(tools, *done, held);
             }
             return Err(e);
         }
@@ -114,7 +148,7 @@ pub fn apply_with(plan: &Plan, lock_file: Option<&Path>, tools: &Tools) -> Resul
     // lo), the same code the nft backend uses. On failure our rules go again, as in nft:
     // TPROXY rules without their routes would black-hole inbound traffic.
     if let Err(e) = nft_backend::routes::apply(plan) {
-        let _ = cleanup_with(lock_file, tools);
+        let _ = cleanup_with(held, tools);
         return Err(e.into());
     }
     Ok(())
@@ -147,15 +181,15 @@ pub fn check_with(plan: &Plan, tools: &Tools) -> Result<Vec<String>, LegacyError
 /// Rules the plan put directly into built-in chains without a jump (e.g. `-c` interface
 /// RETURNs, TPROXY mark rules in mangle) are not recognisable without the plan and stay;
 /// they only RETURN or mark, they do not redirect.
-pub fn cleanup(lock_file: Option<&Path>) -> Result<bool, LegacyError> {
-    cleanup_with(lock_file, &Tools::default())
+pub fn cleanup(held: &NsLock) -> Result<bool, LegacyError> {
+    cleanup_with(held, &Tools::default())
 }
 
 /// [`cleanup`] with explicit binary lookup.
-pub fn cleanup_with(lock_file: Option<&Path>, tools: &Tools) -> Result<bool, LegacyError> {
+pub fn cleanup_with(held: &NsLock, tools: &Tools) -> Result<bool, LegacyError> {
     let mut any = false;
     for fam in [Fam::V4, Fam::V6] {
-        any |= cleanup_family(tools, fam, lock_file)?;
+        any |= cleanup_family(tools, fam, held)?;
     }
     Ok(any)
 }
@@ -192,7 +226,7 @@ pub fn has_our_chains_with(tools: &Tools) -> Result<bool, LegacyError> {
     Ok(false)
 }
 
-fn cleanup_family(tools: &Tools, fam: Fam, lock_file: Option<&Path>) -> Result<bool, LegacyError> {
+fn cleanup_family(tools: &Tools, fam: Fam, held: &NsLock) -> Result<bool, LegacyError> {
     if !tables_instantiated(fam)? {
         return Ok(false);
     }
@@ -201,7 +235,7 @@ fn cleanup_family(tools: &Tools, fam: Fam, lock_file: Option<&Path>) -> Result<b
         return Ok(false);
     }
     let input = with_removal("", &removal(&live, &[]));
-    tools.restore(fam, &input, lock_file, false)?;
+    tools.restore(fam, &input, Some(held), false)?;
     Ok(true)
 }
 
@@ -235,10 +269,8 @@ fn canonical(tools: &Tools, fam: Fam, payload: &str) -> Result<Vec<SavedTable>, 
             if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
                 return Err(LegacyError::Scratch(io::Error::last_os_error()));
             }
-            // The scratch namespace's own file as lock: nobody else can contend for it.
-            // (Read by the single-threaded iptables child, so "self" is the scratch namespace.)
-            let lock = Path::new("/proc/self/ns/net");
-            tools.restore(fam, payload, Some(lock), false)?;
+            // Private to this thread: no lock to hold.
+            tools.restore(fam, payload, None, false)?;
             live_tables(tools, fam)
         })
         .join()

@@ -2,10 +2,17 @@
 //! connections land (stand-in ztunnel on 15001/15006/15008/15053, app on 8080), idempotent
 //! re-apply, cleanup. (The host probe rule needs an ipset, created outside the payload; this
 //! machine has no `ipset` tool, so only its payload is tested, in ambient_goldens.rs.)
+use netns::NsLock;
+use std::time::{Duration, Instant};
 
 use capture::{AmbientConfig, Plan};
 use integration::*;
 use std::net::{IpAddr, SocketAddr};
+
+/// The calling thread's namespace lock, as `redirect` holds it around every backend call.
+fn held() -> NsLock {
+    NsLock::current(&"test namespace", Instant::now() + Duration::from_secs(10)).expect("lock")
+}
 
 const ZTUNNEL: [Listen; 6] = [
     Listen::tcp(15001),
@@ -17,7 +24,7 @@ const ZTUNNEL: [Listen; 6] = [
 ];
 
 fn apply(ns: &TestNetns, plan: &Plan) {
-    ns.run(|| iptables_legacy::apply(plan, Some(ns.path())))
+    ns.run(|| iptables_legacy::apply(plan, &held()))
         .expect("enter namespace")
         .expect("apply");
 }
@@ -89,7 +96,7 @@ fn ambient_rules_through_iptables_legacy() {
 
     assert!(
         w.pod
-            .run(|| iptables_legacy::cleanup(Some(w.pod.path())))
+            .run(|| iptables_legacy::cleanup(&held()))
             .unwrap()
             .unwrap()
     );

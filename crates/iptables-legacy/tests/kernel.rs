@@ -4,7 +4,9 @@
 use capture::{Config, Facts, InterceptionMode, Ipv6Mode, Plan};
 use integration::*;
 use iptables_legacy::{LegacyError, Tools};
+use netns::NsLock;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::{Duration, Instant};
 
 fn plan(cfg: &Config) -> Plan {
     Plan::build(cfg, &Facts::default()).expect("valid config")
@@ -17,8 +19,13 @@ fn cni_default(ipv6: Ipv6Mode) -> Plan {
     })
 }
 
+/// The calling thread's namespace lock, as `redirect` holds it around every backend call.
+fn held() -> NsLock {
+    NsLock::current(&"test namespace", Instant::now() + Duration::from_secs(10)).expect("lock")
+}
+
 fn apply(ns: &TestNetns, plan: &Plan) -> Result<(), LegacyError> {
-    ns.run(|| iptables_legacy::apply(plan, Some(ns.path())))
+    ns.run(|| iptables_legacy::apply(plan, &held()))
         .expect("enter namespace")
 }
 
@@ -325,7 +332,7 @@ fn cleanup_removes_only_ours() {
     apply(&ns, &cni_default(Ipv6Mode::On)).unwrap();
     assert!(ns.run(iptables_legacy::has_our_chains).unwrap().unwrap());
     assert!(
-        ns.run(|| iptables_legacy::cleanup(Some(ns.path())))
+        ns.run(|| iptables_legacy::cleanup(&held()))
             .unwrap()
             .unwrap()
     );
@@ -338,7 +345,11 @@ fn cleanup_removes_only_ours() {
     );
     assert!(!ns.run(iptables_legacy::has_our_chains).unwrap().unwrap());
     // Nothing left: a second cleanup is a no-op.
-    assert!(!ns.run(|| iptables_legacy::cleanup(None)).unwrap().unwrap());
+    assert!(
+        !ns.run(|| iptables_legacy::cleanup(&held()))
+            .unwrap()
+            .unwrap()
+    );
 }
 
 #[test]
@@ -364,7 +375,7 @@ fn missing_binary_is_a_clear_error_and_touches_nothing() {
     std::fs::create_dir_all(&empty).unwrap();
     let tools = Tools::in_dirs([&empty]);
     let err = ns
-        .run(|| iptables_legacy::apply_with(&cni_default(Ipv6Mode::On), Some(ns.path()), &tools))
+        .run(|| iptables_legacy::apply_with(&cni_default(Ipv6Mode::On), &held(), &tools))
         .unwrap()
         .unwrap_err();
     let msg = err.to_string();
@@ -390,7 +401,7 @@ fn missing_binary_is_a_clear_error_and_touches_nothing() {
     }
     let tools = Tools::in_dirs([&only_v4]);
     let err = ns
-        .run(|| iptables_legacy::apply_with(&cni_default(Ipv6Mode::On), None, &tools))
+        .run(|| iptables_legacy::apply_with(&cni_default(Ipv6Mode::On), &held(), &tools))
         .unwrap()
         .unwrap_err();
     assert!(
@@ -399,7 +410,7 @@ fn missing_binary_is_a_clear_error_and_touches_nothing() {
     );
     assert!(rule_lines(&ns).is_empty(), "{:?}", rule_lines(&ns));
     // With IPv6 off the v4-only toolset is enough.
-    ns.run(|| iptables_legacy::apply_with(&cni_default(Ipv6Mode::Off), None, &tools))
+    ns.run(|| iptables_legacy::apply_with(&cni_default(Ipv6Mode::Off), &held(), &tools))
         .unwrap()
         .unwrap();
     let _ = std::fs::remove_dir_all(&empty);

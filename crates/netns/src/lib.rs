@@ -5,6 +5,10 @@
 //! runs on a fresh OS thread that enters the namespace and ends with the closure; the rest of
 //! the process never leaves the host namespace.
 
+mod lock;
+
+pub use lock::{LockError, NsLock};
+
 use nix::sched::{CloneFlags, setns};
 use std::fs::File;
 use std::io;

@@ -89,8 +89,7 @@ pub fn apply(plan: &Plan) -> Result<(), RouteError> {
     let sock = mnl::Socket::new(mnl::Bus::Route).map_err(err("opening an rtnetlink socket"))?;
     let lo = lo_index().map_err(err("finding the loopback interface"))?;
     if plan.ipv6_passthrough_addr {
-        add_address_v6(&sock, lo, std::net::Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6))
-            .map_err(err("adding ::6/128 to lo"))?;
+        add_address_v6(&sock, lo, PASSTHROUGH_V6).map_err(err("adding ::6/128 to lo"))?;
     }
     if let Some(r) = &plan.tproxy_routes {
         let families: &[u8] = if r.ipv6 {
@@ -99,10 +98,18 @@ pub fn apply(plan: &Plan) -> Result<(), RouteError> {
             &[libc::AF_INET as u8]
         };
         for &family in families {
-            add_rule(&sock, family, r).map_err(err(&format!(
-                "adding `ip rule fwmark {} lookup {}`",
-                r.mark, r.table
-            )))?;
+            // A rule without a priority gets a new one each time, so NLM_F_EXCL never sees a
+            // duplicate: look first, or every re-apply (repair, CLI rerun) adds another rule.
+            let present = dump(&sock, libc::RTM_GETRULE, family)
+                .map_err(err("listing the policy routing rules"))?
+                .iter()
+                .any(|m| is_fwmark_rule(m, r.mark, r.table));
+            if !present {
+                add_rule(&sock, family, r).map_err(err(&format!(
+                    "adding `ip rule fwmark {} lookup {}`",
+                    r.mark, r.table
+                )))?;
+            }
             add_local_default(&sock, family, lo, r.table).map_err(err(&format!(
                 "adding the local default route to table {}",
                 r.table
@@ -110,6 +117,150 @@ pub fn apply(plan: &Plan) -> Result<(), RouteError> {
         }
     }
     Ok(())
+}
+
+/// What [`apply`] installs that is missing in the current namespace, as readable lines (empty
+/// = in place): the `::6` address, TPROXY's `fwmark` rule and its local default route. A
+/// kill between the rules and these leaves rules that black-hole (TPROXY) or cannot answer
+/// (IPv6 passthrough), so CHECK must see it.
+pub fn drift(plan: &Plan) -> Result<Vec<String>, RouteError> {
+    let mut out = Vec::new();
+    if plan.ipv6_passthrough_addr && !has_passthrough_address()? {
+        out.push(format!(
+            "lo: missing address {PASSTHROUGH_V6}/128 (source of the IPv6 inbound passthrough)"
+        ));
+    }
+    if let Some(r) = &plan.tproxy_routes {
+        let err = |what: &str| {
+            let what = what.to_string();
+            move |source| RouteError { what, source }
+        };
+        let sock = mnl::Socket::new(mnl::Bus::Route).map_err(err("opening an rtnetlink socket"))?;
+        for (family, label) in families(r) {
+            let rules = dump(&sock, libc::RTM_GETRULE, family)
+                .map_err(err("listing the policy routing rules"))?;
+            if !rules.iter().any(|m| is_fwmark_rule(m, r.mark, r.table)) {
+                out.push(format!(
+                    "{label}: missing policy rule `fwmark {:#x} lookup {}` (TPROXY)",
+                    r.mark, r.table
+                ));
+            }
+            let routes =
+                dump(&sock, libc::RTM_GETROUTE, family).map_err(err("listing the routes"))?;
+            if !routes.iter().any(|m| is_local_default(m, r.table)) {
+                out.push(format!(
+                    "{label}: missing route `local default dev lo table {}` (TPROXY)",
+                    r.table
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn families(r: &capture::TproxyRoutes) -> Vec<(u8, &'static str)> {
+    let mut f = vec![(libc::AF_INET as u8, "IPv4")];
+    if r.ipv6 {
+        f.push((libc::AF_INET6 as u8, "IPv6"));
+    }
+    f
+}
+
+/// The bodies (after `nlmsghdr`) of a `msg_type` dump for `family`.
+fn dump(sock: &mnl::Socket, msg_type: u16, family: u8) -> io::Result<Vec<Vec<u8>>> {
+    let hl = std::mem::size_of::<libc::nlmsghdr>();
+    // rtgenmsg-sized family header, padded to 4 (both fib_rule_hdr and rtmsg start with it).
+    let body = [family, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    let hdr = libc::nlmsghdr {
+        nlmsg_len: (hl + body.len()) as u32,
+        nlmsg_type: msg_type,
+        nlmsg_flags: (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16,
+        nlmsg_seq: 2,
+        nlmsg_pid: 0,
+    };
+    let mut msg = vec![0u8; hl];
+    // SAFETY: nlmsghdr is plain data of `hl` bytes.
+    msg.copy_from_slice(unsafe {
+        std::slice::from_raw_parts((&hdr as *const libc::nlmsghdr).cast::<u8>(), hl)
+    });
+    msg.extend_from_slice(&body);
+    sock.send(&msg)?;
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        let n = sock.recv_raw(&mut buf)?;
+        let mut off = 0;
+        while off + hl <= n {
+            let len = u32::from_ne_bytes(buf[off..off + 4].try_into().unwrap()) as usize;
+            let kind = u16::from_ne_bytes(buf[off + 4..off + 6].try_into().unwrap());
+            if len < hl || off + len > n {
+                return Err(io::Error::other("truncated netlink message"));
+            }
+            match kind as i32 {
+                libc::NLMSG_DONE => return Ok(out),
+                libc::NLMSG_ERROR => {
+                    let errno = i32::from_ne_bytes(buf[off + hl..off + hl + 4].try_into().unwrap());
+                    return Err(io::Error::from_raw_os_error(-errno));
+                }
+                _ => out.push(buf[off + hl..off + len].to_vec()),
+            }
+            off += (len + 3) & !3;
+        }
+    }
+}
+
+/// The attributes after a fixed header of `fixed` bytes: (type, payload).
+fn attrs(body: &[u8], fixed: usize) -> Vec<(u16, &[u8])> {
+    let mut out = Vec::new();
+    let mut off = fixed;
+    while off + NLA_HDR <= body.len() {
+        let len = u16::from_ne_bytes([body[off], body[off + 1]]) as usize;
+        let kind = u16::from_ne_bytes([body[off + 2], body[off + 3]]) & 0x3fff;
+        if len < NLA_HDR || off + len > body.len() {
+            break;
+        }
+        out.push((kind, &body[off + NLA_HDR..off + len]));
+        off += (len + 3) & !3;
+    }
+    out
+}
+
+fn attr_u32(attrs: &[(u16, &[u8])], kind: u16) -> Option<u32> {
+    attrs
+        .iter()
+        .find(|(k, _)| *k == kind)
+        .and_then(|(_, d)| Some(u32::from_ne_bytes(d.get(..4)?.try_into().ok()?)))
+}
+
+/// `fwmark MARK lookup TABLE` (fib_rule_hdr is 12 bytes; action at offset 7).
+fn is_fwmark_rule(body: &[u8], mark: u32, table: u32) -> bool {
+    if body.len() < 12 || body[7] != FR_ACT_TO_TBL {
+        return false;
+    }
+    let a = attrs(body, 12);
+    attr_u32(&a, FRA_FWMARK) == Some(mark) && attr_u32(&a, FRA_TABLE) == Some(table)
+}
+
+/// `local default dev lo table TABLE` (rtmsg is 12 bytes: dst_len at 1, type at 7).
+fn is_local_default(body: &[u8], table: u32) -> bool {
+    if body.len() < 12 || body[1] != 0 || body[7] != libc::RTN_LOCAL {
+        return false;
+    }
+    let a = attrs(body, 12);
+    attr_u32(&a, libc::RTA_TABLE) == Some(table)
+}
+
+const PASSTHROUGH_V6: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6);
+
+fn has_passthrough_address() -> Result<bool, RouteError> {
+    let addrs = nix::ifaddrs::getifaddrs().map_err(|e| RouteError {
+        what: "listing the addresses on lo".into(),
+        source: e.into(),
+    })?;
+    Ok(addrs
+        .filter(|a| a.interface_name == "lo")
+        .filter_map(|a| a.address?.as_sockaddr_in6().map(|s| s.ip()))
+        .any(|ip| ip == PASSTHROUGH_V6))
 }
 
 fn add_address_v6(sock: &mnl::Socket, ifindex: u32, addr: std::net::Ipv6Addr) -> io::Result<()> {
@@ -132,7 +283,7 @@ fn add_address_v6(sock: &mnl::Socket, ifindex: u32, addr: std::net::Ipv6Addr) ->
 }
 
 fn add_rule(sock: &mnl::Socket, family: u8, r: &capture::TproxyRoutes) -> io::Result<()> {
-    // EXCL makes a rerun answer EEXIST instead of adding a duplicate rule.
+    // EXCL alone does not prevent duplicates when no priority is given: `apply` looks first.
     request(
         sock,
         libc::RTM_NEWRULE,

@@ -157,8 +157,10 @@ fn main() {
         "our iptables-legacy backend, in-process (`--test` pre-pass, then restore)".into(),
         sample(n, |ns| {
             netns::run_in(Some(ns.path()), || {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                let held = netns::NsLock::current(&"bench namespace", deadline).expect("lock");
                 let start = Instant::now();
-                iptables_legacy::apply(&plan, None).expect("legacy apply");
+                iptables_legacy::apply(&plan, &held).expect("legacy apply");
                 start.elapsed()
             })
             .unwrap()
