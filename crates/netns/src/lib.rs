@@ -5,6 +5,9 @@
 //! runs on a fresh OS thread that enters the namespace and ends with the closure; the rest of
 //! the process never leaves the host namespace.
 
+mod foreign;
+pub use foreign::{ForeignError, ensure_foreign};
+
 use nix::sched::{CloneFlags, setns};
 use std::fs::File;
 use std::io;
