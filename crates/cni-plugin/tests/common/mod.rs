@@ -64,7 +64,11 @@ impl Default for NodeOptions {
             deadline_ms: 10_000,
             api_down: false,
             write_kubeconfig: true,
-            plugin: PathBuf::from(PLUGIN),
+            // ISTIO_CNI_TEST_PLUGIN: run the suites against another build (e.g. an older one,
+            // to see a test fail before its fix).
+            plugin: std::env::var_os("ISTIO_CNI_TEST_PLUGIN")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(PLUGIN)),
             backend: "auto",
         }
     }
