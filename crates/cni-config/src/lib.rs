@@ -38,11 +38,12 @@ pub struct PluginSettings {
     pub pod_lookup_deadline_ms: u64,
 }
 
-/// 30 s: the runtime's budget for the whole sandbox is far larger, and we are only one plugin of
-/// the chain. kubelet calls RunPodSandbox with twice its `runtimeRequestTimeout` (2 min by
-/// default, so 4 min); containerd 1.6/1.7 and CRI-O run the CNI chain under that same request
-/// context and add no shorter CNI timeout of their own. A lookup that has not answered in 30 s
-/// is better reported (the runtime retries the sandbox) than held.
+/// 30 s, well inside what the runtimes give the whole CNI chain: kubelet calls RunPodSandbox
+/// with twice its `runtimeRequestTimeout` (2 min by default, so 4 min); CRI-O gives the network
+/// setup of a sandbox 2 min of that ("half of a RunPodSandbox request timeout limit", its
+/// `networkStart`); containerd 1.6/1.7 run the chain under the RunPodSandbox request context
+/// itself. A lookup that has not answered in 30 s is better reported (the runtime retries the
+/// sandbox) than held; the plugin accepts at most 90 s (room for the rest of the chain).
 pub const DEFAULT_POD_LOOKUP_DEADLINE_MS: u64 = 30_000;
 
 impl Default for PluginSettings {

@@ -238,8 +238,12 @@ fn describe(e: &kube::Error) -> String {
     let mut msg = e.to_string();
     let mut src = std::error::Error::source(e);
     while let Some(s) = src {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
+        // Some layers repeat their source in their own text.
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
         src = s.source();
     }
     msg

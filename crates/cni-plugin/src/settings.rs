@@ -6,14 +6,14 @@ use redirect::{Backend, BackendChoice};
 use serde_json::Value;
 use std::time::Duration;
 
-/// Upper bounds that keep a misconfigured lookup from holding a sandbox creation: kubelet gives
-/// RunPodSandbox 4 minutes in total (twice runtimeRequestTimeout) for the whole CNI chain and
-/// more; the lookup deadline may take at most half of it. Attempts, timeouts and pauses must fit
-/// inside the deadline (checked in [`lookup_settings`]).
+/// Upper bounds that keep a misconfigured lookup from holding a sandbox creation: CRI-O gives
+/// the whole CNI chain 2 minutes (half of kubelet's 4-minute RunPodSandbox); the lookup deadline
+/// may take at most 90 s of it. Attempts, timeouts and pauses must fit inside the deadline
+/// (checked in [`lookup_settings`]).
 const MAX_ATTEMPTS: u32 = 120;
 const MAX_INTERVAL: Duration = Duration::from_secs(10);
 const MAX_TIMEOUT: Duration = Duration::from_secs(60);
-pub const MAX_DEADLINE: Duration = Duration::from_secs(120);
+pub const MAX_DEADLINE: Duration = Duration::from_secs(90);
 
 /// The parsed stdin of ADD/DEL/CHECK/STATUS/GC.
 #[derive(Clone, Debug, PartialEq)]
