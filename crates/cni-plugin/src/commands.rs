@@ -125,13 +125,13 @@ fn redirect_error(e: RedirectError, what: &str) -> CniError {
 
 /// CNI_NETNS must name a network namespace other than the plugin's own and the host's:
 /// programming either would redirect the node's traffic (issue 11, item 1).
-fn pod_netns(env: &CniEnv) -> Result<&Path, CniError> {
+fn pod_netns(env: &CniEnv) -> Result<(), CniError> {
     let path = env
         .netns
         .as_deref()
         .ok_or_else(|| CniError::new(ErrorCode::InvalidEnv, "CNI_NETNS is required"))?;
     netns::ensure_foreign(path).map_err(|e| netns_error(&e, path))?;
-    Ok(path)
+    Ok(())
 }
 
 fn netns_error(e: &netns::ForeignError, path: &Path) -> CniError {
@@ -146,13 +146,7 @@ fn netns_error(e: &netns::ForeignError, path: &Path) -> CniError {
         }
         _ => "",
     };
-    CniError::new(
-        code,
-        format!(
-            "CNI_NETNS {:?}: {e}{consequence}",
-            path.display().to_string()
-        ),
-    )
+    CniError::new(code, format!("CNI_NETNS {path:?}: {e}{consequence}"))
 }
 
 pub fn add(conf: &NetConf, env: &CniEnv) -> Result<Value, CniError> {
