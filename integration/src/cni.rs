@@ -41,6 +41,42 @@ pub enum ApiMode {
     Up = 0,
     /// Accepts connections and never answers (per-request timeout).
     Hang = 1,
+    /// Answers every GET with this HTTP status and a Kubernetes `Status` body.
+    Status500 = 2,
+    Status404 = 3,
+    Status401 = 4,
+    Status403 = 5,
+    Status400 = 6,
+    /// 200 with a body that is not JSON.
+    Garbage = 7,
+    /// 200 with a Pod whose `spec.containers` is a string.
+    BadPod = 8,
+    /// Answers after 1.5 s (slower than a short per-request timeout).
+    Slow = 9,
+}
+
+impl ApiMode {
+    fn from_u8(v: u8) -> ApiMode {
+        use ApiMode::*;
+        [
+            Up, Hang, Status500, Status404, Status401, Status403, Status400, Garbage, BadPod, Slow,
+        ]
+        .into_iter()
+        .find(|m| *m as u8 == v)
+        .unwrap_or(Up)
+    }
+
+    /// The HTTP status line this mode answers with, when it forces one.
+    fn forced_status(self) -> Option<(&'static str, u16)> {
+        Some(match self {
+            ApiMode::Status500 => ("500 Internal Server Error", 500),
+            ApiMode::Status404 => ("404 Not Found", 404),
+            ApiMode::Status401 => ("401 Unauthorized", 401),
+            ApiMode::Status403 => ("403 Forbidden", 403),
+            ApiMode::Status400 => ("400 Bad Request", 400),
+            _ => return None,
+        })
+    }
 }
 
 /// `GET /api/v1/namespaces/{ns}/pods/{name}` from a map; a 404 `Status` otherwise. Plain
@@ -124,10 +160,36 @@ fn serve(
         }
     }
     requests.fetch_add(1, Ordering::SeqCst);
-    if mode.load(Ordering::SeqCst) == ApiMode::Hang as u8 {
+    let mode = ApiMode::from_u8(mode.load(Ordering::SeqCst));
+    if mode == ApiMode::Hang {
         // Hold the connection open without answering until the client gives up.
         let _ = conn.read(&mut chunk);
         return;
+    }
+    if mode == ApiMode::Slow {
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+    let reply = |conn: &mut TcpStream, status: &str, body: &str| {
+        let _ = write!(
+            conn,
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+    };
+    if let Some((line, code)) = mode.forced_status() {
+        let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                          "message": format!("forced {code}"), "reason": "Forced", "code": code});
+        return reply(&mut conn, line, &body.to_string());
+    }
+    if mode == ApiMode::Garbage {
+        return reply(&mut conn, "200 OK", "<html>not json");
+    }
+    if mode == ApiMode::BadPod {
+        return reply(
+            &mut conn,
+            "200 OK",
+            r#"{"kind":"Pod","apiVersion":"v1","metadata":{"name":"x"},"spec":{"containers":"istio-proxy"}}"#,
+        );
     }
     let head = String::from_utf8_lossy(&buf);
     let path = head

@@ -14,6 +14,16 @@ pub fn split_list(s: &str) -> Vec<&str> {
         .collect()
 }
 
+/// The reason a list item is bad: names the item only when the value has more than one (the
+/// error already shows the whole value, so a single item would be repeated).
+fn item_reason(value: &str, item: &str, reason: impl std::fmt::Display) -> String {
+    if value.trim() == item {
+        reason.to_string()
+    } else {
+        format!("item {item:?}: {reason}")
+    }
+}
+
 pub fn parse_port(field: &str, value: &str) -> Result<u16, ConfigError> {
     let v = value.trim();
     match v.parse::<u16>() {
@@ -37,7 +47,7 @@ pub fn parse_port_list(field: &str, value: &str) -> Result<Vec<u16>, ConfigError
                 ConfigError::new(
                     field,
                     value,
-                    format!("{item:?} is not a port number between 1 and 65535"),
+                    item_reason(value, item, "not a port number between 1 and 65535"),
                 )
             })?;
         if !ports.contains(&p) {
@@ -90,7 +100,7 @@ pub fn parse_cidr_list(field: &str, value: &str) -> Result<Vec<IpNet>, ConfigErr
         }
         let net: IpNet = item
             .parse()
-            .map_err(|e| ConfigError::new(field, value, format!("{item:?}: {e}")))?;
+            .map_err(|e| ConfigError::new(field, value, item_reason(value, item, e)))?;
         if !nets.contains(&net) {
             nets.push(net);
         }
@@ -126,7 +136,7 @@ pub fn parse_interface_list(field: &str, value: &str) -> Result<Vec<String>, Con
             return Err(ConfigError::new(
                 field,
                 value,
-                format!("{item:?} is not a valid interface name"),
+                item_reason(value, item, "not a valid interface name"),
             ));
         }
         if !out.iter().any(|o| o == item) {
@@ -176,8 +186,9 @@ pub fn parse_ip_list(field: &str, value: &str) -> Result<Vec<IpAddr>, ConfigErro
     split_list(value)
         .into_iter()
         .map(|s| {
-            s.parse()
-                .map_err(|_| ConfigError::new(field, value, format!("{s:?} is not an IP address")))
+            s.parse().map_err(|_| {
+                ConfigError::new(field, value, item_reason(value, s, "not an IP address"))
+            })
         })
         .collect()
 }
@@ -269,6 +280,24 @@ pub fn parse_resolv_conf(text: &str) -> Vec<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errors_show_the_value_once() {
+        let e = parse_cidr_list("f", "300.1.2.3/99")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            r#"invalid value for f: "300.1.2.3/99": "300.1.2.3" is not an IP address"#
+        );
+        let e = parse_port_list("f", "80,http").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            r#"invalid value for f: "80,http": item "http": not a port number between 1 and 65535"#
+        );
+        let e = parse_ip_list("f", "x").unwrap_err().to_string();
+        assert_eq!(e, r#"invalid value for f: "x": not an IP address"#);
+    }
 
     #[test]
     fn lists_and_errors_name_the_field() {

@@ -141,6 +141,11 @@ pub struct Args {
     /// Network namespace to program (path, e.g. /var/run/netns/pod or /proc/PID/ns/net).
     #[arg(long = "network-namespace", env = "NETWORK_NAMESPACE")]
     network_namespace: Option<String>,
+    /// Allow --network-namespace to name this process's own (or the host's) namespace. Without
+    /// it such a path is refused: it would redirect the node's traffic. Omitting
+    /// --network-namespace always means the current namespace, as in istio-iptables.
+    #[arg(long = "allow-current-namespace")]
+    allow_current_namespace: bool,
     /// Accepted for compatibility (the pod-scoped lock is always used for iptables-legacy).
     #[arg(long = "cni-mode", env = "CNI_MODE", num_args = 0..=1, default_missing_value = "true")]
     cni_mode: Option<String>,
@@ -171,6 +176,28 @@ pub struct Args {
     /// Compare the live rules with the configuration; print differences, exit 1 on drift.
     #[arg(long = "check")]
     check: bool,
+}
+
+/// `--network-namespace`: a network namespace, and not ours or the host's unless allowed.
+fn foreign_namespace(path: &str, allow_current: bool) -> Result<PathBuf, ConfigError> {
+    use netns::ForeignError;
+    match netns::ensure_foreign(std::path::Path::new(path)) {
+        Ok(_) => Ok(PathBuf::from(path)),
+        Err(ForeignError::Own { .. } | ForeignError::Host { .. }) if allow_current => {
+            Ok(PathBuf::from(path))
+        }
+        Err(e) if e.is_missing() => Err(ConfigError::new(
+            "--network-namespace",
+            path,
+            "no such file",
+        )),
+        Err(e @ (ForeignError::Own { .. } | ForeignError::Host { .. })) => Err(ConfigError::new(
+            "--network-namespace",
+            path,
+            format!("{e}; pass --allow-current-namespace to program it anyway"),
+        )),
+        Err(e) => Err(ConfigError::new("--network-namespace", path, e.to_string())),
+    }
 }
 
 /// Everything the CLI does, parsed and validated.
@@ -374,12 +401,12 @@ impl Args {
         flag_bool("--reconcile", &self.reconcile, None)?;
         flag_bool("--force-apply", &self.force_apply, None)?;
 
-        let network_namespace = match self.network_namespace.as_deref().filter(|p| !p.is_empty()) {
-            Some(p) if !std::path::Path::new(p).exists() => {
-                return Err(ConfigError::new("--network-namespace", p, "no such file"));
-            }
-            p => p.map(PathBuf::from),
-        };
+        let network_namespace = self
+            .network_namespace
+            .as_deref()
+            .filter(|p| !p.is_empty())
+            .map(|p| foreign_namespace(p, self.allow_current_namespace))
+            .transpose()?;
         let validation = Probe {
             listen_port: config.inbound_capture_port,
             probe_port: self

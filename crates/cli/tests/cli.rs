@@ -367,3 +367,60 @@ fn the_binary_is_fully_static() {
         "istio-nftables needs a dynamic loader"
     );
 }
+
+/// A path naming the CLI's own namespace (a /proc link or a bind mount of it) is refused unless
+/// `--allow-current-namespace` asks for it; run inside a test namespace so that "own" is safe.
+#[test]
+fn own_namespace_needs_an_explicit_opt_in() {
+    require_root();
+    let ns = TestNetns::new().unwrap();
+    let bind = ns.path().to_str().unwrap().to_string();
+    let in_ns = |args: &[&str]| {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        ns.run(move || Command::new(CLI).args(&args).output().unwrap())
+            .unwrap()
+    };
+    for target in [
+        "/proc/self/ns/net",
+        "/proc/thread-self/ns/net",
+        bind.as_str(),
+    ] {
+        let mut args = vec!["--network-namespace", target, "--ipv6", "off"];
+        args.extend(DEFAULT);
+        let out = in_ns(&args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{target}: {err}");
+        assert!(
+            err.contains("--network-namespace") && err.contains(target) && err.contains("own"),
+            "{target}: {err}"
+        );
+        assert_eq!(
+            ruleset(&ns).trim(),
+            "",
+            "{target}: nothing may be programmed"
+        );
+    }
+    for (target, why) in [
+        ("/proc/self/ns/mnt", "not a network namespace"),
+        ("/etc/hostname", "not a network namespace"),
+    ] {
+        let out = in_ns(&["--network-namespace", target]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{target}: {err}");
+        assert!(err.contains(why), "{target}: {err}");
+    }
+    let mut args = vec![
+        "--network-namespace",
+        bind.as_str(),
+        "--allow-current-namespace",
+        "--ipv6",
+        "off",
+    ];
+    args.extend(DEFAULT);
+    let out = in_ns(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        !ruleset(&ns).trim().is_empty(),
+        "the opt-in programs the namespace"
+    );
+}

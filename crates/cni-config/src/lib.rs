@@ -33,7 +33,18 @@ pub struct PluginSettings {
     pub pod_lookup_interval_ms: u64,
     /// Timeout of one pod GET, in milliseconds.
     pub pod_lookup_timeout_ms: u64,
+    /// The whole pod lookup (kubeconfig, DNS, connect, TLS, body, every attempt and pause), in
+    /// milliseconds: ADD fails when it is reached. See [`DEFAULT_POD_LOOKUP_DEADLINE_MS`].
+    pub pod_lookup_deadline_ms: u64,
 }
+
+/// 30 s, well inside what the runtimes give the whole CNI chain: kubelet calls RunPodSandbox
+/// with twice its `runtimeRequestTimeout` (2 min by default, so 4 min); CRI-O gives the network
+/// setup of a sandbox 2 min of that ("half of a RunPodSandbox request timeout limit", its
+/// `networkStart`); containerd 1.6/1.7 run the chain under the RunPodSandbox request context
+/// itself. A lookup that has not answered in 30 s is better reported (the runtime retries the
+/// sandbox) than held; the plugin accepts at most 90 s (room for the rest of the chain).
+pub const DEFAULT_POD_LOOKUP_DEADLINE_MS: u64 = 30_000;
 
 impl Default for PluginSettings {
     fn default() -> Self {
@@ -47,6 +58,7 @@ impl Default for PluginSettings {
             pod_lookup_attempts: 30,
             pod_lookup_interval_ms: 1000,
             pod_lookup_timeout_ms: 5000,
+            pod_lookup_deadline_ms: DEFAULT_POD_LOOKUP_DEADLINE_MS,
         }
     }
 }
@@ -82,6 +94,7 @@ mod tests {
         .unwrap();
         assert_eq!(s.exclude_namespaces, vec!["kube-system"]);
         assert_eq!(s.pod_lookup_attempts, 30);
+        assert_eq!(s.pod_lookup_deadline_ms, 30_000);
         let entry = s.to_plugin_entry();
         assert_eq!(entry["type"], "istio-cni");
         assert_eq!(entry["redirect_backend"], "auto");

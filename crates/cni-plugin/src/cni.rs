@@ -217,6 +217,7 @@ pub fn convert_result(prev: Option<&Value>, target: &str) -> Result<Value, CniEr
     let Some(prev) = prev else {
         return Ok(json!({ "cniVersion": target, "dns": {} }));
     };
+    validate_prev_result(prev)?;
     let Some(obj) = prev.as_object() else {
         return Err(CniError::new(
             ErrorCode::Decode,
@@ -260,6 +261,81 @@ pub fn convert_result(prev: Option<&Value>, target: &str) -> Result<Value, CniEr
     }
     out.insert("cniVersion".into(), target.into());
     Ok(Value::Object(out))
+}
+
+/// The fields of a result (any version) with the types libcni gives them; only for validation,
+/// the conversion itself works on the JSON so that fields we do not know survive.
+mod shape {
+    use serde::Deserialize;
+
+    #[derive(Deserialize)]
+    #[allow(dead_code)]
+    pub struct Result {
+        #[serde(rename = "cniVersion")]
+        cni_version: Option<String>,
+        interfaces: Option<Vec<Interface>>,
+        ips: Option<Vec<Ip>>,
+        routes: Option<Vec<Route>>,
+        dns: Option<Dns>,
+    }
+
+    #[derive(Deserialize)]
+    #[allow(dead_code)]
+    struct Interface {
+        name: Option<String>,
+        mac: Option<String>,
+        mtu: Option<u32>,
+        sandbox: Option<String>,
+        #[serde(rename = "socketPath")]
+        socket_path: Option<String>,
+        #[serde(rename = "pciID")]
+        pci_id: Option<String>,
+    }
+
+    #[derive(Deserialize)]
+    #[allow(dead_code)]
+    struct Ip {
+        version: Option<String>,
+        interface: Option<u32>,
+        address: String,
+        gateway: Option<String>,
+    }
+
+    #[derive(Deserialize)]
+    #[allow(dead_code)]
+    struct Route {
+        dst: String,
+        gw: Option<String>,
+        mtu: Option<u32>,
+        advmss: Option<u32>,
+        priority: Option<u32>,
+        table: Option<u32>,
+        scope: Option<u32>,
+    }
+
+    #[derive(Deserialize)]
+    #[allow(dead_code)]
+    struct Dns {
+        nameservers: Option<Vec<String>>,
+        domain: Option<String>,
+        search: Option<Vec<String>>,
+        options: Option<Vec<String>>,
+    }
+}
+
+/// A malformed prevResult fails ADD with the JSON path of the bad field.
+fn validate_prev_result(prev: &Value) -> Result<(), CniError> {
+    serde_path_to_error::deserialize::<_, shape::Result>(prev)
+        .map(|_| ())
+        .map_err(|e| {
+            let path = e.path().to_string();
+            let at = if path == "." {
+                "prevResult".to_string()
+            } else {
+                format!("prevResult.{path}")
+            };
+            CniError::new(ErrorCode::Decode, format!("invalid {at}: {}", e.inner()))
+        })
 }
 
 fn retain_each(obj: &mut Map<String, Value>, key: &str, fields: &[&str]) {
@@ -339,6 +415,36 @@ mod tests {
             convert_result(Some(&json!([1])), "1.0.0").unwrap_err().code,
             ErrorCode::Decode
         );
+    }
+
+    #[test]
+    fn malformed_prev_results_name_the_path() {
+        for (prev, path) in [
+            (json!("x"), "prevResult:"),
+            (json!({"ips": {}}), "prevResult.ips:"),
+            (
+                json!({"ips": [{"address": 5}]}),
+                "prevResult.ips[0].address",
+            ),
+            (json!({"ips": [{}]}), "prevResult.ips[0]"),
+            (
+                json!({"interfaces": [{"mtu": "x"}]}),
+                "prevResult.interfaces[0].mtu",
+            ),
+            (
+                json!({"routes": [{"dst": "0.0.0.0/0", "gw": 1}]}),
+                "prevResult.routes[0].gw",
+            ),
+            (
+                json!({"dns": {"nameservers": "8.8.8.8"}}),
+                "prevResult.dns.nameservers",
+            ),
+            (json!({"cniVersion": 1}), "prevResult.cniVersion"),
+        ] {
+            let e = convert_result(Some(&prev), "1.0.0").unwrap_err();
+            assert_eq!(e.code, ErrorCode::Decode);
+            assert!(e.msg.contains(path), "{prev}: {e}");
+        }
     }
 
     #[test]

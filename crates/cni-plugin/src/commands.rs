@@ -97,6 +97,13 @@ fn lookup_error(e: LookupError, args: &K8sArgs) -> CniError {
         // The installer has not written it yet: the runtime retries the sandbox.
         LookupError::Kubeconfig { .. } | LookupError::Client { .. } => ErrorCode::Kubeconfig,
         LookupError::Exhausted { .. } => ErrorCode::TryAgainLater,
+        // Our credentials were rejected: the kubeconfig is stale or lacks the RBAC.
+        LookupError::Permanent {
+            status: Some(401 | 403),
+            ..
+        } => ErrorCode::Kubeconfig,
+        LookupError::Permanent { status: None, .. } => ErrorCode::Decode,
+        LookupError::Permanent { .. } => ErrorCode::Io,
         LookupError::Runtime(_) => ErrorCode::Io,
     };
     CniError::new(
@@ -116,9 +123,36 @@ fn redirect_error(e: RedirectError, what: &str) -> CniError {
     CniError::new(code, format!("{what}: {e}"))
 }
 
+/// CNI_NETNS must name a network namespace other than the plugin's own and the host's:
+/// programming either would redirect the node's traffic (issue 11, item 1).
+fn pod_netns(env: &CniEnv) -> Result<(), CniError> {
+    let path = env
+        .netns
+        .as_deref()
+        .ok_or_else(|| CniError::new(ErrorCode::InvalidEnv, "CNI_NETNS is required"))?;
+    netns::ensure_foreign(path).map_err(|e| netns_error(&e, path))?;
+    Ok(())
+}
+
+fn netns_error(e: &netns::ForeignError, path: &Path) -> CniError {
+    let code = if e.is_missing() {
+        ErrorCode::ContainerUnknown
+    } else {
+        ErrorCode::InvalidEnv
+    };
+    let consequence = match e {
+        netns::ForeignError::Host { .. } | netns::ForeignError::Own { .. } => {
+            "; refusing to program the node's own network namespace"
+        }
+        _ => "",
+    };
+    CniError::new(code, format!("CNI_NETNS {path:?}: {e}{consequence}"))
+}
+
 pub fn add(conf: &NetConf, env: &CniEnv) -> Result<Value, CniError> {
     // Convert first: an unusable prevResult fails before any rule is programmed.
     let result = cni::convert_result(conf.prev_result.as_ref(), &conf.cni_version)?;
+    pod_netns(env)?;
     let args = parse_cni_args(&env.args)?;
     if let Some(plan) = pod_plan(conf, env, &args)? {
         let detection = redirect::apply(&plan, env.netns.as_deref(), conf.backend)
@@ -129,6 +163,7 @@ pub fn add(conf: &NetConf, env: &CniEnv) -> Result<Value, CniError> {
 }
 
 pub fn check(conf: &NetConf, env: &CniEnv) -> Result<(), CniError> {
+    pod_netns(env)?;
     let args = parse_cni_args(&env.args)?;
     let Some(plan) = pod_plan(conf, env, &args)? else {
         return Ok(());
@@ -159,6 +194,20 @@ pub fn del(_conf: &NetConf, env: &CniEnv) -> Result<(), CniError> {
         tracing::info!("no network namespace, nothing to remove");
         return Ok(());
     };
+    // The host's or our own namespace, or no namespace at all: ADD never programmed it, so
+    // there is nothing of ours to remove; an error would only wedge the pod's teardown.
+    match netns::ensure_foreign(netns) {
+        Err(e) if e.is_missing() => {
+            tracing::info!("network namespace already gone");
+            return Ok(());
+        }
+        Err(e @ netns::ForeignError::Io { .. }) => return Err(netns_error(&e, netns)),
+        Err(e) => {
+            tracing::warn!(error = %netns_error(&e, netns), "DEL removes nothing there");
+            return Ok(());
+        }
+        Ok(_) => {}
+    }
     match redirect::cleanup(Some(netns)) {
         Ok(()) => {
             tracing::info!("redirect rules removed");

@@ -1,8 +1,10 @@
-//! The one Kubernetes call the plugin makes: GET the pod, bounded in time.
+//! The one Kubernetes call the plugin makes: GET the pod, bounded by ONE deadline that covers
+//! everything (kubeconfig, name resolution, connect, TLS, body, retries and the pauses between).
 
 use crate::settings::LookupSettings;
 use k8s_openapi::api::core::v1::Pod;
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -15,15 +17,28 @@ pub enum LookupError {
     },
     #[error("building the Kubernetes client from {path}: {source}")]
     Client { path: PathBuf, source: kube::Error },
+    /// Retryable failures (connection, timeout, 404, 5xx) until the deadline or the attempts ran out.
     #[error(
-        "getting pod {namespace}/{name} from the Kubernetes API failed after {attempts} attempt(s) in {elapsed:?}: {last}"
+        "getting pod {pod} from the Kubernetes API failed after {attempts} attempt(s) in {elapsed:.3?} (deadline {deadline:?}, pod_lookup_deadline_ms): {last}"
     )]
     Exhausted {
-        namespace: String,
-        name: String,
+        pod: String,
         attempts: u32,
         elapsed: Duration,
+        deadline: Duration,
         last: String,
+    },
+    /// An answer that retrying cannot change (400, 401, 403, …, or a Pod we cannot decode).
+    #[error(
+        "getting pod {pod} from the Kubernetes API failed permanently at attempt {attempts} after {elapsed:.3?}: {reason}"
+    )]
+    Permanent {
+        pod: String,
+        attempts: u32,
+        elapsed: Duration,
+        reason: String,
+        /// The HTTP status, when the API answered with one.
+        status: Option<u16>,
     },
     #[error("starting the async runtime: {0}")]
     Runtime(std::io::Error),
@@ -37,20 +52,58 @@ pub fn load_kubeconfig(path: &Path) -> Result<Kubeconfig, LookupError> {
     })
 }
 
-/// GET /api/v1/namespaces/{namespace}/pods/{name}: `attempts` tries, each bounded by `timeout`,
-/// `interval` apart. Blocks the calling thread on a single-threaded runtime (the plugin is a
-/// short-lived process; a pool would only cost startup time).
+/// What the attempts so far saw; survives the deadline cancelling the lookup future.
+#[derive(Default)]
+struct Progress {
+    attempts: u32,
+    last: String,
+}
+
+/// GET /api/v1/namespaces/{namespace}/pods/{name}: up to `attempts` tries, each bounded by
+/// `timeout`, `interval` apart, all of it (client setup included) within `deadline`. Blocks the
+/// calling thread on a single-threaded runtime (the plugin is a short-lived process).
 pub fn get_pod(
     kubeconfig: &Path,
     namespace: &str,
     name: &str,
     lookup: LookupSettings,
 ) -> Result<Pod, LookupError> {
+    let start = Instant::now();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(LookupError::Runtime)?;
-    rt.block_on(get_pod_async(kubeconfig, namespace, name, lookup))
+    let progress = RefCell::new(Progress::default());
+    // The timer must be created inside the runtime (it needs its time driver).
+    let outcome = rt.block_on(async {
+        tokio::time::timeout(
+            lookup.deadline,
+            get_pod_async(kubeconfig, namespace, name, lookup, start, &progress),
+        )
+        .await
+    });
+    // hyper resolves names with getaddrinfo on the blocking pool; dropping the runtime would
+    // wait for a hanging lookup. Leave it behind: the process exits right after the command.
+    rt.shutdown_background();
+    let pod_ref = format!("{namespace}/{name}");
+    match outcome {
+        Ok(result) => result,
+        Err(_elapsed) => {
+            let p = progress.into_inner();
+            let last = if p.last.is_empty() {
+                "no answer yet".to_string()
+            } else {
+                p.last
+            };
+            Err(LookupError::Exhausted {
+                pod: pod_ref,
+                attempts: p.attempts,
+                elapsed: start.elapsed(),
+                deadline: lookup.deadline,
+                last: format!("deadline reached (last: {last})"),
+            })
+        }
+    }
 }
 
 async fn client(kubeconfig: &Path, timeout: Duration) -> Result<kube::Client, LookupError> {
@@ -70,61 +123,145 @@ async fn client(kubeconfig: &Path, timeout: Duration) -> Result<kube::Client, Lo
     })
 }
 
+/// One attempt's failure: worth retrying or not.
+enum AttemptError {
+    Retry(String),
+    Permanent { reason: String, status: Option<u16> },
+}
+
 async fn get_pod_async(
     kubeconfig: &Path,
     namespace: &str,
     name: &str,
     lookup: LookupSettings,
+    start: Instant,
+    progress: &RefCell<Progress>,
 ) -> Result<Pod, LookupError> {
-    let start = Instant::now();
     let client = client(kubeconfig, lookup.timeout).await?;
-    tracing::debug!(
-        elapsed_us = start.elapsed().as_micros() as u64,
-        "client ready"
-    );
-    let api: kube::Api<Pod> = kube::Api::namespaced(client, namespace);
-    let mut last = String::new();
+    tracing::debug!(elapsed_ms = ms(start), "client ready");
+    let pod_ref = format!("{namespace}/{name}");
     for attempt in 1..=lookup.attempts {
-        match tokio::time::timeout(lookup.timeout, api.get(name)).await {
-            Ok(Ok(pod)) => {
-                tracing::debug!(attempt, elapsed_ms = ms(start), "pod retrieved");
-                return Ok(pod);
-            }
-            Ok(Err(e)) => last = describe(&e),
-            Err(_) => last = format!("no answer within {:?}", lookup.timeout),
-        }
-        tracing::warn!(attempt, attempts = lookup.attempts, error = %last, "pod lookup failed");
+        progress.borrow_mut().attempts = attempt;
+        let last =
+            match tokio::time::timeout(lookup.timeout, get_once(&client, namespace, name)).await {
+                Ok(Ok(pod)) => {
+                    tracing::debug!(attempt, elapsed_ms = ms(start), "pod retrieved");
+                    return Ok(pod);
+                }
+                Ok(Err(AttemptError::Permanent { reason, status })) => {
+                    return Err(LookupError::Permanent {
+                        pod: pod_ref,
+                        attempts: attempt,
+                        elapsed: start.elapsed(),
+                        reason,
+                        status,
+                    });
+                }
+                Ok(Err(AttemptError::Retry(msg))) => msg,
+                Err(_) => format!(
+                    "no answer within pod_lookup_timeout_ms ({:?})",
+                    lookup.timeout
+                ),
+            };
+        tracing::warn!(attempt, attempts = lookup.attempts, elapsed_ms = ms(start), error = %last, "pod lookup failed");
+        progress.borrow_mut().last = last;
         if attempt < lookup.attempts {
             tokio::time::sleep(lookup.interval).await;
         }
     }
+    let p = progress.borrow();
     Err(LookupError::Exhausted {
-        namespace: namespace.to_string(),
-        name: name.to_string(),
-        attempts: lookup.attempts,
-        elapsed: Duration::from_millis(ms(start) as u64),
-        last,
+        pod: pod_ref,
+        attempts: p.attempts,
+        elapsed: start.elapsed(),
+        deadline: lookup.deadline,
+        last: p.last.clone(),
     })
 }
 
-fn ms(start: Instant) -> u128 {
-    start.elapsed().as_millis()
+/// One GET. The body is decoded here (not by kube) so that a bad Pod names the JSON path.
+async fn get_once(client: &kube::Client, namespace: &str, name: &str) -> Result<Pod, AttemptError> {
+    let request = kube::core::Request::new(format!("/api/v1/namespaces/{namespace}/pods"))
+        .get(name, &Default::default())
+        .map_err(|e| AttemptError::Permanent {
+            reason: format!("building the request: {e}"),
+            status: None,
+        })?;
+    let text = client.request_text(request).await.map_err(classify)?;
+    decode_pod(&text).map_err(|reason| AttemptError::Permanent {
+        reason,
+        status: None,
+    })
 }
 
-/// kube's errors, with the API status message when there is one.
-fn describe(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) => format!("API error {}: {}", s.code, s.message),
-        other => {
-            // The chain carries the useful part ("connection refused").
-            let mut msg = other.to_string();
-            let mut src = std::error::Error::source(other);
-            while let Some(s) = src {
-                msg.push_str(": ");
-                msg.push_str(&s.to_string());
-                src = s.source();
+/// The Pod JSON the API returned, or an error naming the JSON path that did not decode.
+pub fn decode_pod(text: &str) -> Result<Pod, String> {
+    let de = &mut serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        format!(
+            "the Pod JSON does not decode at {}: {}",
+            if path == "." { "the top level" } else { &path },
+            e.inner()
+        )
+    })
+}
+
+/// 404 (the pod may not be visible yet), 408, 429, 5xx and transport errors may go away; any
+/// other answer (400, 401, 403, …) will not.
+fn classify(e: kube::Error) -> AttemptError {
+    match &e {
+        kube::Error::Api(s) => {
+            let msg = format!("API error {}: {}", s.code, s.message);
+            match s.code {
+                404 | 408 | 429 | 500..=599 => AttemptError::Retry(msg),
+                code => AttemptError::Permanent {
+                    reason: msg,
+                    status: Some(code),
+                },
             }
-            msg
         }
+        kube::Error::SerdeError(_) | kube::Error::FromUtf8(_) => AttemptError::Permanent {
+            reason: describe(&e),
+            status: None,
+        },
+        _ => AttemptError::Retry(describe(&e)),
+    }
+}
+
+fn ms(start: Instant) -> u64 {
+    start.elapsed().as_millis() as u64
+}
+
+/// kube's errors with their chain (the useful part, e.g. "connection refused", is deep).
+fn describe(e: &kube::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        // Some layers repeat their source in their own text.
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        src = s.source();
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn undecodable_pods_name_the_json_path() {
+        let e = decode_pod(
+            r#"{"metadata":{"name":"p"},"spec":{"containers":[{"name":"a","env":"x"}]}}"#,
+        )
+        .unwrap_err();
+        assert!(e.contains("spec.containers[0].env"), "{e}");
+        let e = decode_pod(r#"{"metadata":{"annotations":{"a":1}}}"#).unwrap_err();
+        assert!(e.contains("metadata.annotations.a"), "{e}");
+        assert!(decode_pod("[]").unwrap_err().contains("top level"));
     }
 }

@@ -71,13 +71,24 @@ impl RotatingFile {
     }
 }
 
+/// Never through a symlink: someone who can write the run dir must not make us append to a
+/// file elsewhere. (The rotation's rename does not follow a symlink at `<file>.1`: it replaces
+/// the link itself.)
 fn open_append(path: &Path) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     OpenOptions::new()
         .create(true)
         .append(true)
         .mode(0o640)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                io::Error::new(e.kind(), "it is a symlink; not following it")
+            } else {
+                e
+            }
+        })
 }
 
 /// One formatted event, written in one call when dropped.
@@ -209,6 +220,34 @@ mod tests {
         assert!(live.len() <= 100 && backup.len() <= 100);
         assert!(live.contains("line 09"));
         assert!(!dir.join("istio-cni.log.2").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn never_writes_through_a_symlink() {
+        let dir = std::env::temp_dir().join(format!("istio-cni-log-link-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let outside = dir.join("outside");
+        std::fs::write(&outside, "untouched").unwrap();
+        let path = dir.join("istio-cni.log");
+        std::os::unix::fs::symlink(&outside, &path).unwrap();
+        let e = RotatingFile::open(&path, 100).err().expect("refused");
+        assert!(e.to_string().contains("symlink"), "{e}");
+        // A symlinked backup is replaced by the rotation, never written through.
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join("istio-cni.log.1")).unwrap();
+        let f = RotatingFile::open(&path, 50).unwrap();
+        for i in 0..5 {
+            f.write_line(format!("line {i} ..................\n").as_bytes())
+                .unwrap();
+        }
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "untouched");
+        assert!(
+            !std::fs::symlink_metadata(dir.join("istio-cni.log.1"))
+                .unwrap()
+                .is_symlink()
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -6,11 +6,14 @@ use redirect::{Backend, BackendChoice};
 use serde_json::Value;
 use std::time::Duration;
 
-/// Upper bounds that keep a misconfigured lookup from holding a sandbox creation for hours
-/// (kubelet gives RunPodSandbox 2 minutes in total).
+/// Upper bounds that keep a misconfigured lookup from holding a sandbox creation: CRI-O gives
+/// the whole CNI chain 2 minutes (half of kubelet's 4-minute RunPodSandbox); the lookup deadline
+/// may take at most 90 s of it. Attempts, timeouts and pauses must fit inside the deadline
+/// (checked in [`lookup_settings`]).
 const MAX_ATTEMPTS: u32 = 120;
 const MAX_INTERVAL: Duration = Duration::from_secs(10);
 const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+pub const MAX_DEADLINE: Duration = Duration::from_secs(90);
 
 /// The parsed stdin of ADD/DEL/CHECK/STATUS/GC.
 #[derive(Clone, Debug, PartialEq)]
@@ -23,18 +26,21 @@ pub struct NetConf {
     pub lookup: LookupSettings,
 }
 
-/// Bounds of the pod GET: `attempts` tries, `interval` apart, each at most `timeout`.
+/// Bounds of the pod GET: `attempts` tries, `interval` apart, each at most `timeout`, all of it
+/// within `deadline`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LookupSettings {
     pub attempts: u32,
     pub interval: Duration,
     pub timeout: Duration,
+    pub deadline: Duration,
 }
 
 impl LookupSettings {
     /// The longest a lookup can take (for messages and tests).
     pub fn budget(&self) -> Duration {
-        (self.timeout + self.interval) * self.attempts
+        self.deadline
+            .min((self.timeout + self.interval) * self.attempts)
     }
 }
 
@@ -70,9 +76,8 @@ pub fn parse_netconf(stdin: &[u8]) -> Result<NetConf, CniError> {
         .unwrap_or_default()
         .to_string();
     let prev_result = value.get("prevResult").filter(|v| !v.is_null()).cloned();
-    // serde names the offending field ("invalid type: ... for key `exclude_namespaces`").
-    let settings: PluginSettings = serde_json::from_value(value)
-        .map_err(|e| invalid(format!("invalid istio-cni setting: {e}")))?;
+    let settings = plugin_settings(&value)?;
+    run_dir(&settings.cni_agent_run_dir)?;
     let backend = backend_choice(&settings)?;
     let lookup = lookup_settings(&settings)?;
     Ok(NetConf {
@@ -83,6 +88,28 @@ pub fn parse_netconf(stdin: &[u8]) -> Result<NetConf, CniError> {
         backend,
         lookup,
     })
+}
+
+/// Our fields of the configuration; an error names the field by its JSON path.
+fn plugin_settings(value: &Value) -> Result<PluginSettings, CniError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        invalid(format!(
+            "invalid istio-cni setting {}: {}",
+            e.path(),
+            e.inner()
+        ))
+    })
+}
+
+/// The plugin writes its log there: a relative or empty path would land in whatever directory
+/// the runtime happens to run the plugin from.
+fn run_dir(dir: &str) -> Result<(), CniError> {
+    if dir.is_empty() || !std::path::Path::new(dir).is_absolute() {
+        return Err(invalid(format!(
+            "cni_agent_run_dir {dir:?} must be an absolute path"
+        )));
+    }
+    Ok(())
 }
 
 /// `redirect_backend`, with Istio's `native_nftables: true` meaning nft.
@@ -129,10 +156,36 @@ fn lookup_settings(s: &PluginSettings) -> Result<LookupSettings, CniError> {
             MAX_TIMEOUT.as_millis()
         )));
     }
+    let deadline = Duration::from_millis(s.pod_lookup_deadline_ms);
+    if deadline.is_zero() || deadline > MAX_DEADLINE {
+        return Err(invalid(format!(
+            "pod_lookup_deadline_ms {} must be between 1 and {}",
+            s.pod_lookup_deadline_ms,
+            MAX_DEADLINE.as_millis()
+        )));
+    }
+    if timeout > deadline {
+        return Err(invalid(format!(
+            "pod_lookup_timeout_ms {} must not exceed pod_lookup_deadline_ms {}",
+            s.pod_lookup_timeout_ms, s.pod_lookup_deadline_ms
+        )));
+    }
+    // The pauses alone must leave room for the last attempt, or the later attempts are fiction.
+    let pauses = interval * (s.pod_lookup_attempts - 1);
+    if pauses >= deadline {
+        return Err(invalid(format!(
+            "pod_lookup_attempts {} with pod_lookup_interval_ms {} pause {} ms in total, which does not fit pod_lookup_deadline_ms {}",
+            s.pod_lookup_attempts,
+            s.pod_lookup_interval_ms,
+            pauses.as_millis(),
+            s.pod_lookup_deadline_ms
+        )));
+    }
     Ok(LookupSettings {
         attempts: s.pod_lookup_attempts,
         interval,
         timeout,
+        deadline,
     })
 }
 
@@ -253,6 +306,43 @@ mod tests {
         let e = parse_netconf(br#"{"cniVersion":"1.0.0","exclude_namespaces":"kube-system"}"#)
             .unwrap_err();
         assert!(e.msg.contains("invalid type"), "{e}");
+        assert!(e.msg.contains("setting exclude_namespaces:"), "{e}");
+        let e =
+            parse_netconf(br#"{"cniVersion":"1.0.0","exclude_namespaces":["a",7]}"#).unwrap_err();
+        assert!(e.msg.contains("exclude_namespaces[1]"), "{e}");
+    }
+
+    #[test]
+    fn run_dir_must_be_absolute() {
+        for dir in ["", "run", "./run"] {
+            let conf = format!(r#"{{"cniVersion":"1.0.0","cni_agent_run_dir":"{dir}"}}"#);
+            let e = parse_netconf(conf.as_bytes()).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidConfig);
+            assert!(e.msg.contains("cni_agent_run_dir"), "{e}");
+        }
+    }
+
+    #[test]
+    fn lookup_bounds_fit_the_deadline() {
+        let err = |fields: &str| {
+            parse_netconf(format!(r#"{{"cniVersion":"1.0.0",{fields}}}"#).as_bytes())
+                .unwrap_err()
+                .msg
+        };
+        // The old accepted maxima: 120 × (60 s + 10 s).
+        let e = err(
+            r#""pod_lookup_attempts":120,"pod_lookup_timeout_ms":60000,"pod_lookup_interval_ms":10000"#,
+        );
+        assert!(e.contains("pod_lookup_deadline_ms"), "{e}");
+        let e = err(r#""pod_lookup_timeout_ms":40000,"pod_lookup_deadline_ms":20000"#);
+        assert!(e.contains("pod_lookup_timeout_ms 40000"), "{e}");
+        let e = err(r#""pod_lookup_deadline_ms":600000"#);
+        assert!(e.contains("pod_lookup_deadline_ms 600000"), "{e}");
+        let e = err(r#""pod_lookup_deadline_ms":0"#);
+        assert!(e.contains("pod_lookup_deadline_ms 0"), "{e}");
+        // The defaults fit, and the budget is the deadline.
+        let c = parse_netconf(br#"{"cniVersion":"1.0.0"}"#).unwrap();
+        assert_eq!(c.lookup.budget(), Duration::from_secs(30));
     }
 
     #[test]

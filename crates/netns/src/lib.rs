@@ -5,8 +5,10 @@
 //! runs on a fresh OS thread that enters the namespace and ends with the closure; the rest of
 //! the process never leaves the host namespace.
 
+mod foreign;
 mod lock;
 
+pub use foreign::{ForeignError, ensure_foreign};
 pub use lock::{LockError, NsLock};
 
 use nix::sched::{CloneFlags, setns};

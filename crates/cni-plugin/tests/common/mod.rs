@@ -43,6 +43,8 @@ pub struct NodeOptions {
     pub attempts: u32,
     pub interval_ms: u64,
     pub timeout_ms: u64,
+    /// `pod_lookup_deadline_ms`.
+    pub deadline_ms: u64,
     /// Point the kubeconfig at a port nobody listens on.
     pub api_down: bool,
     pub write_kubeconfig: bool,
@@ -59,9 +61,14 @@ impl Default for NodeOptions {
             attempts: 3,
             interval_ms: 100,
             timeout_ms: 1000,
+            deadline_ms: 10_000,
             api_down: false,
             write_kubeconfig: true,
-            plugin: PathBuf::from(PLUGIN),
+            // ISTIO_CNI_TEST_PLUGIN: run the suites against another build (e.g. an older one,
+            // to see a test fail before its fix).
+            plugin: std::env::var_os("ISTIO_CNI_TEST_PLUGIN")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(PLUGIN)),
             backend: "auto",
         }
     }
@@ -109,6 +116,7 @@ impl Node {
             "pod_lookup_attempts": self.opts.attempts,
             "pod_lookup_interval_ms": self.opts.interval_ms,
             "pod_lookup_timeout_ms": self.opts.timeout_ms,
+            "pod_lookup_deadline_ms": self.opts.deadline_ms,
             "ambient_enabled": false
         })
     }
@@ -152,12 +160,17 @@ impl Node {
     /// The CA keeps the client from loading the system trust store, as in production.
     pub fn write_kubeconfig(&self) {
         let port = if self.opts.api_down { 1 } else { self.api.port };
+        self.write_kubeconfig_for(&format!("http://127.0.0.1:{port}"));
+    }
+
+    /// A kubeconfig naming `server` (e.g. a host name whose lookup hangs).
+    pub fn write_kubeconfig_for(&self, server: &str) {
         let ca = base64(
             &std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ca.crt"))
                 .unwrap(),
         );
         let kubeconfig = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    certificate-authority-data: {ca}\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: istio-cni\n  context:\n    cluster: local\n    user: istio-cni\ncurrent-context: istio-cni\nusers:\n- name: istio-cni\n  user:\n    token: test-token\n"
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    certificate-authority-data: {ca}\n    server: {server}\ncontexts:\n- name: istio-cni\n  context:\n    cluster: local\n    user: istio-cni\ncurrent-context: istio-cni\nusers:\n- name: istio-cni\n  user:\n    token: test-token\n"
         );
         std::fs::write(self.run_dir().join("istio-cni-kubeconfig"), kubeconfig).unwrap();
     }

@@ -318,6 +318,7 @@ const OURS_ONLY: &[&str] = &[
     "pod_lookup_attempts",
     "pod_lookup_interval_ms",
     "pod_lookup_timeout_ms",
+    "pod_lookup_deadline_ms",
 ];
 
 fn off(v: &Value) -> bool {

@@ -1,0 +1,708 @@
+//! The plugin's adversarial suite (issue 11): per class of hostile input, enough cases to
+//! matter, through the real binary. Every case must end without a panic, with a CNI error JSON
+//! on stdout that names what was wrong when it fails, and with the pod's namespace either
+//! untouched or completely programmed; the node's own namespace is never programmed.
+//! Each test prints a one-line summary (run with `-- --nocapture` to see the figures).
+
+mod common;
+
+use common::{ApiMode, Node, NodeOptions, Run, fixture, k8s_args, rules};
+use integration::TestNetns;
+use serde_json::{Value, json};
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// xorshift64*: reproducible cases without a dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// What one class of cases found.
+#[derive(Default)]
+struct Tally {
+    cases: usize,
+    panics: Vec<String>,
+    unnamed: Vec<String>,
+}
+
+impl Tally {
+    /// One run: a panic is never fine; a failure must be a CNI error JSON whose message
+    /// contains every one of `names` (nothing required when `names` is empty).
+    fn judge(&mut self, case: &str, run: &Run, names: &[&str]) {
+        self.cases += 1;
+        let json: Option<Value> = serde_json::from_str(run.stdout.trim()).ok();
+        if run.stderr.contains("panicked") || json.as_ref().is_some_and(|j| j["code"] == 110) {
+            self.panics.push(format!("{case}: {run:?}"));
+            return;
+        }
+        if run.ok {
+            return;
+        }
+        let msg = json
+            .as_ref()
+            .and_then(|j| j["msg"].as_str())
+            .map(str::to_string);
+        match msg {
+            Some(m) if names.iter().all(|n| m.contains(n)) => {}
+            _ => self.unnamed.push(format!(
+                "{case}: expected {names:?} in the error; stdout {:?}",
+                truncate(&run.stdout)
+            )),
+        }
+    }
+
+    #[track_caller]
+    fn finish(self, class: &str) {
+        println!(
+            "adversarial {class}: {} cases, {} panics, {} unnamed errors",
+            self.cases,
+            self.panics.len(),
+            self.unnamed.len()
+        );
+        assert!(self.panics.is_empty(), "{:#?}", self.panics);
+        assert!(self.unnamed.is_empty(), "{:#?}", self.unnamed);
+    }
+}
+
+fn truncate(s: &str) -> String {
+    s.chars().take(300).collect()
+}
+
+/// A pod namespace with an address (so that a valid ADD really programs it).
+fn pod_ns() -> TestNetns {
+    let ns = TestNetns::with_prefix("adv").unwrap();
+    ns.sh("ip link add eth0 type veth peer name peer0 && ip addr add 10.88.0.5/16 dev eth0 && ip link set eth0 up")
+        .unwrap();
+    ns
+}
+
+/// A node with a sidecar pod `default/web` and short lookup bounds.
+fn node() -> Node {
+    let node = Node::new(NodeOptions {
+        attempts: 2,
+        interval_ms: 100,
+        timeout_ms: 1000,
+        deadline_ms: 3000,
+        ..Default::default()
+    });
+    node.api.put("default", "web", fixture("sidecar"));
+    node
+}
+
+fn add_env(netns: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("CNI_COMMAND", "ADD".into()),
+        ("CNI_CONTAINERID", "adv".into()),
+        ("CNI_NETNS", netns.into()),
+        ("CNI_IFNAME", "eth0".into()),
+        ("CNI_ARGS", k8s_args("default", "web")),
+    ]
+}
+
+fn run(node: &Node, env: &[(&'static str, String)], stdin: &[u8]) -> Run {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    node.plugin(&env, stdin)
+}
+
+/// The pod namespace is untouched or exactly what the plan says (CHECK passes).
+#[track_caller]
+fn untouched_or_complete(node: &Node, pod: &TestNetns, why: &str) {
+    if rules(pod).trim().is_empty() {
+        return;
+    }
+    let mut env = add_env(pod.path().to_str().unwrap());
+    env[0].1 = "CHECK".into();
+    let r = run(node, &env, &node.plugin_stdin(None));
+    assert!(
+        r.ok,
+        "{why}: half-programmed namespace: {r:#?}\n{}",
+        rules(pod)
+    );
+}
+
+/// The node's own namespace (where the plugin runs) keeps the rules it had.
+#[track_caller]
+fn node_untouched(node: &Node, before: &str, why: &str) {
+    assert_eq!(
+        rules(&node.ns),
+        before,
+        "{why}: the node namespace was programmed"
+    );
+}
+
+#[test]
+fn adversarial_stdin() {
+    let node = node();
+    let pod = pod_ns();
+    let env = add_env(pod.path().to_str().unwrap());
+    let valid = node.plugin_stdin(Some(json!({
+        "cniVersion": "1.0.0",
+        "interfaces": [{"name": "eth0", "sandbox": pod.path()}],
+        "ips": [{"interface": 0, "address": "10.88.0.5/16", "gateway": "10.88.0.1"}],
+        "routes": [{"dst": "0.0.0.0/0"}],
+        "dns": {}
+    })));
+    let mut rng = Rng(0x1157_11ad_c0de);
+    let mut tally = Tally::default();
+    let mut inputs: Vec<(String, Vec<u8>)> = Vec::new();
+    // Every 3rd truncation point of the real configuration.
+    for cut in (0..valid.len()).step_by(3) {
+        inputs.push((format!("truncated at {cut}"), valid[..cut].to_vec()));
+    }
+    // Byte flips in the real configuration (some still parse: those must work or fail cleanly).
+    for i in 0..150 {
+        let mut v = valid.clone();
+        for _ in 0..1 + i % 3 {
+            let at = rng.below(v.len());
+            v[at] = rng.next() as u8;
+        }
+        inputs.push((format!("flip #{i}"), v));
+    }
+    // Random bytes and random printable JSON-ish text.
+    const ALPHABET: &[u8] = b"{}[]\":,0123456789.eE-+truefalsnl \\/u";
+    for i in 0..60 {
+        let len = rng.below(400);
+        let v: Vec<u8> = if i % 2 == 0 {
+            (0..len).map(|_| rng.next() as u8).collect()
+        } else {
+            (0..len)
+                .map(|_| ALPHABET[rng.below(ALPHABET.len())])
+                .collect()
+        };
+        inputs.push((format!("random #{i}"), v));
+    }
+    // Huge and deep.
+    let mut huge: Value = serde_json::from_slice(&valid).unwrap();
+    huge["padding"] = "x".repeat(8 << 20).into();
+    inputs.push(("8 MiB string".into(), serde_json::to_vec(&huge).unwrap()));
+    inputs.push(("deep arrays".into(), "[".repeat(100_000).into_bytes()));
+    inputs.push(("deep objects".into(), "{\"a\":".repeat(50_000).into_bytes()));
+    inputs.push(("empty".into(), Vec::new()));
+    inputs.push(("NUL bytes".into(), vec![0; 1000]));
+    let start = Instant::now();
+    for (case, stdin) in &inputs {
+        let r = run(&node, &env, stdin);
+        // Whatever failed, the message must say it was the configuration on stdin or name the
+        // field (parse errors of a mutated field name it; see adversarial_fields).
+        let code = serde_json::from_str::<Value>(r.stdout.trim())
+            .ok()
+            .and_then(|j| j["code"].as_u64());
+        // A flip that still parses may fail later for its own reason (e.g. a renamed key
+        // falls back to the default run dir, which has no kubeconfig): any code but the
+        // configuration ones is then a proper answer.
+        let config_error = matches!(code, Some(1 | 6 | 7) | None);
+        let named = r.ok
+            || !config_error
+            || r.stdout.contains("stdin")
+            || r.stdout.contains("setting ")
+            || r.stdout.contains("prevResult")
+            || r.stdout.contains("cniVersion")
+            || r.stdout.contains("cni_agent_run_dir")
+            || r.stdout.contains("pod_lookup_")
+            || r.stdout.contains("redirect_backend");
+        tally.judge(case, &r, &[]);
+        if !named {
+            tally
+                .unnamed
+                .push(format!("{case}: {}", truncate(&r.stdout)));
+        }
+    }
+    untouched_or_complete(&node, &pod, "stdin cases");
+    println!(
+        "adversarial stdin: {:?} for {} runs",
+        start.elapsed(),
+        inputs.len()
+    );
+    tally.finish("stdin");
+}
+
+/// Values of every JSON type but `keep`'s.
+fn wrong_types(keep: &Value) -> Vec<Value> {
+    let all = [
+        json!(7),
+        json!(-1.5),
+        json!("text"),
+        json!(["a", 1]),
+        json!({"k": "v"}),
+        Value::Null,
+        json!(true),
+    ];
+    all.into_iter()
+        .filter(|v| std::mem::discriminant(v) != std::mem::discriminant(keep))
+        .collect()
+}
+
+#[test]
+fn adversarial_fields() {
+    let node = node();
+    let pod = pod_ns();
+    let env = add_env(pod.path().to_str().unwrap());
+    let base: Value = serde_json::from_slice(&node.plugin_stdin(None)).unwrap();
+    let mut tally = Tally::default();
+    // Every field of our settings object (name and type are the runtime's: it found us by them).
+    let entry = cni_config::PluginSettings::default().to_plugin_entry();
+    let mut keys: Vec<String> = entry
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| *k != "name" && *k != "type")
+        .cloned()
+        .collect();
+    keys.push("cniVersion".into());
+    for key in &keys {
+        for bad in wrong_types(&entry.get(key).cloned().unwrap_or(json!("1.0.0"))) {
+            let mut conf = base.clone();
+            conf[key.as_str()] = bad.clone();
+            let r = run(&node, &env, &serde_json::to_vec(&conf).unwrap());
+            if r.ok {
+                tally.unnamed.push(format!("{key} = {bad}: accepted"));
+            }
+            tally.judge(&format!("{key} = {bad}"), &r, &[key]);
+        }
+    }
+    // Elements of the list field.
+    for bad in [json!([1]), json!([null]), json!([["a"]]), json!([{}])] {
+        let mut conf = base.clone();
+        conf["exclude_namespaces"] = bad.clone();
+        let r = run(&node, &env, &serde_json::to_vec(&conf).unwrap());
+        tally.judge(
+            &format!("exclude_namespaces = {bad}"),
+            &r,
+            &["exclude_namespaces[0]"],
+        );
+    }
+    // prevResult broken at each level.
+    let prev_cases = [
+        (json!("x"), "prevResult"),
+        (json!([1]), "prevResult"),
+        (json!({"cniVersion": 1}), "prevResult.cniVersion"),
+        (json!({"interfaces": "eth0"}), "prevResult.interfaces"),
+        (json!({"interfaces": [7]}), "prevResult.interfaces[0]"),
+        (
+            json!({"interfaces": [{"name": 1}]}),
+            "prevResult.interfaces[0].name",
+        ),
+        (
+            json!({"interfaces": [{"mtu": "1500"}]}),
+            "prevResult.interfaces[0].mtu",
+        ),
+        (json!({"ips": {}}), "prevResult.ips"),
+        (json!({"ips": [null]}), "prevResult.ips[0]"),
+        (
+            json!({"ips": [{"address": []}]}),
+            "prevResult.ips[0].address",
+        ),
+        (
+            json!({"ips": [{"address": "10.0.0.1/8", "interface": "0"}]}),
+            "prevResult.ips[0].interface",
+        ),
+        (
+            json!({"ips": [{"address": "10.0.0.1/8", "gateway": 1}]}),
+            "prevResult.ips[0].gateway",
+        ),
+        (json!({"routes": [{}]}), "prevResult.routes[0]"),
+        (
+            json!({"routes": [{"dst": "0.0.0.0/0", "gw": true}]}),
+            "prevResult.routes[0].gw",
+        ),
+        (json!({"dns": []}), "prevResult.dns"),
+        (
+            json!({"dns": {"nameservers": [1]}}),
+            "prevResult.dns.nameservers[0]",
+        ),
+        (json!({"dns": {"search": "a"}}), "prevResult.dns.search"),
+    ];
+    for (prev, path) in prev_cases {
+        let mut conf = base.clone();
+        conf["prevResult"] = prev.clone();
+        let r = run(&node, &env, &serde_json::to_vec(&conf).unwrap());
+        if r.ok {
+            tally.unnamed.push(format!("prevResult {prev}: accepted"));
+        }
+        tally.judge(&format!("prevResult {prev}"), &r, &[path]);
+    }
+    assert_eq!(rules(&pod).trim(), "", "no case may program the pod");
+    // Pod JSON with wrong types where the plugin reads it (served by the API).
+    let pod_cases: [(&str, Value); 10] = [
+        ("metadata.labels", json!({"metadata": {"labels": ["a"]}})),
+        (
+            "metadata.annotations.x",
+            json!({"metadata": {"annotations": {"x": 1}}}),
+        ),
+        (
+            "spec.containers",
+            json!({"metadata": {}, "spec": {"containers": "istio-proxy"}}),
+        ),
+        (
+            "spec.initContainers",
+            json!({"metadata": {}, "spec": {"containers": [], "initContainers": {}}}),
+        ),
+        (
+            "spec.containers[0].name",
+            json!({"metadata": {}, "spec": {"containers": [{"name": 5}]}}),
+        ),
+        (
+            "spec.containers[0].env",
+            json!({"metadata": {}, "spec": {"containers": [{"name": "istio-proxy", "env": "A=1"}]}}),
+        ),
+        (
+            "spec.containers[0].env[0].value",
+            json!({"metadata": {}, "spec": {"containers": [{"name": "istio-proxy", "env": [{"name": "A", "value": 1}]}]}}),
+        ),
+        (
+            "spec.containers[0].args",
+            json!({"metadata": {}, "spec": {"containers": [{"name": "istio-proxy", "args": "proxy"}]}}),
+        ),
+        (
+            "spec.containers[0].securityContext.runAsUser",
+            json!({"metadata": {}, "spec": {"containers": [{"name": "istio-proxy", "securityContext": {"runAsUser": "1337"}}]}}),
+        ),
+        (
+            "spec.containers[0].securityContext.runAsGroup",
+            json!({"metadata": {}, "spec": {"containers": [{"name": "istio-proxy", "securityContext": {"runAsGroup": 1.5}}]}}),
+        ),
+    ];
+    for (i, (path, bad)) in pod_cases.iter().enumerate() {
+        let name = format!("bad-{i}");
+        node.api.put("default", &name, bad.clone());
+        let mut env = env.clone();
+        env[4].1 = k8s_args("default", &name);
+        let r = run(&node, &env, &node.plugin_stdin(None));
+        if r.ok {
+            tally.unnamed.push(format!("pod {path}: accepted"));
+        }
+        tally.judge(&format!("pod {path}"), &r, &[path]);
+    }
+    assert_eq!(rules(&pod).trim(), "", "no case may program the pod");
+    tally.finish("fields");
+}
+
+#[test]
+fn adversarial_env() {
+    let node = node();
+    let pod = pod_ns();
+    let netns = pod.path().to_str().unwrap().to_string();
+    let stdin = node.plugin_stdin(None);
+    let mut tally = Tally::default();
+    // Just under MAX_ARG_STRLEN (128 KiB for one "NAME=value" string).
+    let huge = "a".repeat(120 * 1024);
+    let junk = "\u{1}\u{7f} ;;==\t\n\u{e9}../../x=y;K8S_POD_NAME=";
+    for command in ["ADD", "CHECK", "DEL"] {
+        for var in [
+            "CNI_COMMAND",
+            "CNI_CONTAINERID",
+            "CNI_NETNS",
+            "CNI_IFNAME",
+            "CNI_ARGS",
+            "CNI_PATH",
+        ] {
+            for (what, value) in [
+                ("missing", None),
+                ("empty", Some("")),
+                ("huge", Some(huge.as_str())),
+                ("junk", Some(junk)),
+            ] {
+                let mut env = add_env(&netns);
+                env[0].1 = command.into();
+                env.push(("CNI_PATH", "/opt/cni/bin".into()));
+                env.retain(|(k, _)| *k != var);
+                if let Some(v) = value {
+                    env.push((leak(var), v.to_string()));
+                }
+                let r = run(&node, &env, &stdin);
+                tally.judge(&format!("{command} {var} {what}"), &r, &[var]);
+            }
+        }
+    }
+    untouched_or_complete(&node, &pod, "env cases");
+    tally.finish("env");
+}
+
+fn leak(s: &str) -> &'static str {
+    Box::leak(s.to_string().into_boxed_str())
+}
+
+#[test]
+fn adversarial_netns_targets() {
+    let node = node();
+    let before = rules(&node.ns);
+    let dir = node.dir.join("targets");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("regular");
+    std::fs::write(&file, "not a namespace").unwrap();
+    std::os::unix::fs::symlink(dir.join("nowhere"), dir.join("dangling")).unwrap();
+    let node_bind = node.ns.path().to_str().unwrap().to_string();
+    let targets: Vec<(&str, String)> = vec![
+        ("host", "/proc/1/ns/net".into()),
+        ("own /proc/self", "/proc/self/ns/net".into()),
+        ("own /proc/thread-self", "/proc/thread-self/ns/net".into()),
+        ("own bind mount", node_bind),
+        ("regular file", file.display().to_string()),
+        ("directory", dir.display().to_string()),
+        (
+            "dangling symlink",
+            dir.join("dangling").display().to_string(),
+        ),
+        ("missing", dir.join("missing").display().to_string()),
+        ("mount namespace", "/proc/self/ns/mnt".into()),
+        ("char device", "/dev/null".into()),
+    ];
+    let mut tally = Tally::default();
+    for (what, target) in &targets {
+        for command in ["ADD", "CHECK", "DEL"] {
+            let mut env = add_env(target);
+            env[0].1 = command.into();
+            let r = run(&node, &env, &node.plugin_stdin(None));
+            let case = format!("{command} {what}");
+            if command == "DEL" {
+                // DEL may succeed (nothing of ours can be there) or name the variable.
+                tally.judge(&case, &r, &["CNI_NETNS"]);
+            } else {
+                if r.ok {
+                    tally.unnamed.push(format!("{case}: accepted"));
+                }
+                tally.judge(&case, &r, &["CNI_NETNS", target]);
+            }
+            node_untouched(&node, &before, &case);
+        }
+    }
+    tally.finish("netns targets");
+}
+
+/// The plugin inside the node with /etc/resolv.conf pointing at a server that never answers
+/// (a private mount namespace, so nothing else sees it).
+fn run_with_hanging_dns(node: &Node, env: &[(&'static str, String)], stdin: &[u8]) -> Run {
+    let resolv = node.dir.join("resolv.conf");
+    std::fs::write(
+        &resolv,
+        "nameserver 127.0.0.1\noptions timeout:5 attempts:3\n",
+    )
+    .unwrap();
+    let start = Instant::now();
+    let out = node
+        .ns
+        .run(|| {
+            // Bound and silent: queries are neither answered nor refused.
+            let _dns = std::net::UdpSocket::bind("127.0.0.1:53")?;
+            let mut child = Command::new("unshare")
+                .args(["--mount", "--propagation", "private", "sh", "-c"])
+                .arg("mount --bind \"$0\" /etc/resolv.conf && exec \"$1\"")
+                .arg(&resolv)
+                .arg(&node.opts.plugin)
+                .env_clear()
+                .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+                .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()?;
+            child.stdin.take().unwrap().write_all(stdin)?;
+            child.wait_with_output()
+        })
+        .unwrap()
+        .unwrap();
+    Run::from_output(out, start.elapsed())
+}
+
+#[test]
+fn adversarial_api_faults_fail_within_the_deadline() {
+    const DEADLINE: Duration = Duration::from_millis(2500);
+    let opts = NodeOptions {
+        attempts: 3,
+        interval_ms: 200,
+        timeout_ms: 1000,
+        deadline_ms: DEADLINE.as_millis() as u64,
+        ..Default::default()
+    };
+    let node = Node::new(opts.clone());
+    node.api.put("default", "web", fixture("sidecar"));
+    let down = Node::new(NodeOptions {
+        api_down: true,
+        ..opts.clone()
+    });
+    let mut tally = Tally::default();
+    let mut figures = Vec::new();
+    // (mode, what the message must contain, CNI error code, retried?)
+    let cases: [(ApiMode, &str, u64, bool); 9] = [
+        (ApiMode::Status500, "500", 11, true),
+        (ApiMode::Status404, "404", 11, true),
+        (ApiMode::Status401, "401", 103, false),
+        (ApiMode::Status403, "403", 103, false),
+        (ApiMode::Status400, "400", 5, false),
+        (ApiMode::Garbage, "top level", 6, false),
+        (ApiMode::BadPod, "spec.containers", 6, false),
+        (ApiMode::Slow, "pod_lookup_timeout_ms", 11, true),
+        (ApiMode::Hang, "pod_lookup_timeout_ms", 11, true),
+    ];
+    let mut measure = |tally: &mut Tally, what: String, r: Run, names: &[&str], code: u64| {
+        figures.push(format!("{what} {:.2}s", r.elapsed.as_secs_f64()));
+        if r.ok {
+            tally.unnamed.push(format!("{what}: succeeded"));
+        } else if serde_json::from_str::<Value>(r.stdout.trim())
+            .ok()
+            .map(|j| j["code"].clone())
+            != Some(json!(code))
+        {
+            tally.unnamed.push(format!(
+                "{what}: expected code {code}: {}",
+                truncate(&r.stdout)
+            ));
+        }
+        tally.judge(&what, &r, names);
+        // A generous bound, only to catch a hang: the deadline plus process overhead.
+        assert!(
+            r.elapsed < DEADLINE + Duration::from_secs(3),
+            "{what}: {:?} against a deadline of {DEADLINE:?}",
+            r.elapsed
+        );
+    };
+    for (mode, needle, code, retried) in cases {
+        let pod = pod_ns();
+        node.api.set_mode(mode);
+        let before = node.api.requests.load(std::sync::atomic::Ordering::SeqCst);
+        let r = run(
+            &node,
+            &add_env(pod.path().to_str().unwrap()),
+            &node.plugin_stdin(None),
+        );
+        let requests = node.api.requests.load(std::sync::atomic::Ordering::SeqCst) - before;
+        if !retried && requests != 1 {
+            tally.unnamed.push(format!(
+                "{mode:?}: a permanent error took {requests} requests"
+            ));
+        }
+        measure(
+            &mut tally,
+            format!("{mode:?}"),
+            r,
+            &["default/web", needle],
+            code,
+        );
+        assert_eq!(rules(&pod).trim(), "", "{mode:?}: no rules");
+    }
+    node.api.set_mode(ApiMode::Up);
+    let pod = pod_ns();
+    let r = run(
+        &down,
+        &add_env(pod.path().to_str().unwrap()),
+        &down.plugin_stdin(None),
+    );
+    measure(
+        &mut tally,
+        "refused".into(),
+        r,
+        &["default/web", "refused"],
+        11,
+    );
+    // DNS that never answers: the deadline covers name resolution too.
+    node.write_kubeconfig_for(&format!(
+        "http://kube-api.adversarial.test:{}",
+        node.api.port
+    ));
+    let r = run_with_hanging_dns(
+        &node,
+        &add_env(pod.path().to_str().unwrap()),
+        &node.plugin_stdin(None),
+    );
+    println!("hanging DNS error: {}", r.stdout.trim());
+    measure(
+        &mut tally,
+        "hanging DNS".into(),
+        r,
+        &["default/web", "deadline"],
+        11,
+    );
+    assert_eq!(rules(&pod).trim(), "");
+    println!(
+        "adversarial API time-to-fail (deadline {DEADLINE:?}): {}",
+        figures.join(", ")
+    );
+    tally.finish("API faults");
+}
+
+/// The log is never appended through a symlink planted in the run dir (issue 11, item 8); the
+/// refusal is reported on stderr and the command still works.
+#[test]
+fn symlinked_log_is_refused_and_the_command_still_works() {
+    let node = node();
+    let pod = pod_ns();
+    let outside = node.dir.join("outside.txt");
+    std::fs::write(&outside, "untouched").unwrap();
+    let log = node.run_dir().join("istio-cni.log");
+    let _ = std::fs::remove_file(&log);
+    std::os::unix::fs::symlink(&outside, &log).unwrap();
+    let r = run(
+        &node,
+        &add_env(pod.path().to_str().unwrap()),
+        &node.plugin_stdin(None),
+    );
+    assert!(r.ok, "{r:#?}");
+    assert!(
+        r.stderr.contains("symlink"),
+        "the refusal is reported: {r:#?}"
+    );
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "untouched");
+    assert!(std::fs::symlink_metadata(&log).unwrap().is_symlink());
+    untouched_or_complete(&node, &pod, "symlinked log");
+    assert!(!rules(&pod).trim().is_empty(), "the ADD programmed the pod");
+}
+
+/// An empty or relative `cni_agent_run_dir` is a configuration error naming the field, and
+/// nothing is written into the runtime's working directory (issue 11, item 10).
+#[test]
+fn relative_run_dir_is_refused_and_nothing_lands_in_the_working_directory() {
+    let node = node();
+    let pod = pod_ns();
+    let cwd = node.dir.join("cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let mut tally = Tally::default();
+    for dir in ["", ".", "run", "./var/run/istio-cni"] {
+        let mut conf: Value = serde_json::from_slice(&node.plugin_stdin(None)).unwrap();
+        conf["cni_agent_run_dir"] = dir.into();
+        let env = add_env(pod.path().to_str().unwrap());
+        let out = node
+            .ns
+            .run(|| {
+                let mut child = Command::new(&node.opts.plugin)
+                    .current_dir(&cwd)
+                    .env_clear()
+                    .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()?;
+                child
+                    .stdin
+                    .take()
+                    .unwrap()
+                    .write_all(&serde_json::to_vec(&conf).unwrap())?;
+                child.wait_with_output()
+            })
+            .unwrap()
+            .unwrap();
+        let r = Run::from_output(out, Duration::ZERO);
+        assert!(!r.ok, "{dir:?} accepted: {r:#?}");
+        tally.judge(
+            &format!("cni_agent_run_dir {dir:?}"),
+            &r,
+            &["cni_agent_run_dir"],
+        );
+        assert_eq!(
+            std::fs::read_dir(&cwd).unwrap().count(),
+            0,
+            "{dir:?}: something was written into the working directory"
+        );
+    }
+    assert_eq!(rules(&pod).trim(), "");
+    tally.finish("run dir");
+}
