@@ -118,6 +118,8 @@ fn lookup_error(e: LookupError, args: &K8sArgs) -> CniError {
 fn redirect_error(e: RedirectError, what: &str) -> CniError {
     let code = match &e {
         RedirectError::Netns(n) if n.is_missing() => ErrorCode::ContainerUnknown,
+        // Another call on the same namespace held it past the lock wait: the runtime retries.
+        RedirectError::Lock(_) => ErrorCode::TryAgainLater,
         _ => ErrorCode::Redirect,
     };
     CniError::new(code, format!("{what}: {e}"))
@@ -177,9 +179,15 @@ pub fn check(conf: &NetConf, env: &CniEnv) -> Result<(), CniError> {
     Err(CniError::new(
         ErrorCode::RulesDrift,
         format!(
-            "pod {}: the redirect rules differ from the plan ({} difference(s))",
+            "pod {}: the redirect rules differ from the plan ({} difference(s)); to see where a \
+             connection goes now and why: istio-nftables explain --network-namespace {} \
+             --dst ADDR:PORT [--direction inbound] [--uid UID --gid GID] [--trace]",
             pod_ref(&args),
-            diff.len()
+            diff.len(),
+            env.netns
+                .as_deref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "<netns>".into())
         ),
     )
     .with_details(diff.join("\n")))
