@@ -847,6 +847,15 @@ mod tests {
                 vec!["--repair-label-pods=true", "--repair-broken-pod-label-key="],
                 "REPAIR_BROKEN_POD_LABEL_KEY",
             ),
+            (
+                vec!["--repair-label-selectors=app in web"],
+                "REPAIR_LABEL_SELECTORS",
+            ),
+            (
+                vec!["--repair-field-selectors=status.phase"],
+                "REPAIR_FIELD_SELECTORS",
+            ),
+            (vec!["--pod-watch-timeout-seconds=0"], "0"),
         ] {
             let err = parse(&args).unwrap_err();
             assert!(err.contains(needle), "{args:?}: {err}");

@@ -520,6 +520,15 @@ fn watch_faults_recover_quickly() {
         ),
         // Silent until the watch's own timeout (3 s here) + 2 s grace.
         ("hung watch", |k| k.hang_watches(), Duration::from_secs(12)),
+        // 410 forces a re-list, which hangs until the list timeout (watch timeout + 2 s).
+        (
+            "410 then a hung list",
+            |k| {
+                k.hang_next_lists(1);
+                k.expire();
+            },
+            Duration::from_secs(12),
+        ),
         (
             "ERROR event + 3 garbage lines, twice",
             |k| {

@@ -45,7 +45,8 @@ pub const BACKOFF_FIRST: Duration = Duration::from_millis(200);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Server-side watch timeout (client-go picks 5-10 min; the API server closes the watch then).
 pub const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(290);
-/// A list taking longer than this is abandoned and retried.
+/// A list taking longer than this (or than the watch timeout, if shorter) is abandoned and
+/// retried.
 pub const LIST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Slack after `timeoutSeconds` before a silent watch counts as hung.
 const HANG_GRACE: Duration = Duration::from_secs(2);
@@ -206,9 +207,10 @@ impl PodCache {
         tracing::info!(field_selector = %selector, "pod cache: watching this node's pods");
         let mut backoff = Backoff::default();
         let mut recovering: Option<String> = None;
+        let list_timeout = LIST_TIMEOUT.min(watch_timeout + HANG_GRACE);
         loop {
             let lp = ListParams::default().fields(&selector);
-            let listed = match tokio::time::timeout(LIST_TIMEOUT, api.list(&lp)).await {
+            let listed = match tokio::time::timeout(list_timeout, api.list(&lp)).await {
                 Ok(Ok(list)) => list,
                 Ok(Err(e)) => {
                     let d = backoff.next_delay();
@@ -219,7 +221,7 @@ impl PodCache {
                 Err(_) => {
                     let d = backoff.next_delay();
                     tracing::warn!(
-                        timeout_s = LIST_TIMEOUT.as_secs(),
+                        timeout_s = list_timeout.as_secs(),
                         retry_in_ms = d.as_millis() as u64,
                         "pod cache: list timed out"
                     );

@@ -95,6 +95,11 @@ fn parse(text: &str, set_based: bool) -> Result<Selector, SelectorError> {
 }
 
 impl Selector {
+    /// Selects no object at all.
+    pub fn nothing() -> Selector {
+        Selector(vec![Req::In(String::new(), Vec::new())])
+    }
+
     /// A label selector (`a=b,c!=d,e in (x,y),f notin (z),g,!h`).
     pub fn labels(text: &str) -> Result<Selector, SelectorError> {
         parse(text, true)
@@ -177,6 +182,7 @@ mod tests {
             assert!(!s.matches_labels(Some(&bad)), "{bad:?}");
         }
         assert!(Selector::labels("").unwrap().matches_labels(None));
+        assert!(!Selector::nothing().matches_labels(Some(&ok)));
         assert!(Selector::labels("a in x").is_err());
         assert!(Selector::fields("a in (x)").is_err());
     }

@@ -349,12 +349,13 @@ pub struct Controller {
 impl Controller {
     pub fn new(client: Client, settings: Settings, state: Arc<State>) -> Controller {
         // Validated at startup (config::repair_config); an unparsable one selects nothing.
-        let none = || Selector::labels("!__unparsable_selector__").unwrap_or_default();
         Controller {
             client,
             action: settings.repair.action(),
-            labels: Selector::labels(&settings.repair.label_selectors).unwrap_or_else(|_| none()),
-            fields: Selector::fields(&settings.repair.field_selectors).unwrap_or_else(|_| none()),
+            labels: Selector::labels(&settings.repair.label_selectors)
+                .unwrap_or_else(|_| Selector::nothing()),
+            fields: Selector::fields(&settings.repair.field_selectors)
+                .unwrap_or_else(|_| Selector::nothing()),
             settings: Arc::new(settings),
             state,
             cache: HashMap::new(),

@@ -42,6 +42,8 @@ struct Inner {
     /// History before this version is compacted: a watch from an older one gets 410.
     compacted: AtomicU64,
     rv: AtomicU64,
+    /// How many more pod LIST requests are accepted and never answered.
+    hang_lists: AtomicU64,
     /// Method → how many more requests of it get a 500.
     fail: Mutex<HashMap<String, u32>>,
 }
@@ -128,6 +130,11 @@ impl FakeKube {
     pub fn hang_watches(&self) {
         let mut ws = self.inner.watchers.lock().unwrap();
         self.inner.hung.lock().unwrap().append(&mut ws);
+    }
+
+    /// The next `n` pod LISTs are read and never answered (connection kept open).
+    pub fn hang_next_lists(&self, n: u64) {
+        self.inner.hang_lists.store(n, Ordering::SeqCst);
     }
 
     /// Every open watch connection is cut mid-stream (no terminating chunk).
@@ -356,6 +363,14 @@ fn serve(mut conn: TcpStream, inner: &Inner) {
                 }
             }
             ws.push(conn);
+        }
+        ("GET", ["api", "v1", "pods"])
+            if inner
+                .hang_lists
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok() =>
+        {
+            inner.hung.lock().unwrap().push(conn);
         }
         ("GET", ["api", "v1", "pods"]) => {
             let items = inner.pods.lock().unwrap().clone();
