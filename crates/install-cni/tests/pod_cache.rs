@@ -84,6 +84,44 @@ fn one_watch_serves_every_subscriber_and_relists_deletions() {
         assert_eq!(sorted(cache.snapshot().iter().map(|p| p.metadata.name.clone().unwrap()).collect()), ["a", "c"]);
         let stats = cache.stats();
         assert_eq!((stats.hangs, stats.lists), (1, 2), "{stats:?}");
+
+        // A brownout: the next 4 watches fail at once. Each failure ends the watch, backs off
+        // (exponentially, jittered, capped) and re-lists; then events flow again.
+        let (lists0, watches0, errors0) = (
+            kube.list_requests(),
+            kube.watch_requests(),
+            cache.stats().watch_errors,
+        );
+        kube.fail_next_watches(4);
+        kube.reset_watches();
+        let t0 = std::time::Instant::now();
+        while cache.stats().watch_errors < errors0 + 4 {
+            assert!(t0.elapsed() < T, "{:?}", cache.stats());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let brownout = t0.elapsed();
+        while kube.watchers() == 0 {
+            assert!(t0.elapsed() < T, "no watch after the brownout");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let (lists, watches) = (
+            kube.list_requests() - lists0,
+            kube.watch_requests() - watches0,
+        );
+        // Bounded: one list per failed watch, no hot loop.
+        assert!(lists <= 5 && watches <= 6, "lists {lists}, watches {watches}");
+        let t1 = std::time::Instant::now();
+        kube.add(broken_pod("shop", "d", "uid-d", "10.0.0.4", "node-a", 126));
+        let mut seen = Vec::new();
+        while !seen.contains(&"+d".to_string()) {
+            seen.extend(take(&mut first, Some(1)).await);
+        }
+        let took = t1.elapsed();
+        eprintln!(
+            "summary: pod-cache-brownout: failed watches 4 over {} ms, lists {lists}, watches {watches}, next event then delivered in {} ms",
+            brownout.as_millis(),
+            took.as_millis()
+        );
         eprintln!(
             "summary: pod-cache: subscribers 2, lists {}, watches {}, hangs {}, 410s {}, deletions found by re-list 1/1",
             stats.lists, stats.watches, stats.hangs, stats.gone

@@ -42,6 +42,8 @@ struct Inner {
     /// History before this version is compacted: a watch from an older one gets 410.
     compacted: AtomicU64,
     rv: AtomicU64,
+    /// How many more pod WATCH requests get an ERROR event at once (an API brownout).
+    failing_watches: AtomicU64,
     /// How many more pod LIST requests are accepted and never answered.
     hang_lists: AtomicU64,
     /// Method → how many more requests of it get a 500.
@@ -130,6 +132,11 @@ impl FakeKube {
     pub fn hang_watches(&self) {
         let mut ws = self.inner.watchers.lock().unwrap();
         self.inner.hung.lock().unwrap().append(&mut ws);
+    }
+
+    /// The next `n` pod WATCHes get `500 etcdserver: request timed out` as their first event.
+    pub fn fail_next_watches(&self, n: u64) {
+        self.inner.failing_watches.store(n, Ordering::SeqCst);
     }
 
     /// The next `n` pod LISTs are read and never answered (connection kept open).
@@ -348,11 +355,18 @@ fn serve(mut conn: TcpStream, inner: &Inner) {
                 b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
             );
             let mut ws = inner.watchers.lock().unwrap();
-            if from < inner.compacted.load(Ordering::SeqCst) {
-                let line = format!(
-                    "{}\n",
-                    json!({"type": "ERROR", "object": status(410, "Expired", "too old resource version")})
-                );
+            let brownout = inner
+                .failing_watches
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            let expired = from < inner.compacted.load(Ordering::SeqCst);
+            if brownout || expired {
+                let st = if expired {
+                    status(410, "Expired", "too old resource version")
+                } else {
+                    status(500, "InternalError", "etcdserver: request timed out")
+                };
+                let line = format!("{}\n", json!({"type": "ERROR", "object": st}));
                 let _ = conn.write_all(chunked(&line).as_bytes());
                 let _ = conn.write_all(b"0\r\n\r\n");
                 return;
