@@ -294,8 +294,30 @@ fn symlinked_conflists() {
     assert_eq!(fs::read(&target).unwrap(), calico());
     assert_eq!(names(&outside), ["calico.conflist"]);
     assert!(is_link(&link));
+
+    // A symlinked .conf would have to become a .conflist: renaming would replace the link.
+    let env = Env::new();
+    fs::create_dir(env.net.join("real")).unwrap();
+    let mut single = golden_json("test-testdata/pre/calico.conflist")["plugins"][0].clone();
+    single["cniVersion"] = "0.3.1".into();
+    single["name"] = "k8s-pod-network".into();
+    let single = serde_json::to_vec_pretty(&single).unwrap();
+    fs::write(env.net.join("real/calico.conf"), &single).unwrap();
+    let link = env.net.join("10-calico.conf");
+    symlink("real/calico.conf", &link).unwrap();
+    let d = env.start(&[]);
+    assert!(
+        d.wait_log("converting it to a .conflist would replace the link", T),
+        "{}",
+        d.log()
+    );
+    let (st, log) = d.stop();
+    assert!(st.success(), "{log}");
+    assert!(is_link(&link));
+    assert_eq!(fs::read(env.net.join("real/calico.conf")).unwrap(), single);
+    assert_eq!(names(&env.net), ["10-calico.conf", "real"]);
     eprintln!(
-        "summary: conflist-symlinks: inside net dir kept as link through install+repair+uninstall 1/1, outside refused 1/1, outside files written 0"
+        "summary: conflist-symlinks: inside net dir kept as link through install+repair+uninstall 1/1, outside refused 1/1, symlinked .conf conversion refused 1/1, outside files written 0"
     );
 }
 
@@ -576,6 +598,15 @@ fn watch_faults_recover_quickly() {
     }
     let lists = kube.list_requests();
     let watches = kube.watch_requests();
+    // The faults are visible to operators.
+    assert!(
+        d.metric("istio_cni_pod_cache_watch_errors_total") >= 3.0,
+        "{}",
+        d.get("/metrics").1
+    );
+    assert_eq!(d.metric("istio_cni_pod_cache_watch_hangs_total"), 1.0);
+    assert!(d.metric("istio_cni_pod_cache_watch_expired_total") >= 1.0);
+    assert_eq!(d.metric("istio_cni_pod_cache_pods"), faults.len() as f64);
     assert!(!d.log().contains("panicked"));
     drop(d);
     eprintln!(

@@ -101,6 +101,15 @@ pub struct PodCache {
     inner: Arc<Mutex<Inner>>,
 }
 
+impl std::fmt::Debug for PodCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodCache")
+            .field("pods", &self.len())
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
 impl PodCache {
     pub fn new() -> PodCache {
         PodCache::default()
@@ -135,6 +144,15 @@ impl PodCache {
             .pods
             .get(&format!("{namespace}/{name}"))
             .cloned()
+    }
+
+    /// Number of pods known.
+    pub fn len(&self) -> usize {
+        self.lock().pods.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     pub fn is_synced(&self) -> bool {

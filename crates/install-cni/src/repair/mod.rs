@@ -594,6 +594,7 @@ pub async fn start(
         }
     };
     let cache = PodCache::new();
+    state.set_pod_cache(cache.clone());
     let subscription = cache.subscribe();
     tokio::spawn(cache.clone().run(
         Api::all(client.clone()),
