@@ -225,77 +225,92 @@ impl PodCache {
         tracing::info!(field_selector = %selector, "pod cache: watching this node's pods");
         let mut backoff = Backoff::default();
         let mut recovering: Option<String> = None;
-        let list_timeout = LIST_TIMEOUT.min(watch_timeout + HANG_GRACE);
         loop {
-            let lp = ListParams::default().fields(&selector);
-            let listed = match tokio::time::timeout(list_timeout, api.list(&lp)).await {
-                Ok(Ok(list)) => list,
-                Ok(Err(e)) => {
+            let mut version = match self.list(&api, &selector, watch_timeout).await {
+                Ok((version, n)) => {
+                    match recovering.take() {
+                        Some(why) => tracing::info!(pods = n, after = %why, "pod cache: re-listed"),
+                        None => tracing::debug!(pods = n, "pod cache: listed"),
+                    }
+                    version
+                }
+                Err(e) => {
                     let d = backoff.next_delay();
                     tracing::warn!(error = %e, retry_in_ms = d.as_millis() as u64, "pod cache: list failed");
                     tokio::time::sleep(d).await;
                     continue;
                 }
-                Err(_) => {
-                    let d = backoff.next_delay();
-                    tracing::warn!(
-                        timeout_s = list_timeout.as_secs(),
-                        retry_in_ms = d.as_millis() as u64,
-                        "pod cache: list timed out"
-                    );
-                    tokio::time::sleep(d).await;
-                    continue;
-                }
             };
-            let mut version = listed.metadata.resource_version.clone().unwrap_or_default();
-            let n = listed.items.len();
-            self.replace(listed.items);
-            match recovering.take() {
-                Some(why) => tracing::info!(pods = n, after = %why, "pod cache: re-listed"),
-                None => tracing::debug!(pods = n, "pod cache: listed"),
-            }
-            // Watch (and resume after normal closes) until the watch fails.
-            let why = loop {
-                let started = Instant::now();
-                match self
-                    .watch_once(&api, &selector, &mut version, watch_timeout)
-                    .await
-                {
-                    WatchEnd::Closed { events } => {
-                        if events > 0 || started.elapsed() >= HEALTHY {
-                            backoff.reset();
-                            continue;
-                        }
-                        // Closed at once with nothing: treat as a failure, not a hot loop.
-                        break "the watch closed at once".to_string();
-                    }
-                    WatchEnd::Gone => {
-                        self.count(|s| s.gone += 1);
-                        tracing::info!("pod cache: resourceVersion expired (410 Gone); re-listing");
-                        break String::new();
-                    }
-                    WatchEnd::Hung => {
-                        self.count(|s| s.hangs += 1);
-                        backoff.reset();
-                        break format!(
-                            "the watch stayed silent past its {} s timeout",
-                            watch_timeout.as_secs()
-                        );
-                    }
-                    WatchEnd::Failed { error, events } => {
-                        self.count(|s| s.watch_errors += 1);
-                        if events > 0 || started.elapsed() >= HEALTHY {
-                            backoff.reset();
-                        }
-                        break error;
-                    }
-                }
-            };
-            if !why.is_empty() {
+            let why = self
+                .watch_until_failure(&api, &selector, &mut version, watch_timeout, &mut backoff)
+                .await;
+            if let Some(why) = why {
                 let d = backoff.next_delay();
                 tracing::warn!(error = %why, retry_in_ms = d.as_millis() as u64, "pod cache: watch ended; re-listing");
                 tokio::time::sleep(d).await;
                 recovering = Some(why);
+            }
+        }
+    }
+
+    /// One complete list, applied with [`PodCache::replace`]: (resourceVersion, pod count).
+    async fn list(
+        &self,
+        api: &Api<Pod>,
+        selector: &str,
+        watch_timeout: Duration,
+    ) -> Result<(String, usize), String> {
+        let timeout = LIST_TIMEOUT.min(watch_timeout + HANG_GRACE);
+        let lp = ListParams::default().fields(selector);
+        let listed = match tokio::time::timeout(timeout, api.list(&lp)).await {
+            Ok(Ok(list)) => list,
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => return Err(format!("no answer within {} s", timeout.as_secs())),
+        };
+        let version = listed.metadata.resource_version.clone().unwrap_or_default();
+        let n = listed.items.len();
+        self.replace(listed.items);
+        Ok((version, n))
+    }
+
+    /// Watches from `version`, resuming after normal closes, until a watch fails. `None`: re-list
+    /// at once (410 Gone); `Some(why)`: re-list after a backoff.
+    async fn watch_until_failure(
+        &self,
+        api: &Api<Pod>,
+        selector: &str,
+        version: &mut String,
+        timeout: Duration,
+        backoff: &mut Backoff,
+    ) -> Option<String> {
+        loop {
+            let started = Instant::now();
+            let end = self.watch_once(api, selector, version, timeout).await;
+            let healthy = |events: u64| events > 0 || started.elapsed() >= HEALTHY;
+            match end {
+                WatchEnd::Closed { events } if healthy(events) => backoff.reset(),
+                // Closed at once with nothing: a failure, not a hot loop.
+                WatchEnd::Closed { .. } => return Some("the watch closed at once".into()),
+                WatchEnd::Gone => {
+                    self.count(|s| s.gone += 1);
+                    tracing::info!("pod cache: resourceVersion expired (410 Gone); re-listing");
+                    return None;
+                }
+                WatchEnd::Hung => {
+                    self.count(|s| s.hangs += 1);
+                    backoff.reset();
+                    return Some(format!(
+                        "the watch stayed silent past its {} s timeout",
+                        timeout.as_secs()
+                    ));
+                }
+                WatchEnd::Failed { error, events } => {
+                    self.count(|s| s.watch_errors += 1);
+                    if healthy(events) {
+                        backoff.reset();
+                    }
+                    return Some(error);
+                }
             }
         }
     }
