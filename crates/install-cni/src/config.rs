@@ -52,6 +52,7 @@ pub const ENV_VARS: &[&str] = &[
     "REPAIR_BROKEN_POD_LABEL_KEY",
     "REPAIR_BROKEN_POD_LABEL_VALUE",
     "REPAIR_PROC_ROOT",
+    "POD_WATCH_TIMEOUT_SECONDS",
     "KUBECONFIG",
 ];
 
@@ -265,6 +266,11 @@ pub struct Args {
     #[arg(long, env = "REPAIR_PROC_ROOT", default_value = "/host/proc")]
     pub repair_proc_root: PathBuf,
 
+    /// timeoutSeconds of the node pod cache's watch: the API server ends a quiet watch then
+    /// and the cache resumes; a watch still silent 2 s later counts as hung and is re-listed.
+    #[arg(long, env = "POD_WATCH_TIMEOUT_SECONDS", default_value = "290", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub pod_watch_timeout_seconds: u64,
+
     /// Kubeconfig for the repair controller's API client (empty: in-cluster, from
     /// KUBERNETES_SERVICE_* and the service-account directory).
     #[arg(long, env = "KUBECONFIG", default_value = "")]
@@ -304,6 +310,8 @@ pub struct Config {
     pub binaries: Vec<String>,
     pub sa_dir: PathBuf,
     pub repair: RepairConfig,
+    /// The node pod cache's watch timeout (POD_WATCH_TIMEOUT_SECONDS).
+    pub pod_watch_timeout: std::time::Duration,
 }
 
 /// Which action the repair controller takes on a broken pod (Istio's precedence).
@@ -494,6 +502,22 @@ fn repair_config(a: &Args) -> Result<RepairConfig, ConfigError> {
             "expected an absolute path",
         ));
     }
+    for (var, text, parsed) in [
+        (
+            "REPAIR_LABEL_SELECTORS",
+            &a.repair_label_selectors,
+            crate::podcache::selector::Selector::labels(&a.repair_label_selectors),
+        ),
+        (
+            "REPAIR_FIELD_SELECTORS",
+            &a.repair_field_selectors,
+            crate::podcache::selector::Selector::fields(&a.repair_field_selectors),
+        ),
+    ] {
+        if let Err(e) = parsed {
+            return Err(bad(var, text.trim(), e.why));
+        }
+    }
     let kubeconfig = a.kubeconfig.trim();
     Ok(RepairConfig {
         enabled: a.repair_enabled,
@@ -634,6 +658,7 @@ impl Config {
             binaries,
             sa_dir: a.service_account_dir,
             repair,
+            pod_watch_timeout: std::time::Duration::from_secs(a.pod_watch_timeout_seconds),
         })
     }
 
@@ -671,6 +696,7 @@ impl Config {
             binaries: vec!["istio-cni".into(), "istio-nftables".into()],
             sa_dir,
             repair: RepairConfig::disabled(),
+            pod_watch_timeout: crate::podcache::DEFAULT_WATCH_TIMEOUT,
         }
     }
 
@@ -821,6 +847,15 @@ mod tests {
                 vec!["--repair-label-pods=true", "--repair-broken-pod-label-key="],
                 "REPAIR_BROKEN_POD_LABEL_KEY",
             ),
+            (
+                vec!["--repair-label-selectors=app in web"],
+                "REPAIR_LABEL_SELECTORS",
+            ),
+            (
+                vec!["--repair-field-selectors=status.phase"],
+                "REPAIR_FIELD_SELECTORS",
+            ),
+            (vec!["--pod-watch-timeout-seconds=0"], "0"),
         ] {
             let err = parse(&args).unwrap_err();
             assert!(err.contains(needle), "{args:?}: {err}");

@@ -141,8 +141,9 @@ pub async fn main(cfg: Config) -> Result<(), StartError> {
     }
 
     // After the listeners (metrics must be up to count repairs), before the install loop (Istio's
-    // order); never blocks the install: the watch connects and retries on its own.
-    crate::repair::start(&cfg, decision.backend, state.clone()).await;
+    // order); never blocks the install: the watch connects and retries on its own. The node pod
+    // cache it starts is the one later consumers subscribe to (no second watch).
+    let _pod_cache = crate::repair::start(&cfg, decision.backend, state.clone()).await;
 
     let watch = Watch::new(Filter::new(&cfg))?;
     let installer = Installer::new(cfg, entry);

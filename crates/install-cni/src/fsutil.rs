@@ -1,10 +1,15 @@
 //! Atomic file replacement: write a temp file next to the target, fsync, chmod, rename. Readers
 //! (kubelet, the container runtime exec'ing the plugin) see the old file or the new one, never
 //! a torn one, and a running plugin binary keeps its old inode.
+//!
+//! Links and modes: no write follows a symlink we did not create. Temp files are created with
+//! O_EXCL (never through a planted link), a rename replaces a link at the destination instead
+//! of writing through it, and every file and directory we create gets its mode set explicitly
+//! (fchmod after create), so the umask neither widens nor narrows it.
 
 use std::fs;
 use std::io::{self, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -86,9 +91,16 @@ pub fn atomic_write_mode(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()>
 pub fn atomic_copy(src: &Path, dst: &Path, mode: u32) -> io::Result<()> {
     let tmp = temp_path(dst);
     let res = (|| {
-        fs::copy(src, &tmp)?;
-        fs::set_permissions(&tmp, fs::Permissions::from_mode(mode))?;
-        fs::File::open(&tmp)?.sync_all()?;
+        let mut from = fs::File::open(src)?;
+        // O_EXCL, owner-only until complete; the final mode is set before the rename.
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        io::copy(&mut from, &mut f)?;
+        f.set_permissions(fs::Permissions::from_mode(mode))?;
+        f.sync_all()?;
         fs::rename(&tmp, dst)
     })();
     if res.is_err() {
@@ -118,6 +130,104 @@ pub fn same_contents(a: &Path, b: &Path) -> io::Result<bool> {
     }
 }
 
+/// Mode of `path` if it is a regular file itself (not a symlink to one).
+pub fn regular_mode(path: &Path) -> Option<u32> {
+    fs::symlink_metadata(path)
+        .ok()
+        .filter(|m| m.file_type().is_file())
+        .map(|m| m.mode() & 0o7777)
+}
+
+/// Contents of `path` if it is a regular file itself (a planted link reads as absent).
+pub fn read_regular(path: &Path) -> Option<Vec<u8>> {
+    regular_mode(path)?;
+    fs::read(path).ok()
+}
+
+pub fn is_symlink(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+}
+
+/// Ensures `dir` exists. Missing directories (and missing parents) are created with exactly
+/// `mode`, whatever the umask; existing ones are left as they are. With `refuse_link`, `dir`
+/// itself must not be a symlink: it is a directory we own, and a link planted there would send
+/// every later write (and cleanup's removals) somewhere else.
+pub fn ensure_dir(dir: &Path, mode: u32, refuse_link: bool) -> io::Result<()> {
+    match fs::symlink_metadata(dir) {
+        Ok(m) if m.file_type().is_symlink() && refuse_link => {
+            let to = fs::read_link(dir).unwrap_or_default();
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "{} is a symlink (to {}); refusing to write through a link we did not create (remove it)",
+                    dir.display(),
+                    to.display()
+                ),
+            ));
+        }
+        Ok(_) if dir.is_dir() => return Ok(()),
+        Ok(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a directory", dir.display()),
+            ));
+        }
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        Err(_) => {}
+    }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        ensure_dir(parent, mode, false)?;
+    }
+    match fs::DirBuilder::new().mode(mode).create(dir) {
+        Ok(()) => {}
+        // Created concurrently: check what is there now.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            return ensure_dir(dir, mode, refuse_link);
+        }
+        Err(e) => return Err(e),
+    }
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_DIRECTORY | nix::libc::O_NOFOLLOW)
+        .open(dir)?;
+    f.set_permissions(fs::Permissions::from_mode(mode))
+}
+
+/// The file to replace when writing the CNI config `path` (a file of `net_dir`): `path` itself
+/// unless it is a symlink. A symlink whose target lies inside `net_dir` stays a link: its
+/// target is written (atomically, in the target's directory). A link that leads outside the
+/// CNI config dir is refused: writing there would modify a file nobody granted us, and
+/// replacing the link would silently detach the primary CNI's file.
+pub fn conf_write_target(net_dir: &Path, path: &Path) -> io::Result<PathBuf> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => {}
+        Ok(_) => return Ok(path.to_path_buf()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(path.to_path_buf()),
+        Err(e) => return Err(e),
+    }
+    let link = fs::read_link(path).unwrap_or_default();
+    let refuse = |why: &str| {
+        io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is a symlink to {}: {why}; refusing to write through it (make it a regular file, or a link inside {})",
+                path.display(),
+                link.display(),
+                net_dir.display()
+            ),
+        )
+    };
+    let target = fs::canonicalize(path).map_err(|_| refuse("its target does not exist"))?;
+    let root = fs::canonicalize(net_dir)?;
+    if !target.starts_with(&root) {
+        return Err(refuse("the target is outside the CNI config dir"));
+    }
+    if !fs::metadata(&target).is_ok_and(|m| m.is_file()) {
+        return Err(refuse("the target is not a regular file"));
+    }
+    Ok(target)
+}
+
 /// Identity of a file's current version: replaced or rewritten files get a different one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stamp {
@@ -129,7 +239,15 @@ pub struct Stamp {
 }
 
 pub fn stamp(path: &Path) -> io::Result<Stamp> {
-    let m = fs::metadata(path)?;
+    stamp_of(fs::metadata(path)?)
+}
+
+/// The stamp of `path` itself (a symlink's own, not its target's).
+pub fn lstamp(path: &Path) -> io::Result<Stamp> {
+    stamp_of(fs::symlink_metadata(path)?)
+}
+
+fn stamp_of(m: fs::Metadata) -> io::Result<Stamp> {
     Ok(Stamp {
         ino: m.ino(),
         dev: m.dev(),
@@ -154,6 +272,38 @@ mod tests {
         assert_eq!(existing_mode(&p), Some(0o644));
         assert_eq!(fs::read(&p).unwrap(), b"two");
         assert_eq!(fs::read_dir(d.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn links_inside_are_followed_outside_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let net = d.path().join("net.d");
+        fs::create_dir_all(net.join("real")).unwrap();
+        fs::write(net.join("real/a.conflist"), b"{}").unwrap();
+        fs::write(d.path().join("outside.conflist"), b"{}").unwrap();
+        std::os::unix::fs::symlink("real/a.conflist", net.join("10-a.conflist")).unwrap();
+        std::os::unix::fs::symlink("../outside.conflist", net.join("20-b.conflist")).unwrap();
+        std::os::unix::fs::symlink("missing", net.join("30-c.conflist")).unwrap();
+        let t = conf_write_target(&net, &net.join("10-a.conflist")).unwrap();
+        assert_eq!(t, fs::canonicalize(net.join("real/a.conflist")).unwrap());
+        let e = conf_write_target(&net, &net.join("20-b.conflist")).unwrap_err();
+        assert!(e.to_string().contains("outside the CNI config dir"), "{e}");
+        assert!(conf_write_target(&net, &net.join("30-c.conflist")).is_err());
+        let plain = net.join("40-d.conflist");
+        assert_eq!(conf_write_target(&net, &plain).unwrap(), plain);
+    }
+
+    #[test]
+    fn ensure_dir_sets_modes_and_refuses_a_planted_link() {
+        let d = tempfile::tempdir().unwrap();
+        let deep = d.path().join("a/b/c");
+        ensure_dir(&deep, 0o755, true).unwrap();
+        for p in ["a", "a/b", "a/b/c"] {
+            assert_eq!(existing_mode(&d.path().join(p)), Some(0o755), "{p}");
+        }
+        std::os::unix::fs::symlink(d.path().join("a"), d.path().join("link")).unwrap();
+        assert!(ensure_dir(&d.path().join("link"), 0o755, true).is_err());
+        ensure_dir(&d.path().join("link"), 0o755, false).unwrap();
     }
 
     #[test]

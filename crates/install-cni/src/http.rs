@@ -28,6 +28,8 @@ pub struct State {
     installs: [AtomicU64; 4],
     /// Indexed `type * 3 + result` (REPAIR_TYPES × REPAIR_RESULTS).
     repaired: [AtomicU64; 9],
+    /// The node pod cache, once started (its counters are exported).
+    pod_cache: std::sync::OnceLock<crate::podcache::PodCache>,
 }
 
 impl State {
@@ -113,7 +115,54 @@ impl State {
                 ));
             }
         }
+        self.render_pod_cache(&mut s);
         s
+    }
+
+    pub fn set_pod_cache(&self, cache: crate::podcache::PodCache) {
+        let _ = self.pod_cache.set(cache);
+    }
+
+    fn render_pod_cache(&self, s: &mut String) {
+        let Some(c) = self.pod_cache.get() else {
+            return;
+        };
+        let st = c.stats();
+        for (name, help, v) in [
+            (
+                "lists_total",
+                "Pod lists made by the node pod cache",
+                st.lists,
+            ),
+            (
+                "watches_total",
+                "Pod watches opened by the node pod cache",
+                st.watches,
+            ),
+            (
+                "watch_errors_total",
+                "Pod watches ended by an ERROR event, an undecodable line or a transport error",
+                st.watch_errors,
+            ),
+            (
+                "watch_expired_total",
+                "Pod watches ended by 410 Gone",
+                st.gone,
+            ),
+            (
+                "watch_hangs_total",
+                "Pod watches abandoned after staying silent past their timeout",
+                st.hangs,
+            ),
+        ] {
+            s.push_str(&format!(
+                "# HELP istio_cni_pod_cache_{name} {help}\n# TYPE istio_cni_pod_cache_{name} counter\nistio_cni_pod_cache_{name} {v}\n"
+            ));
+        }
+        s.push_str(&format!(
+            "# HELP istio_cni_pod_cache_pods Pods of this node in the cache\n# TYPE istio_cni_pod_cache_pods gauge\nistio_cni_pod_cache_pods {}\n",
+            c.len()
+        ));
     }
 
     fn reason(&self) -> String {

@@ -45,11 +45,12 @@ pub enum Outcome {
     Waiting { reason: String },
 }
 
-/// What cleanup needs to restore the primary's file byte for byte, as long as nobody touched
-/// it after our last write.
+/// What cleanup needs to restore a file we inserted our entry into byte for byte, as long as
+/// nobody touched it after our last write. Kept for EVERY file we wrote into during the
+/// daemon's life (the primary can change: a corrupt primary makes us chain into the next
+/// valid file), keyed by the path the entry ended up in.
 #[derive(Clone, Debug)]
 struct Undo {
-    written_path: PathBuf,
     written_bytes: Vec<u8>,
     /// The primary's own file before we added our entry (path, bytes, mode). `None` when it
     /// already had an istio-cni entry (left by an earlier daemon): semantic removal then.
@@ -61,12 +62,16 @@ pub struct Installer {
     entry: Value,
     /// dst path → (dst stamp, src stamp) after our last verified copy.
     bins: HashMap<PathBuf, (Stamp, Stamp)>,
-    undo: Option<Undo>,
+    /// Every CNI config file (net-dir path) we inserted our entry into.
+    touched: std::collections::BTreeMap<PathBuf, Undo>,
     /// Plugin types of the primary config seen last (culprit hints).
     pub primary_types: Vec<String>,
     /// Names of files in the net dir seen last (culprit hints).
     pub conf_dir_names: Vec<String>,
 }
+
+/// Mode of every directory we create (run dir, missing CNI dirs), whatever the umask.
+pub const DIR_MODE: u32 = 0o755;
 
 /// EROFS on Linux.
 const EROFS: i32 = 30;
@@ -86,7 +91,7 @@ impl Installer {
             cfg,
             entry,
             bins: HashMap::new(),
-            undo: None,
+            touched: Default::default(),
             primary_types: Vec::new(),
             conf_dir_names: Vec::new(),
         }
@@ -110,14 +115,15 @@ impl Installer {
     fn copy_binaries(&mut self, changes: &mut Vec<String>) -> Result<(), InstallError> {
         let e = |what: String| InstallError::CopyBinaries(what);
         for dir in &self.cfg.bin_target_dirs {
-            fs::create_dir_all(dir)
+            fsutil::ensure_dir(dir, DIR_MODE, false)
                 .map_err(|x| e(format!("{}: {x}{}", dir.display(), err_hint(&x))))?;
             for name in &self.cfg.binaries {
                 let src = self.cfg.bin_source_dir.join(name);
                 let dst = dir.join(name);
                 let src_stamp =
                     fsutil::stamp(&src).map_err(|x| e(format!("source {}: {x}", src.display())))?;
-                let dst_stamp = fsutil::stamp(&dst).ok();
+                // The link itself, not its target: a planted link is never "our copy".
+                let dst_stamp = fsutil::lstamp(&dst).ok();
                 // Unchanged since our last verified copy (same inode, size, mtime on both sides).
                 if let (Some(d), Some((rd, rs))) = (dst_stamp, self.bins.get(&dst))
                     && d == *rd
@@ -126,7 +132,7 @@ impl Installer {
                     continue;
                 }
                 let identical = dst_stamp.is_some()
-                    && fsutil::existing_mode(&dst) == Some(0o755)
+                    && fsutil::regular_mode(&dst) == Some(0o755)
                     && fsutil::same_contents(&src, &dst).unwrap_or(false);
                 if !identical {
                     fsutil::remove_stale_temps(dir, name)
@@ -141,7 +147,7 @@ impl Installer {
                     })?;
                     changes.push(format!("copied {name} to {}", dir.display()));
                 }
-                let d = fsutil::stamp(&dst).map_err(|x| e(format!("{}: {x}", dst.display())))?;
+                let d = fsutil::lstamp(&dst).map_err(|x| e(format!("{}: {x}", dst.display())))?;
                 self.bins.insert(dst, (d, src_stamp));
             }
         }
@@ -186,16 +192,20 @@ impl Installer {
     fn write_kubeconfig(&mut self, changes: &mut Vec<String>) -> Result<(), InstallError> {
         let text = self.render_kubeconfig()?;
         let path = self.cfg.kubeconfig_path();
-        let current = fs::read(&path).ok();
+        // Our run dir: created 0755 whatever the umask; a planted symlink there is refused.
+        fsutil::ensure_dir(&self.cfg.run_dir, DIR_MODE, true).map_err(|x| {
+            InstallError::Kubeconfig(format!("run dir (CNI_AGENT_RUN_DIR): {x}{}", err_hint(&x)))
+        })?;
+        // A symlink at the kubeconfig's path reads as absent: the rename replaces the link.
+        let current = fsutil::read_regular(&path);
         if current.as_deref() == Some(text.as_bytes())
-            && fsutil::existing_mode(&path) == Some(self.cfg.kubeconfig_mode)
+            && fsutil::regular_mode(&path) == Some(self.cfg.kubeconfig_mode)
         {
             return Ok(());
         }
         let e = |x: io::Error| {
             InstallError::Kubeconfig(format!("{}: {x}{}", path.display(), err_hint(&x)))
         };
-        fs::create_dir_all(&self.cfg.run_dir).map_err(e)?;
         fsutil::atomic_write_mode(&path, text.as_bytes(), self.cfg.kubeconfig_mode).map_err(e)?;
         changes.push(format!(
             "{} {} (mode {:04o})",
@@ -297,9 +307,17 @@ impl Installer {
                 if fsutil::stamp(&path).ok() != stamps.get(&file).copied() {
                     return Ok(None);
                 }
-                let mode = fsutil::existing_mode(&path).unwrap_or(self.cfg.conf_mode);
-                fs::create_dir_all(&self.cfg.net_dir).map_err(e)?;
-                fsutil::atomic_write_mode(&path, &bytes, mode).map_err(e)?;
+                fsutil::ensure_dir(&self.cfg.net_dir, DIR_MODE, false).map_err(e)?;
+                // A symlinked config stays a link (its target in the net dir is written).
+                let target = fsutil::conf_write_target(&self.cfg.net_dir, &path).map_err(e)?;
+                if rename_to.is_some() && target != path {
+                    return Err(InstallError::CniConfig(format!(
+                        "{} is a symlink; converting it to a .conflist would replace the link; refusing (make it a .conflist or a regular file)",
+                        path.display()
+                    )));
+                }
+                let mode = fsutil::existing_mode(&target).unwrap_or(self.cfg.conf_mode);
+                fsutil::atomic_write_mode(&target, &bytes, mode).map_err(e)?;
                 let final_path = match &rename_to {
                     Some(to) => {
                         let to = self.cfg.net_dir.join(to);
@@ -314,14 +332,16 @@ impl Installer {
                             .iter()
                             .any(|t| t == cni_config::PLUGIN_TYPE)
                     });
-                    self.undo = Some(Undo {
-                        written_path: final_path.clone(),
-                        written_bytes: bytes,
-                        original: match (had_ours, original_bytes) {
-                            (false, Some(b)) => Some((path.clone(), b, mode)),
-                            _ => None,
+                    self.touched.insert(
+                        final_path.clone(),
+                        Undo {
+                            written_bytes: bytes,
+                            original: match (had_ours, original_bytes) {
+                                (false, Some(b)) => Some((path.clone(), b, mode)),
+                                _ => None,
+                            },
                         },
-                    });
+                    );
                 }
                 let what = match (&before, self.cfg.chained) {
                     (_, false) => format!("wrote standalone {}", final_path.display()),
@@ -383,7 +403,14 @@ impl Installer {
                 remove(&p, &mut done, &mut errors);
             }
         }
-        remove(&self.cfg.kubeconfig_path(), &mut done, &mut errors);
+        if fsutil::is_symlink(&self.cfg.run_dir) {
+            errors.push(format!(
+                "not removing anything under {}: it is a symlink we did not create",
+                self.cfg.run_dir.display()
+            ));
+        } else {
+            remove(&self.cfg.kubeconfig_path(), &mut done, &mut errors);
+        }
         for dir in &self.cfg.bin_target_dirs {
             for name in &self.cfg.binaries {
                 remove(&dir.join(name), &mut done, &mut errors);
@@ -395,47 +422,60 @@ impl Installer {
     }
 
     fn cleanup_chained(&mut self, done: &mut Vec<String>, errors: &mut Vec<String>) {
-        if let Some(u) = self.undo.take() {
-            let untouched = fs::read(&u.written_path).ok().as_deref() == Some(&u.written_bytes[..]);
-            if let (true, Some((orig_path, orig_bytes, mode))) = (untouched, &u.original) {
-                // Nobody changed the file since our write: put the primary's bytes back exactly
-                // (a converted .conf returns as the .conf it was).
-                match fsutil::atomic_write_mode(orig_path, orig_bytes, *mode) {
-                    Ok(()) => {
-                        if *orig_path != u.written_path {
-                            remove(&u.written_path, done, errors);
-                        }
-                        done.push(format!("restored {}", orig_path.display()));
-                        return;
-                    }
-                    Err(e) => errors.push(format!("restoring {}: {e}", orig_path.display())),
-                }
-            }
+        // Every file we wrote into and nobody changed since: its bytes from before our entry
+        // come back exactly (a converted .conf returns as the .conf it was).
+        for (written, u) in std::mem::take(&mut self.touched) {
+            self.restore(&written, &u, done, errors);
         }
-        // Otherwise remove our entry from whichever list carries it, keeping the rest as is.
+        // Then our entry goes from whichever list still carries it (changed since our write,
+        // or left by an earlier daemon), keeping the rest as is.
         let Ok(rd) = fs::read_dir(&self.cfg.net_dir) else {
             return;
         };
-        for ent in rd.flatten() {
-            let name = ent.file_name().to_string_lossy().into_owned();
-            if discovery::format_of(&name).is_none() {
-                continue;
-            }
-            let p = ent.path();
+        let mut paths: Vec<PathBuf> = rd
+            .flatten()
+            .filter(|e| discovery::format_of(&e.file_name().to_string_lossy()).is_some())
+            .map(|e| e.path())
+            .collect();
+        paths.sort();
+        for p in paths {
             let Some(v) = fs::read(&p)
                 .ok()
                 .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
             else {
                 continue;
             };
-            if let Some(clean) = discovery::remove_ours(&v) {
-                let mut bytes = serde_json::to_vec_pretty(&clean).unwrap_or_default();
-                bytes.push(b'\n');
-                match fsutil::atomic_write(&p, &bytes, self.cfg.conf_mode) {
-                    Ok(()) => done.push(format!("removed istio-cni from {}", p.display())),
-                    Err(e) => errors.push(format!("{}: {e}", p.display())),
-                }
+            let Some(clean) = discovery::remove_ours(&v) else {
+                continue;
+            };
+            let mut bytes = serde_json::to_vec_pretty(&clean).unwrap_or_default();
+            bytes.push(b'\n');
+            let res = fsutil::conf_write_target(&self.cfg.net_dir, &p)
+                .and_then(|t| fsutil::atomic_write(&t, &bytes, self.cfg.conf_mode));
+            match res {
+                Ok(()) => done.push(format!("removed istio-cni from {}", p.display())),
+                Err(e) => errors.push(format!("removing istio-cni from {}: {e}", p.display())),
             }
+        }
+    }
+
+    fn restore(&self, written: &Path, u: &Undo, done: &mut Vec<String>, errors: &mut Vec<String>) {
+        let Some((orig_path, orig_bytes, mode)) = &u.original else {
+            return;
+        };
+        if fs::read(written).ok().as_deref() != Some(&u.written_bytes[..]) {
+            return;
+        }
+        let res = fsutil::conf_write_target(&self.cfg.net_dir, orig_path)
+            .and_then(|t| fsutil::atomic_write_mode(&t, orig_bytes, *mode));
+        match res {
+            Ok(()) => {
+                if orig_path != written {
+                    remove(written, done, errors);
+                }
+                done.push(format!("restored {}", orig_path.display()));
+            }
+            Err(e) => errors.push(format!("restoring {}: {e}", orig_path.display())),
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod fsutil;
 pub mod http;
 pub mod install;
 pub mod kubeconfig;
+pub mod podcache;
 pub mod repair;
 pub mod throttle;
 pub mod watch;

@@ -2,7 +2,9 @@
 //! service-account dir. Directories are watched, not files: an atomic rename replaces a file's
 //! inode (a file watch would silently die), but it is an event in the directory. The watches
 //! are re-armed before every pass, which also picks up a directory that was deleted and
-//! recreated (a new inode).
+//! recreated (a new inode). The CNI config dir is watched recursively: a symlinked config
+//! whose target lives in a subdirectory of it (which we keep a link, see
+//! `fsutil::conf_write_target`) is rewritten there.
 
 use crate::config::Config;
 use crate::discovery;
@@ -57,6 +59,8 @@ impl Filter {
         for (dir, c) in self.dirs() {
             if path == dir {
                 cat |= c; // the directory itself went away or was replaced
+            } else if c == CONF && path.starts_with(&dir) && path.parent() != Some(dir.as_path()) {
+                cat |= CONF; // inside a subdirectory: possibly a symlinked config's target
             } else if path.parent() == Some(dir.as_path()) {
                 cat |= match c {
                     BINS if self.binaries.contains(&name) => BINS,
@@ -139,7 +143,12 @@ impl Watch {
     /// (Re)arms every watch. Missing dirs are logged once and retried at the next pass.
     pub fn arm(&mut self) {
         for (dir, _) in self.filter.dirs() {
-            match self.watcher.watch(&dir, RecursiveMode::NonRecursive) {
+            let mode = if dir == self.filter.net_dir {
+                RecursiveMode::Recursive
+            } else {
+                RecursiveMode::NonRecursive
+            };
+            match self.watcher.watch(&dir, mode) {
                 Ok(()) => self.failing.retain(|d| *d != dir),
                 Err(e) => {
                     if !self.failing.contains(&dir) {
@@ -188,5 +197,9 @@ mod tests {
         assert_eq!(f.classify(Path::new("/b/bridge")), 0);
         assert_eq!(f.classify(Path::new("/sa/..data")), SA);
         assert_eq!(f.classify(Path::new("/elsewhere/x.conf")), 0);
+        assert_eq!(
+            f.classify(Path::new("/n/calico-real/calico.conflist")),
+            CONF
+        );
     }
 }

@@ -19,13 +19,13 @@ pub mod procfs;
 
 use crate::config::{Config, RepairAction, RepairConfig};
 use crate::http::State;
-use futures::StreamExt;
+use crate::podcache::selector::Selector;
+use crate::podcache::{PodCache, PodEvent, Subscription};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::config::{AuthInfo, Cluster, Context, KubeConfigOptions, Kubeconfig};
 use kube::config::{NamedAuthInfo, NamedCluster, NamedContext};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use redirect::BackendChoice;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -342,22 +342,26 @@ pub struct Controller {
     done: HashSet<String>,
     retries: HashMap<String, Retry>,
     queue: VecDeque<String>,
-    /// Keys seen during a re-list (to forget pods deleted while the watch was down).
-    relist: Option<HashSet<String>>,
+    labels: Selector,
+    fields: Selector,
 }
 
 impl Controller {
     pub fn new(client: Client, settings: Settings, state: Arc<State>) -> Controller {
+        // Validated at startup (config::repair_config); an unparsable one selects nothing.
         Controller {
             client,
             action: settings.repair.action(),
+            labels: Selector::labels(&settings.repair.label_selectors)
+                .unwrap_or_else(|_| Selector::nothing()),
+            fields: Selector::fields(&settings.repair.field_selectors)
+                .unwrap_or_else(|_| Selector::nothing()),
             settings: Arc::new(settings),
             state,
             cache: HashMap::new(),
             done: HashSet::new(),
             retries: HashMap::new(),
             queue: VecDeque::new(),
-            relist: None,
         }
     }
 
@@ -369,9 +373,6 @@ impl Controller {
 
     fn observe(&mut self, pod: Pod) {
         let key = filter::key(&pod);
-        if let Some(seen) = &mut self.relist {
-            seen.insert(key.clone());
-        }
         if let Some(old) = self.cache.get(&key)
             && filter::uid(old) != filter::uid(&pod)
         {
@@ -395,25 +396,25 @@ impl Controller {
         self.queue.retain(|k| k != key);
     }
 
-    pub fn on_event(&mut self, ev: watcher::Event<Pod>) {
+    pub fn on_event(&mut self, ev: PodEvent) {
         match ev {
-            watcher::Event::Apply(p) | watcher::Event::InitApply(p) => self.observe(p),
-            watcher::Event::Delete(p) => self.forget(&filter::key(&p)),
-            watcher::Event::Init => self.relist = Some(HashSet::new()),
-            watcher::Event::InitDone => {
-                if let Some(seen) = self.relist.take() {
-                    let gone: Vec<String> = self
-                        .cache
-                        .keys()
-                        .filter(|k| !seen.contains(*k))
-                        .cloned()
-                        .collect();
-                    for k in gone {
-                        self.forget(&k);
-                    }
+            PodEvent::Applied(p) => {
+                if self.selected(&p) {
+                    self.observe(Pod::clone(&p));
+                } else {
+                    // Relabeled out of the selection: as good as gone for us.
+                    self.forget(&filter::key(&p));
                 }
             }
+            PodEvent::Deleted(p) => self.forget(&filter::key(&p)),
+            PodEvent::Synced => {}
         }
+    }
+
+    /// REPAIR_LABEL_SELECTORS / REPAIR_FIELD_SELECTORS, applied to the node's shared cache.
+    fn selected(&self, pod: &Pod) -> bool {
+        self.labels.matches_labels(pod.metadata.labels.as_ref())
+            && self.fields.matches_pod_fields(pod)
     }
 
     fn next_due(&self) -> Option<Instant> {
@@ -536,13 +537,9 @@ impl Controller {
         }
     }
 
-    /// Watches this node's pods until the task is dropped.
-    pub async fn run(mut self) {
+    /// Acts on the node pod cache's notifications until the cache is gone.
+    pub async fn run(mut self, mut pods: Subscription) {
         let r = &self.settings.repair;
-        let mut wc = watcher::Config::default().fields(&r.field_selector());
-        if !r.label_selectors.is_empty() {
-            wc = wc.labels(&r.label_selectors);
-        }
         tracing::info!(
             node = %r.node_name,
             field_selector = %r.field_selector(),
@@ -550,29 +547,15 @@ impl Controller {
             action = self.action.map_or("none", |a| a.as_str()),
             "repair controller watching pods"
         );
-        let api: Api<Pod> = Api::all(self.client.clone());
-        let stream = watcher(api, wc).default_backoff();
-        futures::pin_mut!(stream);
-        let mut last_error: Option<String> = None;
         loop {
             let due = self.next_due();
             tokio::select! {
-                ev = stream.next() => match ev {
-                    Some(Ok(ev)) => {
-                        if matches!(ev, watcher::Event::InitDone) {
-                            if last_error.take().is_some() {
-                                tracing::info!("repair controller: pod watch recovered");
-                            } else {
-                                tracing::debug!("repair controller: pods listed");
-                            }
-                        }
+                ev = pods.recv() => match ev {
+                    Some(ev) => {
                         self.on_event(ev);
-                    }
-                    Some(Err(e)) => {
-                        let msg = e.to_string();
-                        if last_error.as_deref() != Some(msg.as_str()) {
-                            tracing::warn!(error = %msg, "repair controller: pod watch failed; retrying with backoff");
-                            last_error = Some(msg);
+                        // Take everything already queued before acting (a re-list arrives whole).
+                        while let Ok(ev) = pods.try_recv() {
+                            self.on_event(ev);
                         }
                     }
                     None => return,
@@ -592,27 +575,40 @@ async fn sleep_until(due: Option<Instant>) {
     }
 }
 
-/// Starts the controller when enabled and a client can be built; otherwise logs why not.
-pub async fn start(cfg: &Config, backend: redirect::Backend, state: Arc<State>) -> bool {
+/// Starts the node pod cache and the controller (its first consumer) when enabled and a client
+/// can be built; otherwise logs why not. Returns the cache for further consumers.
+pub async fn start(
+    cfg: &Config,
+    backend: redirect::Backend,
+    state: Arc<State>,
+) -> Option<PodCache> {
     if !cfg.repair.enabled {
         tracing::info!("repair controller disabled (REPAIR_ENABLED=false)");
-        return false;
+        return None;
     }
     let client = match client(cfg).await {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, "repair controller not started: no Kubernetes client");
-            return false;
+            return None;
         }
     };
+    let cache = PodCache::new();
+    state.set_pod_cache(cache.clone());
+    let subscription = cache.subscribe();
+    tokio::spawn(cache.clone().run(
+        Api::all(client.clone()),
+        cfg.repair.node_name.clone(),
+        cfg.pod_watch_timeout,
+    ));
     let settings = Settings {
         repair: cfg.repair.clone(),
         exclude_namespaces: cfg.exclude_namespaces.clone(),
         pod_namespace: cfg.pod_namespace.clone(),
         backend: BackendChoice::Fixed(backend),
     };
-    tokio::spawn(Controller::new(client, settings, state).run());
-    true
+    tokio::spawn(Controller::new(client, settings, state).run(subscription));
+    Some(cache)
 }
 
 #[cfg(test)]

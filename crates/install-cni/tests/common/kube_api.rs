@@ -1,6 +1,9 @@
-//! A local Kubernetes API server for the repair controller: the pod LIST and WATCH a watcher
-//! makes (real watch JSON events over a chunked response), DELETE pod, PATCH pods/status and
-//! POST events, every request recorded (method, path, query, content type, body).
+//! A local Kubernetes API server for the node pod cache and the repair controller: the pod LIST
+//! and WATCH (real watch JSON events over a chunked response; a watch from a resourceVersion
+//! replays the history after it, one older than the compaction point gets `410 Gone`), DELETE
+//! pod, PATCH pods/status and POST events, every request recorded (method, path, query, content
+//! type, body). Faults for the adversarial tests: ERROR events, undecodable lines, 410, hung
+//! watches (open, silent), reset connections.
 #![allow(dead_code)]
 
 use serde_json::{Value, json};
@@ -32,7 +35,17 @@ struct Inner {
     pods: Mutex<Vec<Value>>,
     requests: Mutex<Vec<Req>>,
     watchers: Mutex<Vec<TcpStream>>,
+    /// Watches that were hung: kept open, never written to again.
+    hung: Mutex<Vec<TcpStream>>,
+    /// Every change (resourceVersion, watch line), for watches resuming from a version.
+    history: Mutex<Vec<(u64, String)>>,
+    /// History before this version is compacted: a watch from an older one gets 410.
+    compacted: AtomicU64,
     rv: AtomicU64,
+    /// How many more pod WATCH requests get an ERROR event at once (an API brownout).
+    failing_watches: AtomicU64,
+    /// How many more pod LIST requests are accepted and never answered.
+    hang_lists: AtomicU64,
     /// Method → how many more requests of it get a 500.
     fail: Mutex<HashMap<String, u32>>,
 }
@@ -79,11 +92,92 @@ impl FakeKube {
         self.inner.rv.fetch_add(1, Ordering::SeqCst).to_string()
     }
 
+    /// Records the change and sends it to every open watch (under the watchers lock, so a
+    /// watch being opened sees it either in its replay or live, never twice or not at all).
     fn push(&self, kind: &str, pod: &Value) {
+        let rv: u64 = pod["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
         let line = format!("{}\n", json!({"type": kind, "object": pod}));
-        let chunk = format!("{:x}\r\n{line}\r\n", line.len());
         let mut ws = self.inner.watchers.lock().unwrap();
-        ws.retain_mut(|s| s.write_all(chunk.as_bytes()).is_ok());
+        self.inner.history.lock().unwrap().push((rv, line.clone()));
+        ws.retain_mut(|s| s.write_all(chunked(&line).as_bytes()).is_ok());
+    }
+
+    /// Sends a raw line (not recorded) to every open watch.
+    pub fn send_raw(&self, line: &str) {
+        let line = format!("{line}\n");
+        let mut ws = self.inner.watchers.lock().unwrap();
+        ws.retain_mut(|s| s.write_all(chunked(&line).as_bytes()).is_ok());
+    }
+
+    /// An ERROR watch event with a Status (e.g. 500 "etcdserver: request timed out").
+    pub fn send_error(&self, code: u16, reason: &str, message: &str) {
+        self.send_raw(
+            &json!({"type": "ERROR", "object": status(code, reason, message)}).to_string(),
+        );
+    }
+
+    /// Compacts the history (watches from any current version now get 410) and sends the
+    /// 410 ERROR event to every open watch, as an API server does when its window moves on.
+    pub fn expire(&self) {
+        self.inner
+            .compacted
+            .store(self.inner.rv.load(Ordering::SeqCst) - 1, Ordering::SeqCst);
+        self.send_error(410, "Expired", "too old resource version");
+    }
+
+    /// Every open watch stops receiving anything (connection kept open, as a hung server).
+    pub fn hang_watches(&self) {
+        let mut ws = self.inner.watchers.lock().unwrap();
+        self.inner.hung.lock().unwrap().append(&mut ws);
+    }
+
+    /// The next `n` pod WATCHes get `500 etcdserver: request timed out` as their first event.
+    pub fn fail_next_watches(&self, n: u64) {
+        self.inner.failing_watches.store(n, Ordering::SeqCst);
+    }
+
+    /// The next `n` pod LISTs are read and never answered (connection kept open).
+    pub fn hang_next_lists(&self, n: u64) {
+        self.inner.hang_lists.store(n, Ordering::SeqCst);
+    }
+
+    /// Every open watch connection is cut mid-stream (no terminating chunk).
+    pub fn reset_watches(&self) {
+        let mut ws = self.inner.watchers.lock().unwrap();
+        for s in ws.drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Watch requests seen so far.
+    pub fn watch_requests(&self) -> usize {
+        self.requests()
+            .iter()
+            .filter(|r| r.path == "/api/v1/pods" && r.query.contains("watch=true"))
+            .count()
+    }
+
+    /// List requests seen so far.
+    pub fn list_requests(&self) -> usize {
+        self.requests()
+            .iter()
+            .filter(|r| r.path == "/api/v1/pods" && !r.query.contains("watch=true"))
+            .count()
+    }
+
+    /// Removes the pod with `uid` (not listed any more) and sends DELETED.
+    pub fn delete(&self, uid: &str) {
+        let mut pods = self.inner.pods.lock().unwrap();
+        let Some(i) = pods.iter().position(|p| p["metadata"]["uid"] == uid) else {
+            return;
+        };
+        let mut pod = pods.remove(i);
+        drop(pods);
+        pod["metadata"]["resourceVersion"] = self.next_rv().into();
+        self.push("DELETED", &pod);
     }
 
     /// Stores `pod` (listed from now on) and sends ADDED to every open watch.
@@ -137,6 +231,15 @@ impl FakeKube {
 
 /// A pod on `node` whose istio-validation init container last exited with `code` and is now
 /// waiting in CrashLoopBackOff; a sidecar pod in every other respect.
+fn chunked(line: &str) -> String {
+    format!("{:x}\r\n{line}\r\n", line.len())
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": message, "reason": reason, "code": code})
+}
+
 pub fn broken_pod(ns: &str, name: &str, uid: &str, ip: &str, node: &str, code: i32) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -243,14 +346,50 @@ fn serve(mut conn: TcpStream, inner: &Inner) {
     };
     match (method.as_str(), parts.as_slice()) {
         ("GET", ["api", "v1", "pods"]) if query.split('&').any(|kv| kv == "watch=true") => {
+            let from: u64 = query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("resourceVersion="))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
             let _ = conn.write_all(
                 b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
             );
-            inner.watchers.lock().unwrap().push(conn);
+            let mut ws = inner.watchers.lock().unwrap();
+            let brownout = inner
+                .failing_watches
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            let expired = from < inner.compacted.load(Ordering::SeqCst);
+            if brownout || expired {
+                let st = if expired {
+                    status(410, "Expired", "too old resource version")
+                } else {
+                    status(500, "InternalError", "etcdserver: request timed out")
+                };
+                let line = format!("{}\n", json!({"type": "ERROR", "object": st}));
+                let _ = conn.write_all(chunked(&line).as_bytes());
+                let _ = conn.write_all(b"0\r\n\r\n");
+                return;
+            }
+            for (rv, line) in inner.history.lock().unwrap().iter() {
+                if *rv > from {
+                    let _ = conn.write_all(chunked(line).as_bytes());
+                }
+            }
+            ws.push(conn);
+        }
+        ("GET", ["api", "v1", "pods"])
+            if inner
+                .hang_lists
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok() =>
+        {
+            inner.hung.lock().unwrap().push(conn);
         }
         ("GET", ["api", "v1", "pods"]) => {
             let items = inner.pods.lock().unwrap().clone();
-            let rv = inner.rv.load(Ordering::SeqCst).to_string();
+            // The version of the newest change (next_rv hands out the counter, then bumps it).
+            let rv = (inner.rv.load(Ordering::SeqCst) - 1).to_string();
             reply(
                 &mut conn,
                 "200 OK",

@@ -1,0 +1,481 @@
+//! The node's pod cache: ONE list + watch of the pods on this node (field selector
+//! `spec.nodeName=<node>`), shared by every consumer (the repair controller today; the ambient
+//! node agent and the continuous reconciler next), so the node never opens a second watch.
+//!
+//! Fault handling follows client-go's reflector, not kube-runtime's per-error backoff on the
+//! same stream: an `ERROR` event, an undecodable line or a transport error ENDS the watch; after
+//! one short jittered backoff ([`Backoff`]: 100-200 ms first, doubling, capped at [`BACKOFF_MAX`]) the cache
+//! re-lists and watches again from the list's resourceVersion. `410 Gone` re-lists at once. A
+//! watch that the server closes normally resumes from the last resourceVersion without a list.
+//! A watch that stays silent past its own `timeoutSeconds` (a hung server or a dead peer) is
+//! abandoned. A re-list emits `Deleted` for pods that vanished while the watch was down and
+//! `Applied` only for pods that are new or changed (by resourceVersion).
+//!
+//! Consumers call [`PodCache::subscribe`] and receive [`PodEvent`]s on an unbounded channel of
+//! their own: first the current pods (`Applied` each) and, if the cache has listed, `Synced`;
+//! then every change. Nothing is dropped for a slow consumer (a node holds at most a few
+//! hundred pods), and a consumer never sees a half-applied list.
+
+pub mod selector;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{ListParams, WatchEvent, WatchParams};
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+/// Notification to a consumer.
+#[derive(Clone, Debug)]
+pub enum PodEvent {
+    /// A pod is new or changed (or is part of the replay at subscription).
+    Applied(Arc<Pod>),
+    /// A pod is gone (a DELETED event, or absent from a re-list).
+    Deleted(Arc<Pod>),
+    /// The cache holds a complete list (after the first list and after every re-list).
+    Synced,
+}
+
+pub type Subscription = mpsc::UnboundedReceiver<PodEvent>;
+
+pub const BACKOFF_FIRST: Duration = Duration::from_millis(200);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Server-side watch timeout (client-go picks 5-10 min; the API server closes the watch then).
+pub const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(290);
+/// A list taking longer than this (or than the watch timeout, if shorter) is abandoned and
+/// retried.
+pub const LIST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Slack after `timeoutSeconds` before a silent watch counts as hung.
+const HANG_GRACE: Duration = Duration::from_secs(2);
+/// A watch that stayed up this long (or delivered an event) was healthy: the next failure
+/// starts the backoff from the beginning again. Watches failing faster than this (a brownout)
+/// back off exponentially up to [`BACKOFF_MAX`].
+const HEALTHY: Duration = Duration::from_secs(1);
+
+/// `namespace/name`: the cache key.
+pub fn key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or(""),
+        pod.metadata.name.as_deref().unwrap_or("")
+    )
+}
+
+fn rv(pod: &Pod) -> Option<&str> {
+    pod.metadata.resource_version.as_deref()
+}
+
+/// Counters for logs, tests and the README's figures.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub lists: u64,
+    pub watches: u64,
+    /// Watches ended by an ERROR event, an undecodable line or a transport error.
+    pub watch_errors: u64,
+    /// 410 Gone (resourceVersion too old): re-listed at once.
+    pub gone: u64,
+    /// Watches abandoned because they stayed silent past their timeout.
+    pub hangs: u64,
+}
+
+#[derive(Default)]
+struct Inner {
+    pods: HashMap<String, Arc<Pod>>,
+    synced: bool,
+    subscribers: Vec<mpsc::UnboundedSender<PodEvent>>,
+    stats: Stats,
+}
+
+impl Inner {
+    fn emit(&mut self, ev: PodEvent) {
+        self.subscribers.retain(|s| s.send(ev.clone()).is_ok());
+    }
+}
+
+/// The cache; cheap to clone (all clones share one state).
+#[derive(Clone, Default)]
+pub struct PodCache {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl std::fmt::Debug for PodCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodCache")
+            .field("pods", &self.len())
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl PodCache {
+    pub fn new() -> PodCache {
+        PodCache::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new consumer: the current pods are replayed as `Applied` (then `Synced` once listed),
+    /// and every later change follows, in order.
+    pub fn subscribe(&self) -> Subscription {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut g = self.lock();
+        for p in g.pods.values() {
+            let _ = tx.send(PodEvent::Applied(p.clone()));
+        }
+        if g.synced {
+            let _ = tx.send(PodEvent::Synced);
+        }
+        g.subscribers.push(tx);
+        rx
+    }
+
+    /// Every pod currently known.
+    pub fn snapshot(&self) -> Vec<Arc<Pod>> {
+        self.lock().pods.values().cloned().collect()
+    }
+
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
+        self.lock()
+            .pods
+            .get(&format!("{namespace}/{name}"))
+            .cloned()
+    }
+
+    /// Number of pods known.
+    pub fn len(&self) -> usize {
+        self.lock().pods.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn is_synced(&self) -> bool {
+        self.lock().synced
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.lock().stats.clone()
+    }
+
+    /// An ADDED/MODIFIED event.
+    pub fn apply(&self, pod: Pod) {
+        let mut g = self.lock();
+        let p = Arc::new(pod);
+        g.pods.insert(key(&p), p.clone());
+        g.emit(PodEvent::Applied(p));
+    }
+
+    /// A DELETED event.
+    pub fn delete(&self, pod: Pod) {
+        let mut g = self.lock();
+        let k = key(&pod);
+        let p = g.pods.remove(&k).unwrap_or_else(|| Arc::new(pod));
+        g.emit(PodEvent::Deleted(p));
+    }
+
+    /// A complete list: vanished pods are `Deleted`, new or changed ones `Applied`, then
+    /// `Synced`; all under one lock, so a subscriber sees the list whole.
+    pub fn replace(&self, pods: Vec<Pod>) {
+        let mut g = self.lock();
+        let mut fresh: HashMap<String, Arc<Pod>> = HashMap::with_capacity(pods.len());
+        for p in pods {
+            fresh.insert(key(&p), Arc::new(p));
+        }
+        let gone: Vec<Arc<Pod>> = g
+            .pods
+            .iter()
+            .filter(|(k, old)| {
+                fresh
+                    .get(*k)
+                    .is_none_or(|n| n.metadata.uid != old.metadata.uid)
+            })
+            .map(|(_, p)| p.clone())
+            .collect();
+        for p in gone {
+            g.emit(PodEvent::Deleted(p));
+        }
+        let old = std::mem::take(&mut g.pods);
+        for (k, p) in &fresh {
+            let unchanged = old.get(k).is_some_and(|o| {
+                o.metadata.uid == p.metadata.uid && rv(o) == rv(p) && rv(p).is_some()
+            });
+            if !unchanged {
+                g.emit(PodEvent::Applied(p.clone()));
+            }
+        }
+        g.pods = fresh;
+        g.synced = true;
+        g.stats.lists += 1;
+        g.emit(PodEvent::Synced);
+    }
+
+    fn count(&self, f: impl FnOnce(&mut Stats)) {
+        f(&mut self.lock().stats)
+    }
+
+    /// Lists and watches `spec.nodeName=<node>` until the task is dropped.
+    pub async fn run(self, api: Api<Pod>, node: String, watch_timeout: Duration) {
+        let selector = format!("spec.nodeName={node}");
+        tracing::info!(field_selector = %selector, "pod cache: watching this node's pods");
+        let mut backoff = Backoff::default();
+        let mut recovering: Option<String> = None;
+        loop {
+            let mut version = match self.list(&api, &selector, watch_timeout).await {
+                Ok((version, n)) => {
+                    match recovering.take() {
+                        Some(why) => tracing::info!(pods = n, after = %why, "pod cache: re-listed"),
+                        None => tracing::debug!(pods = n, "pod cache: listed"),
+                    }
+                    version
+                }
+                Err(e) => {
+                    let d = backoff.next_delay();
+                    tracing::warn!(error = %e, retry_in_ms = d.as_millis() as u64, "pod cache: list failed");
+                    tokio::time::sleep(d).await;
+                    continue;
+                }
+            };
+            let why = self
+                .watch_until_failure(&api, &selector, &mut version, watch_timeout, &mut backoff)
+                .await;
+            if let Some(why) = why {
+                let d = backoff.next_delay();
+                tracing::warn!(error = %why, retry_in_ms = d.as_millis() as u64, "pod cache: watch ended; re-listing");
+                tokio::time::sleep(d).await;
+                recovering = Some(why);
+            }
+        }
+    }
+
+    /// One complete list, applied with [`PodCache::replace`]: (resourceVersion, pod count).
+    async fn list(
+        &self,
+        api: &Api<Pod>,
+        selector: &str,
+        watch_timeout: Duration,
+    ) -> Result<(String, usize), String> {
+        let timeout = LIST_TIMEOUT.min(watch_timeout + HANG_GRACE);
+        let lp = ListParams::default().fields(selector);
+        let listed = match tokio::time::timeout(timeout, api.list(&lp)).await {
+            Ok(Ok(list)) => list,
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => return Err(format!("no answer within {} s", timeout.as_secs())),
+        };
+        let version = listed.metadata.resource_version.clone().unwrap_or_default();
+        let n = listed.items.len();
+        self.replace(listed.items);
+        Ok((version, n))
+    }
+
+    /// Watches from `version`, resuming after normal closes, until a watch fails. `None`: re-list
+    /// at once (410 Gone); `Some(why)`: re-list after a backoff.
+    async fn watch_until_failure(
+        &self,
+        api: &Api<Pod>,
+        selector: &str,
+        version: &mut String,
+        timeout: Duration,
+        backoff: &mut Backoff,
+    ) -> Option<String> {
+        loop {
+            let started = Instant::now();
+            let end = self.watch_once(api, selector, version, timeout).await;
+            let healthy = |events: u64| events > 0 || started.elapsed() >= HEALTHY;
+            match end {
+                WatchEnd::Closed { events } if healthy(events) => backoff.reset(),
+                // Closed at once with nothing: a failure, not a hot loop.
+                WatchEnd::Closed { .. } => return Some("the watch closed at once".into()),
+                WatchEnd::Gone => {
+                    self.count(|s| s.gone += 1);
+                    tracing::info!("pod cache: resourceVersion expired (410 Gone); re-listing");
+                    return None;
+                }
+                WatchEnd::Hung => {
+                    self.count(|s| s.hangs += 1);
+                    backoff.reset();
+                    return Some(format!(
+                        "the watch stayed silent past its {} s timeout",
+                        timeout.as_secs()
+                    ));
+                }
+                WatchEnd::Failed { error, events } => {
+                    self.count(|s| s.watch_errors += 1);
+                    if healthy(events) {
+                        backoff.reset();
+                    }
+                    return Some(error);
+                }
+            }
+        }
+    }
+
+    /// One watch from `version`; returns why it ended.
+    async fn watch_once(
+        &self,
+        api: &Api<Pod>,
+        selector: &str,
+        version: &mut String,
+        timeout: Duration,
+    ) -> WatchEnd {
+        use futures::StreamExt;
+        self.count(|s| s.watches += 1);
+        let wp = WatchParams::default()
+            .fields(selector)
+            .timeout(timeout.as_secs().clamp(1, 3600) as u32);
+        let deadline = Instant::now() + timeout + HANG_GRACE;
+        let stream = match tokio::time::timeout_at(deadline, api.watch(&wp, version)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return failure(e, 0),
+            Err(_) => return WatchEnd::Hung,
+        };
+        futures::pin_mut!(stream);
+        let mut events = 0u64;
+        loop {
+            let item = match tokio::time::timeout_at(deadline, stream.next()).await {
+                Err(_) => return WatchEnd::Hung,
+                Ok(None) => return WatchEnd::Closed { events },
+                Ok(Some(item)) => item,
+            };
+            match item {
+                Ok(WatchEvent::Added(p)) | Ok(WatchEvent::Modified(p)) => {
+                    if let Some(v) = rv(&p) {
+                        *version = v.to_string();
+                    }
+                    self.apply(p);
+                }
+                Ok(WatchEvent::Deleted(p)) => {
+                    if let Some(v) = rv(&p) {
+                        *version = v.to_string();
+                    }
+                    self.delete(p);
+                }
+                Ok(WatchEvent::Bookmark(b)) => *version = b.metadata.resource_version,
+                Ok(WatchEvent::Error(s)) if s.code == 410 => return WatchEnd::Gone,
+                Ok(WatchEvent::Error(s)) => {
+                    return WatchEnd::Failed {
+                        error: format!("ERROR event: {} ({})", s.message, s.code),
+                        events,
+                    };
+                }
+                Err(e) => return failure(e, events),
+            }
+            events += 1;
+        }
+    }
+}
+
+enum WatchEnd {
+    Closed { events: u64 },
+    Gone,
+    Hung,
+    Failed { error: String, events: u64 },
+}
+
+fn failure(e: kube::Error, events: u64) -> WatchEnd {
+    match &e {
+        kube::Error::Api(s) if s.code == 410 => WatchEnd::Gone,
+        _ => WatchEnd::Failed {
+            error: e.to_string(),
+            events,
+        },
+    }
+}
+
+/// Exponential backoff with jitter in [d/2, d]: 100-200 ms, 200-400 ms, … capped at
+/// [`BACKOFF_MAX`]; reset once a watch was healthy again.
+#[derive(Debug)]
+pub struct Backoff {
+    next: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Backoff {
+        Backoff {
+            next: BACKOFF_FIRST,
+        }
+    }
+}
+
+impl Backoff {
+    pub fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(BACKOFF_MAX);
+        let r = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        let half = d / 2;
+        half + Duration::from_nanos(r % (half.as_nanos() as u64).max(1))
+    }
+
+    pub fn reset(&mut self) {
+        self.next = BACKOFF_FIRST;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, uid: &str, rv: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": rv}
+        }))
+        .unwrap()
+    }
+
+    fn drain(s: &mut Subscription) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Ok(ev) = s.try_recv() {
+            out.push(match ev {
+                PodEvent::Applied(p) => format!("+{}", key(&p)),
+                PodEvent::Deleted(p) => format!("-{}", key(&p)),
+                PodEvent::Synced => "synced".into(),
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn relist_emits_deletions_and_only_changes() {
+        let c = PodCache::new();
+        let mut s = c.subscribe();
+        c.replace(vec![pod("a", "1", "10"), pod("b", "2", "11")]);
+        let mut first = drain(&mut s);
+        first.sort();
+        assert_eq!(first, ["+ns/a", "+ns/b", "synced"]);
+        // b vanished, a unchanged, c new, then a re-created under the same name.
+        c.replace(vec![pod("a", "1", "10"), pod("c", "3", "12")]);
+        assert_eq!(drain(&mut s), ["-ns/b", "+ns/c", "synced"]);
+        c.replace(vec![pod("a", "9", "13"), pod("c", "3", "12")]);
+        assert_eq!(drain(&mut s), ["-ns/a", "+ns/a", "synced"]);
+        // A late subscriber gets the current pods, then Synced.
+        let mut late = c.subscribe();
+        let mut got = drain(&mut late);
+        got.sort();
+        assert_eq!(got, ["+ns/a", "+ns/c", "synced"]);
+        c.delete(pod("c", "3", "14"));
+        assert_eq!(drain(&mut late), ["-ns/c"]);
+        assert_eq!(c.snapshot().len(), 1);
+        assert!(c.get("ns", "a").is_some() && c.is_synced());
+    }
+
+    #[test]
+    fn backoff_starts_short_and_stays_small() {
+        let mut b = Backoff::default();
+        let first = b.next_delay();
+        assert!(
+            first >= BACKOFF_FIRST / 2 && first <= BACKOFF_FIRST,
+            "{first:?}"
+        );
+        let all: Vec<Duration> = (0..20).map(|_| b.next_delay()).collect();
+        assert!(all.iter().all(|d| *d <= BACKOFF_MAX), "{all:?}");
+        b.reset();
+        assert!(b.next_delay() <= BACKOFF_FIRST);
+    }
+}

@@ -1,0 +1,214 @@
+//! Label and field selectors evaluated on the client side. The node's pod cache watches every
+//! pod of the node (`spec.nodeName=<node>` only), so a consumer with narrower selectors (the
+//! repair controller's `REPAIR_LABEL_SELECTORS` / `REPAIR_FIELD_SELECTORS`) filters here with
+//! the API server's grammar instead of opening a second watch. Pure.
+
+use k8s_openapi::api::core::v1::Pod;
+use std::collections::BTreeMap;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Req {
+    Eq(String, String),
+    Ne(String, String),
+    In(String, Vec<String>),
+    NotIn(String, Vec<String>),
+    Exists(String),
+    NotExists(String),
+}
+
+/// A parsed selector: every requirement must hold (the API server's AND).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Selector(Vec<Req>);
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid selector {text:?}: {why}")]
+pub struct SelectorError {
+    pub text: String,
+    pub why: String,
+}
+
+/// Splits on commas outside parentheses (`a in (x,y),b=c`).
+fn split_top(text: &str) -> Vec<&str> {
+    let (mut parts, mut depth, mut start) = (Vec::new(), 0i32, 0);
+    for (i, c) in text.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&text[start..]);
+    parts
+}
+
+fn set_values(rest: &str) -> Option<Vec<String>> {
+    let inner = rest.trim().strip_prefix('(')?.strip_suffix(')')?;
+    Some(inner.split(',').map(|v| v.trim().to_string()).collect())
+}
+
+fn parse_req(part: &str, set_based: bool) -> Result<Req, String> {
+    let p = part.trim();
+    if let Some((k, v)) = p.split_once("!=") {
+        return Ok(Req::Ne(k.trim().into(), v.trim().into()));
+    }
+    if let Some((k, v)) = p.split_once("==").or_else(|| p.split_once('=')) {
+        return Ok(Req::Eq(k.trim().into(), v.trim().into()));
+    }
+    if !set_based {
+        return Err(format!("{p:?} is not key=value or key!=value"));
+    }
+    let words: Vec<&str> = p.splitn(2, char::is_whitespace).collect();
+    if let [k, rest] = words[..] {
+        let rest = rest.trim_start();
+        if let Some(vals) = rest.strip_prefix("notin").and_then(set_values) {
+            return Ok(Req::NotIn(k.into(), vals));
+        }
+        if let Some(vals) = rest.strip_prefix("in").and_then(set_values) {
+            return Ok(Req::In(k.into(), vals));
+        }
+        return Err(format!("{p:?}: expected 'in (...)' or 'notin (...)'"));
+    }
+    match p.strip_prefix('!') {
+        Some(k) if !k.trim().is_empty() => Ok(Req::NotExists(k.trim().into())),
+        None if !p.is_empty() => Ok(Req::Exists(p.into())),
+        _ => Err(format!("{p:?} is empty")),
+    }
+}
+
+fn parse(text: &str, set_based: bool) -> Result<Selector, SelectorError> {
+    if text.trim().is_empty() {
+        return Ok(Selector::default());
+    }
+    split_top(text)
+        .into_iter()
+        .map(|p| parse_req(p, set_based))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Selector)
+        .map_err(|why| SelectorError {
+            text: text.into(),
+            why,
+        })
+}
+
+impl Selector {
+    /// Selects no object at all.
+    pub fn nothing() -> Selector {
+        Selector(vec![Req::In(String::new(), Vec::new())])
+    }
+
+    /// A label selector (`a=b,c!=d,e in (x,y),f notin (z),g,!h`).
+    pub fn labels(text: &str) -> Result<Selector, SelectorError> {
+        parse(text, true)
+    }
+
+    /// A field selector (`a=b`, `a==b`, `a!=b`).
+    pub fn fields(text: &str) -> Result<Selector, SelectorError> {
+        parse(text, false)
+    }
+
+    fn holds(&self, get: impl Fn(&str) -> Option<String>) -> bool {
+        self.0.iter().all(|r| match r {
+            Req::Eq(k, v) => get(k).as_deref() == Some(v.as_str()),
+            Req::Ne(k, v) => get(k).as_deref() != Some(v.as_str()),
+            Req::In(k, vs) => get(k).is_some_and(|x| vs.contains(&x)),
+            Req::NotIn(k, vs) => get(k).is_none_or(|x| !vs.contains(&x)),
+            Req::Exists(k) => get(k).is_some(),
+            Req::NotExists(k) => get(k).is_none(),
+        })
+    }
+
+    pub fn matches_labels(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
+        self.holds(|k| labels.and_then(|l| l.get(k)).cloned())
+    }
+
+    /// The pod fields the API server supports in field selectors; an unknown field never
+    /// matches (the API server would have refused the selector).
+    pub fn matches_pod_fields(&self, pod: &Pod) -> bool {
+        self.holds(|k| pod_field(pod, k))
+    }
+}
+
+fn pod_field(pod: &Pod, field: &str) -> Option<String> {
+    let spec = pod.spec.as_ref();
+    let status = pod.status.as_ref();
+    let s = |o: Option<&String>| Some(o.cloned().unwrap_or_default());
+    match field {
+        "metadata.name" => s(pod.metadata.name.as_ref()),
+        "metadata.namespace" => s(pod.metadata.namespace.as_ref()),
+        "spec.nodeName" => s(spec.and_then(|x| x.node_name.as_ref())),
+        "spec.restartPolicy" => s(spec.and_then(|x| x.restart_policy.as_ref())),
+        "spec.schedulerName" => s(spec.and_then(|x| x.scheduler_name.as_ref())),
+        "spec.serviceAccountName" => s(spec.and_then(|x| x.service_account_name.as_ref())),
+        "spec.hostNetwork" => Some(
+            spec.and_then(|x| x.host_network)
+                .unwrap_or(false)
+                .to_string(),
+        ),
+        "status.phase" => s(status.and_then(|x| x.phase.as_ref())),
+        "status.podIP" => s(status.and_then(|x| x.pod_ip.as_ref())),
+        "status.nominatedNodeName" => s(status.and_then(|x| x.nominated_node_name.as_ref())),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn label_grammar() {
+        let s = Selector::labels("app=web, tier!=db,env in (a, b),zone notin (x),team,!legacy")
+            .unwrap();
+        let ok = labels(&[("app", "web"), ("env", "b"), ("team", "t")]);
+        assert!(s.matches_labels(Some(&ok)));
+        for bad in [
+            labels(&[("app", "api"), ("env", "b"), ("team", "t")]),
+            labels(&[("app", "web"), ("env", "c"), ("team", "t")]),
+            labels(&[("app", "web"), ("env", "b")]),
+            labels(&[("app", "web"), ("env", "b"), ("team", "t"), ("legacy", "")]),
+            labels(&[("app", "web"), ("env", "b"), ("team", "t"), ("zone", "x")]),
+            labels(&[("app", "web"), ("env", "b"), ("team", "t"), ("tier", "db")]),
+        ] {
+            assert!(!s.matches_labels(Some(&bad)), "{bad:?}");
+        }
+        assert!(Selector::labels("").unwrap().matches_labels(None));
+        assert!(!Selector::nothing().matches_labels(Some(&ok)));
+        assert!(Selector::labels("a in x").is_err());
+        assert!(Selector::fields("a in (x)").is_err());
+    }
+
+    #[test]
+    fn pod_fields() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "w", "namespace": "shop"},
+            "spec": {"containers": [], "nodeName": "n1"},
+            "status": {"phase": "Running"}
+        }))
+        .unwrap();
+        assert!(
+            Selector::fields("metadata.namespace!=kube-system,status.phase=Running")
+                .unwrap()
+                .matches_pod_fields(&pod)
+        );
+        assert!(
+            !Selector::fields("spec.nodeName=n2")
+                .unwrap()
+                .matches_pod_fields(&pod)
+        );
+        assert!(
+            Selector::fields("spec.hostNetwork=false")
+                .unwrap()
+                .matches_pod_fields(&pod)
+        );
+    }
+}
