@@ -180,8 +180,8 @@ fn repairs_a_broken_pod_in_place_and_traffic_is_captured() {
     again["status"]["initContainerStatuses"][0]["restartCount"] = json!(3);
     kube.modify(again);
     std::thread::sleep(Duration::from_millis(700));
-    assert_eq!(metric(&d, "repair", "success"), 1.0);
-    assert_eq!(metric(&d, "repair", "fail"), 0.0);
+    assert_eq!(metric(&d, "repair", "success"), 1.0, "{}", d.log());
+    assert_eq!(metric(&d, "repair", "fail"), 0.0, "{}", d.log());
     assert_eq!(kube.events().len(), 1);
     assert!(
         kube.actions().iter().all(|r| r.method == "POST"),
