@@ -23,6 +23,9 @@ PKGS=(
   golang-go golang-github-appc-cni-dev
   # test harness helpers
   python3 jq socat hyperfine curl
+  # the container image (deploy/scripts/build-image.sh) and the container-runtime e2e
+  # (integration/tests/cri.rs): a private containerd 1.6 with its CRI plugin, runc
+  buildah containerd runc
 )
 missing=()
 for p in "${PKGS[@]}"; do

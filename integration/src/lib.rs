@@ -29,6 +29,7 @@
 //! ```
 
 pub mod cni;
+pub mod cri;
 pub mod golden;
 pub mod node;
 mod ns;
