@@ -97,6 +97,23 @@ impl Cri {
             .map(|r| r.info.get("cniconfig").cloned().unwrap_or_default())
     }
 
+    /// Plugin types of the pod network chain the CRI plugin has loaded (loopback excluded).
+    pub fn cni_chain(&self) -> CriResult<Vec<String>> {
+        let v: serde_json::Value = serde_json::from_str(&self.cni_config()?).unwrap_or_default();
+        let networks = v["Networks"].as_array().cloned().unwrap_or_default();
+        Ok(networks
+            .iter()
+            .filter(|n| n["IFName"] != "lo")
+            .flat_map(|n| {
+                n["Config"]["Plugins"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .filter_map(|p| p["Network"]["type"].as_str().map(String::from))
+            .collect())
+    }
+
     pub fn run_pod(&self, config: &api::PodSandboxConfig) -> CriResult<String> {
         let req = run_request(config);
         self.call(|mut c| async move { c.run_pod_sandbox(req).await })
