@@ -97,7 +97,24 @@ pub fn install_cni_archive(dir: &Path) -> io::Result<PathBuf> {
     }
     let out = dir.join("install-cni.oci.tar");
     let script = repo_root().join("deploy/scripts/build-image.sh");
-    let o = Command::new(&script).arg("--out").arg(&out).output()?;
+    // The environment of a plain shell: the variables `cargo test` sets for its test processes
+    // would make the nested `cargo build --release` rebuild the binaries (and the next plain
+    // build rebuild them again).
+    let mut cmd = Command::new(&script);
+    cmd.env_clear();
+    for k in [
+        "PATH",
+        "HOME",
+        "CARGO_HOME",
+        "RUSTUP_HOME",
+        "CARGO_TARGET_DIR",
+        "TMPDIR",
+    ] {
+        if let Some(v) = std::env::var_os(k) {
+            cmd.env(k, v);
+        }
+    }
+    let o = cmd.arg("--out").arg(&out).output()?;
     if !o.status.success() {
         return Err(io::Error::other(format!(
             "{}: {}{}",
