@@ -26,6 +26,8 @@ PKGS=(
   # the container image (deploy/scripts/build-image.sh) and the container-runtime e2e
   # (integration/tests/cri.rs): a private containerd 1.6 with its CRI plugin, runc
   buildah containerd runc
+  # protoc: the k8s-cri crate compiles the CRI protobuf definitions at build time
+  protobuf-compiler
 )
 missing=()
 for p in "${PKGS[@]}"; do
