@@ -14,6 +14,8 @@
 //! * [`cni`]: the CNI client side (`cnitool`, a local Kubernetes API server serving Pod JSON).
 //! * [`node`]: the whole product on one machine — a node namespace with a host layout,
 //!   the real `install-cni` daemon, and the [`pods`] a node sees.
+//! * [`cri`]: the same node under a real container runtime — a private containerd driven over
+//!   the CRI, running the install-cni image with the chart's DaemonSet spec.
 //!
 //! Everything runs in-process (no python, no `ip netns exec` per connection), with bounded
 //! timeouts, so a test can afford hundreds of namespaces and connections. All of it needs
