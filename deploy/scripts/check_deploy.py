@@ -135,7 +135,7 @@ def parse_help(text):
 
 
 def parse_dockerfile(text):
-    """(stages, final-stage COPY --from pairs, final ENTRYPOINT, cargo --bin names)."""
+    """(stages, final-stage COPY pairs (with or without --from), final ENTRYPOINT, cargo --bin names)."""
     text = re.sub(r"\\\n", " ", text)
     stages, copies, entry, cargo_bins = [], [], None, []
     for line in text.splitlines():
@@ -147,7 +147,7 @@ def parse_dockerfile(text):
             stages.append(s)
             copies.clear()
             entry = None
-        elif word == "COPY" and "--from=" in s:
+        elif word == "COPY":
             parts = [p for p in shlex.split(s)[1:] if not p.startswith("--")]
             copies.append((parts[0], parts[1]))
         elif word == "ENTRYPOINT":
@@ -414,25 +414,33 @@ def main():
             ok = ok and "istio-cni-psp" not in crbs
         check(f"[{name}] ServiceAccount + ClusterRoleBinding(s) (psp_cluster_role={vals['psp_cluster_role']!r})", ok)
 
-    # --- (5) Dockerfile vs workspace binaries ------------------------------------------------
-    stages, copies, entry, cargo_bins = parse_dockerfile(read("deploy/Dockerfile"))
+    # --- (5) Dockerfiles vs workspace binaries ----------------------------------------------
+    # deploy/Dockerfile packs the release binaries build-image.sh copies into its context's bin/;
+    # deploy/Dockerfile.source builds them in a builder stage (machines with a registry).
     cargo_cfg = read(".cargo/config.toml")
     triple = re.search(r'^target\s*=\s*"([^"]+)"', cargo_cfg, re.M).group(1)
-    release = f"/src/target/{triple}/release/"
-    srcs_ok = [s for s, _ in copies if s.startswith(release) and s[len(release):] in ws_bins]
-    check(f"Dockerfile: every copied path ({len(copies)}) is a workspace bin target in target/{triple}/release",
-          copies and len(srcs_ok) == len(copies), f"copies={copies} bins={sorted(ws_bins)}")
-    check("Dockerfile: every binary it copies is one it builds (cargo build --bin ...)",
-          {s[len(release):] for s, _ in copies} <= set(cargo_bins) <= ws_bins, f"built={cargo_bins}")
-    check("Dockerfile: final stage is scratch (only the binaries)", stages and stages[-1].split()[1] == "scratch")
-    dests = {os.path.basename(d): d for _, d in copies}
-    src_dir = daemon_defaults["CNI_BIN_SOURCE_DIR"].rstrip("/")
-    plugin_bins = daemon_defaults["CNI_BINARIES"].split(",")
-    check(f"Dockerfile: CNI_BINARIES {plugin_bins} are in CNI_BIN_SOURCE_DIR {src_dir}",
-          all(dests.get(b) == f"{src_dir}/{b}" for b in plugin_bins), str(dests))
-    check("Dockerfile: entrypoint is the copied install-cni",
-          entry and entry[0] == dests.get("install-cni") == "/usr/local/bin/install-cni", str(entry))
-    check("Dockerfile: copies nothing else", set(dests) == set(plugin_bins) | {"install-cni"}, str(dests))
+    build_script = read("deploy/scripts/build-image.sh")
+    script_bins = re.search(r"^BINS=\(([^)]*)\)", build_script, re.M).group(1).split()
+    for dockerfile, prefix, built in [
+        ("deploy/Dockerfile", "bin/", script_bins),
+        ("deploy/Dockerfile.source", f"/src/target/{triple}/release/", None),
+    ]:
+        stages, copies, entry, cargo_bins = parse_dockerfile(read(dockerfile))
+        built = cargo_bins if built is None else built
+        srcs_ok = [s for s, _ in copies if s.startswith(prefix) and s[len(prefix):] in ws_bins]
+        check(f"{dockerfile}: every copied path ({len(copies)}) is a workspace bin target under {prefix}",
+              copies and len(srcs_ok) == len(copies), f"copies={copies} bins={sorted(ws_bins)}")
+        check(f"{dockerfile}: every binary it copies is one that is built (cargo build --bin / build-image.sh BINS)",
+              {s[len(prefix):] for s, _ in copies} <= set(built) <= ws_bins, f"built={built}")
+        check(f"{dockerfile}: final stage is scratch (only the binaries)", stages and stages[-1].split()[1] == "scratch")
+        dests = {os.path.basename(d): d for _, d in copies}
+        src_dir = daemon_defaults["CNI_BIN_SOURCE_DIR"].rstrip("/")
+        plugin_bins = daemon_defaults["CNI_BINARIES"].split(",")
+        check(f"{dockerfile}: CNI_BINARIES {plugin_bins} are in CNI_BIN_SOURCE_DIR {src_dir}",
+              all(dests.get(b) == f"{src_dir}/{b}" for b in plugin_bins), str(dests))
+        check(f"{dockerfile}: entrypoint is the copied install-cni",
+              entry and entry[0] == dests.get("install-cni") == "/usr/local/bin/install-cni", str(entry))
+        check(f"{dockerfile}: copies nothing else", set(dests) == set(plugin_bins) | {"install-cni"}, str(dests))
 
     passed = sum(ok for _, ok in results)
     failed = len(results) - passed

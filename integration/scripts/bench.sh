@@ -5,9 +5,11 @@
 #   rule programming      integration/src/bin/bench-apply.rs   (CLI vs nft -f vs iptables-*-restore, in-process, CIDR scaling)
 #   per-connection cost   integration/src/bin/bench-conn.rs    (10,000 excluded CIDRs: interval set vs linear rules)
 #   CNI ADD               integration/src/bin/bench-cni.rs     (cnitool through the full chain on an install-cni node)
+#   RunPodSandbox         integration/src/bin/bench-cri.rs     (containerd 1.6 over the CRI, with/without istio-cni)
 #   plugin size/RSS       crates/cni-plugin/tests/bench.rs     (-> integration/results/cni-plugin.txt)
 #   daemon RSS/repair     crates/install-cni/tests/bench.rs    (-> integration/results/install-cni.txt)
-# Env: SAMPLES (apply, default 30), CONNS (default 3000), PODS (200), PAR (100), SKIP_CRATE_BENCHES=1.
+# Env: SAMPLES (apply, default 30), CONNS (default 3000), PODS (200), PAR (100), SANDBOXES (30),
+#      ROUNDS (3), SKIP_CRATE_BENCHES=1.
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/../.."
 [ "$(id -u)" = 0 ] || { echo "bench: run as root (network namespaces, netfilter)" >&2; exit 1; }
@@ -48,6 +50,11 @@ mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)
   echo
   echo "bench: CNI ADD" >&2
   "$bin/bench-cni" "${PODS:-200}" "${PAR:-100}"
+  echo
+  echo "**RunPodSandbox under containerd** (Debian's containerd 1.6 over the CRI, install-cni running from the image, sidecar pods; with and without istio-cni in the chain, alternating rounds):"
+  echo
+  echo "bench: RunPodSandbox (containerd)" >&2
+  CARGO_TARGET_DIR=$(pwd)/target "$bin/bench-cri" "${SANDBOXES:-30}" 20 "${ROUNDS:-3}"
   echo
   echo "**Binaries and memory:**"
   echo

@@ -26,7 +26,10 @@ PKGS=(
   golang-go golang-github-appc-cni-dev
   # test harness helpers
   python3 jq socat hyperfine curl
-  # protoc for ztunnel's build.rs (build-ztunnel.sh)
+  # the container image (deploy/scripts/build-image.sh) and the container-runtime e2e
+  # (integration/tests/cri.rs): a private containerd 1.6 with its CRI plugin, runc
+  buildah containerd runc
+  # protoc: ztunnel's build.rs (build-ztunnel.sh) and the k8s-cri crate compile protobufs
   protobuf-compiler
 )
 missing=()

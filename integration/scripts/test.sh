@@ -12,6 +12,10 @@ echo "== cargo clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 echo "== cargo build --release (static binaries)"
 cargo build --locked --release --workspace --bins
+echo "== container image (deploy/scripts/build-image.sh: buildah, no registry; checked)"
+# Built once from the binaries just built; the CRI e2e (integration/tests/cri.rs) runs this archive.
+export ISTIO_CNI_IMAGE=${CARGO_TARGET_DIR:-$PWD/target}/images/install-cni.oci.tar
+deploy/scripts/build-image.sh --no-build --out "$ISTIO_CNI_IMAGE"
 echo "== cargo test"
 cargo test --locked --workspace
 deploy/scripts/check.sh

@@ -16,6 +16,8 @@
 //!   the peer of the ambient node agent's ZDS socket.
 //! * [`node`]: the whole product on one machine — a node namespace with a host layout,
 //!   the real `install-cni` daemon, and the [`pods`] a node sees.
+//! * [`cri`]: the same node under a real container runtime — a private containerd driven over
+//!   the CRI, running the install-cni image with the chart's DaemonSet spec.
 //!
 //! Everything runs in-process (no python, no `ip netns exec` per connection), with bounded
 //! timeouts, so a test can afford hundreds of namespaces and connections. All of it needs
@@ -31,6 +33,7 @@
 //! ```
 
 pub mod cni;
+pub mod cri;
 pub mod golden;
 pub mod node;
 mod ns;

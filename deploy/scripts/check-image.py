@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Checks the install-cni OCI archive that build-image.sh made: what a node will run is exactly
+what this workspace just built, and nothing else. One PASS/FAIL line per check; exit 1 on a FAIL.
+
+  * the archive is one OCI image, tagged with the image the rendered manifest runs
+  * linux/amd64; entrypoint /usr/local/bin/install-cni; user 0:0; env: PATH only (every setting
+    comes from the DaemonSet, none baked into the image); no Cmd, no exposed ports, no volumes
+  * files: exactly /opt/cni/bin/{istio-cni,istio-nftables} and /usr/local/bin/install-cni
+    (plus their directories), each executable, statically linked (no PT_INTERP / DT_NEEDED) and
+    byte-identical (sha256) to the release build
+  * size: the compressed layers (what a node pulls) within --limit-mb
+"""
+import argparse, gzip, hashlib, io, json, os, struct, sys, tarfile
+
+ENTRYPOINT = ["/usr/local/bin/install-cni"]
+FILES = {
+    "opt/cni/bin/istio-cni": "istio-cni",
+    "opt/cni/bin/istio-nftables": "istio-nftables",
+    "usr/local/bin/install-cni": "install-cni",
+}
+ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+
+results = []
+
+
+def check(name, ok, detail=""):
+    results.append(ok)
+    print(f"{'PASS' if ok else 'FAIL'}  image: {name}" + ("" if ok or not detail else f"  ({detail})"))
+
+
+def elf_is_static(data):
+    """True when a 64-bit little-endian ELF has no PT_INTERP and no PT_DYNAMIC DT_NEEDED entry."""
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return False
+    phoff, = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    for i in range(phnum):
+        p_type, _, p_offset, _, _, p_filesz = struct.unpack_from("<IIQQQQ", data, phoff + i * phentsize)
+        if p_type == 3:  # PT_INTERP
+            return False
+        if p_type == 2:  # PT_DYNAMIC: look for DT_NEEDED (1)
+            for off in range(p_offset, p_offset + p_filesz, 16):
+                tag, _ = struct.unpack_from("<qQ", data, off)
+                if tag == 1:
+                    return False
+                if tag == 0:
+                    break
+    return True
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--archive", required=True)
+    ap.add_argument("--image", required=True)
+    ap.add_argument("--release-dir", required=True)
+    ap.add_argument("--manifest", required=True, help="deploy/manifests/istio-cni.yaml")
+    ap.add_argument("--limit-mb", type=float, default=20)
+    a = ap.parse_args()
+
+    with tarfile.open(a.archive) as t:
+        blobs = {m.name: t.extractfile(m).read() for m in t.getmembers() if m.isfile()}
+    blob = lambda digest: blobs[f"blobs/sha256/{digest.split(':', 1)[1]}"]  # noqa: E731
+    index = json.loads(blobs["index.json"])
+    refs = [m.get("annotations", {}).get("org.opencontainers.image.ref.name") for m in index["manifests"]]
+    check("one image in the archive, tagged as the manifest's image", refs == [a.image], str(refs))
+    manifest_image = [l.split("image:", 1)[1].strip().strip('"') for l in open(a.manifest) if l.strip().startswith("image:")]
+    check("the rendered manifest runs this image", manifest_image == [a.image], str(manifest_image))
+    manifest = json.loads(blob(index["manifests"][0]["digest"]))
+    config = json.loads(blob(manifest["config"]["digest"]))
+    cfg = config.get("config", {})
+    check("linux/amd64", (config.get("os"), config.get("architecture")) == ("linux", "amd64"))
+    check(f"entrypoint {ENTRYPOINT}, no cmd", cfg.get("Entrypoint") == ENTRYPOINT and not cfg.get("Cmd"), str(cfg))
+    check("user 0:0", cfg.get("User") == "0:0", str(cfg.get("User")))
+    check("env: PATH only (settings come from the DaemonSet)", cfg.get("Env") == ENV, str(cfg.get("Env")))
+    check("no exposed ports, volumes or working dir", not any(cfg.get(k) for k in ("ExposedPorts", "Volumes", "WorkingDir")))
+
+    files, dirs, others, compressed = {}, set(), [], 0
+    for layer in manifest["layers"]:
+        data = blob(layer["digest"])
+        compressed += len(data)
+        raw = gzip.decompress(data) if layer["mediaType"].endswith("+gzip") else data
+        check(f"layer {layer['digest'][:19]} matches its digest", hashlib.sha256(data).hexdigest() == layer["digest"].split(":")[1])
+        with tarfile.open(fileobj=io.BytesIO(raw)) as t:
+            for m in t.getmembers():
+                name = m.name.lstrip("./")
+                if m.isdir():
+                    dirs.add(name)
+                elif m.isfile():
+                    files[name] = (m.mode, t.extractfile(m).read())
+                else:
+                    others.append(name)
+    check(f"files: exactly {sorted(FILES)}", sorted(files) == sorted(FILES) and not others, f"{sorted(files)} {others}")
+    for path, bin_name in FILES.items():
+        mode, data = files.get(path, (0, b""))
+        with open(os.path.join(a.release_dir, bin_name), "rb") as f:
+            want = hashlib.sha256(f.read()).hexdigest()
+        got = hashlib.sha256(data).hexdigest()
+        check(f"/{path}: the release build's {bin_name} (sha256 {want[:16]}), executable, static",
+              got == want and mode & 0o111 == 0o111 and elf_is_static(data), f"sha256 {got[:16]} mode {oct(mode)}")
+    mb = compressed / 1e6
+    archive_mb = os.path.getsize(a.archive) / 1e6
+    check(f"size: {mb:.1f} MB compressed (limit {a.limit_mb:g} MB; archive {archive_mb:.1f} MB)", mb <= a.limit_mb)
+    failed = results.count(False)
+    print(f"image: {len(results) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,317 @@
+//! The install-cni container as kubelet would create it, taken from the rendered chart
+//! (`deploy/manifests/istio-cni.yaml`), not from a hand copy: the DaemonSet's pod template
+//! becomes a CRI sandbox config and container config.
+//!
+//! What kubelet does and this does too: `envFrom` the ConfigMap, `env` values and `fieldRef`s
+//! (namespace, node name), `KUBERNETES_SERVICE_HOST/PORT`, the ServiceAccount token mount at
+//! `/var/run/secrets/kubernetes.io/serviceaccount`, hostPath volumes (`DirectoryOrCreate`
+//! created), the securityContext (user, group, capabilities, read-only rootfs, seccomp,
+//! privileged), `hostNetwork`, the termination grace period (StopContainer's timeout) and the
+//! readiness probe (an HTTP GET the caller performs).
+//!
+//! What a test node changes, and why:
+//! * hostPath volumes are mapped onto the node's temporary layout (`<root>/<path>`), except
+//!   kernel filesystems (`/proc`, `/sys`), which are the kernel's own. A volume mounted at the
+//!   same path as its host path (the chart does this for `CNI_AGENT_RUN_DIR`, because the
+//!   plugin, run on the host, reads files at the path install-cni wrote them) keeps that
+//!   property: the container path moves with it, and any env value naming it follows.
+//! * `KUBERNETES_SERVICE_PROTOCOL=http`: the local API server speaks plain HTTP.
+//! * `extra_env` (e.g. `REDIRECT_BACKEND`) wins over the chart's values.
+
+use k8s_cri::v1 as cri;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Container};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Where kubelet mounts the ServiceAccount token.
+pub const SERVICE_ACCOUNT_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// Host paths that are the kernel's, never relocated.
+const KERNEL_PATHS: [&str; 2] = ["/proc", "/sys"];
+
+/// The node the container lands on, as the spec generation needs it.
+#[derive(Clone, Debug)]
+pub struct NodeLayout {
+    /// Root of the temporary host layout (hostPath `/x` becomes `<root>/x`).
+    pub root: PathBuf,
+    /// The ServiceAccount dir (token, ca.crt) kubelet would project.
+    pub service_account_dir: PathBuf,
+    pub node_name: String,
+    pub api_host: String,
+    pub api_port: u16,
+    pub extra_env: Vec<(String, String)>,
+}
+
+/// The DaemonSet's container, ready for the CRI.
+#[derive(Clone, Debug)]
+pub struct InstallCniSpec {
+    pub sandbox: cri::PodSandboxConfig,
+    pub container: cri::ContainerConfig,
+    /// Readiness probe: HTTP GET `path` on `port` in the pod's (here: the node's) network.
+    pub readiness: (String, u16),
+    /// StopContainer timeout (terminationGracePeriodSeconds).
+    pub grace_seconds: i64,
+    /// Env as given to the container (for assertions and failure messages).
+    pub env: BTreeMap<String, String>,
+}
+
+/// Reads the DaemonSet and its ConfigMap from the rendered manifest (multi-document YAML).
+pub fn from_manifest(yaml: &str, node: &NodeLayout) -> io::Result<InstallCniSpec> {
+    let mut daemonset = None;
+    let mut configmaps = BTreeMap::new();
+    for doc in serde_yaml::Deserializer::from_str(yaml) {
+        let v = serde_yaml::Value::deserialize(doc).map_err(io::Error::other)?;
+        match v.get("kind").and_then(|k| k.as_str()) {
+            Some("DaemonSet") => {
+                daemonset = Some(serde_yaml::from_value::<DaemonSet>(v).map_err(io::Error::other)?)
+            }
+            Some("ConfigMap") => {
+                let cm: ConfigMap = serde_yaml::from_value(v).map_err(io::Error::other)?;
+                configmaps.insert(cm.metadata.name.clone().unwrap_or_default(), cm);
+            }
+            _ => {}
+        }
+    }
+    let ds = daemonset.ok_or_else(|| io::Error::other("no DaemonSet in the manifest"))?;
+    build(&ds, &configmaps, node)
+}
+
+fn build(
+    ds: &DaemonSet,
+    configmaps: &BTreeMap<String, ConfigMap>,
+    node: &NodeLayout,
+) -> io::Result<InstallCniSpec> {
+    let bad = |what: &str| io::Error::other(format!("DaemonSet: {what}"));
+    let namespace = ds.metadata.namespace.clone().unwrap_or("default".into());
+    let name = ds.metadata.name.clone().ok_or_else(|| bad("no name"))?;
+    let pod = ds
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .ok_or_else(|| bad("no pod template"))?;
+    let c = pod.containers.first().ok_or_else(|| bad("no container"))?;
+    let pod_name = format!("{name}-test");
+    let host_network = pod.host_network.unwrap_or(false);
+
+    let (mounts, moved) = mounts(c, pod, node)?;
+    let env = env(c, configmaps, &namespace, &pod_name, node, &moved)?;
+    let security = security_context(c, host_network);
+    let readiness = readiness(c)?;
+
+    let sandbox = cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: pod_name.clone(),
+            uid: format!("{pod_name}-uid"),
+            namespace: namespace.clone(),
+            attempt: 0,
+        }),
+        hostname: String::new(),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: security.namespace_options.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let container = cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata {
+            name: c.name.clone(),
+            attempt: 0,
+        }),
+        image: Some(cri::ImageSpec {
+            image: c.image.clone().ok_or_else(|| bad("no image"))?,
+            ..Default::default()
+        }),
+        command: c.command.clone().unwrap_or_default(),
+        args: c.args.clone().unwrap_or_default(),
+        envs: env
+            .iter()
+            .map(|(k, v)| cri::KeyValue {
+                key: k.clone(),
+                value: v.clone(),
+            })
+            .collect(),
+        mounts,
+        linux: Some(cri::LinuxContainerConfig {
+            security_context: Some(security),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Ok(InstallCniSpec {
+        sandbox,
+        container,
+        readiness,
+        grace_seconds: pod.termination_grace_period_seconds.unwrap_or(30),
+        env,
+    })
+}
+
+/// hostPath volumes onto the layout, plus the ServiceAccount mount. Returns the mounts and the
+/// container paths that moved (old -> new), for env values that name them.
+fn mounts(
+    c: &Container,
+    pod: &k8s_openapi::api::core::v1::PodSpec,
+    node: &NodeLayout,
+) -> io::Result<(Vec<cri::Mount>, BTreeMap<String, String>)> {
+    let mut out = Vec::new();
+    let mut moved = BTreeMap::new();
+    for m in c.volume_mounts.iter().flatten() {
+        let vol = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == m.name)
+            .ok_or_else(|| io::Error::other(format!("volumeMount {}: no such volume", m.name)))?;
+        let hp = vol.host_path.as_ref().ok_or_else(|| {
+            io::Error::other(format!("volume {}: only hostPath is supported", vol.name))
+        })?;
+        let host = relocate(&node.root, &hp.path);
+        if hp.type_.as_deref() == Some("DirectoryOrCreate") {
+            std::fs::create_dir_all(&host)?;
+        }
+        let mut container_path = m.mount_path.clone();
+        if m.mount_path == hp.path && host != Path::new(&hp.path) {
+            container_path = host.display().to_string();
+            moved.insert(m.mount_path.clone(), container_path.clone());
+        }
+        out.push(cri::Mount {
+            container_path,
+            host_path: host.display().to_string(),
+            readonly: m.read_only.unwrap_or(false),
+            ..Default::default()
+        });
+    }
+    out.push(cri::Mount {
+        container_path: SERVICE_ACCOUNT_MOUNT.into(),
+        host_path: node.service_account_dir.display().to_string(),
+        readonly: true,
+        ..Default::default()
+    });
+    Ok((out, moved))
+}
+
+fn relocate(root: &Path, host_path: &str) -> PathBuf {
+    if KERNEL_PATHS
+        .iter()
+        .any(|k| Path::new(host_path).starts_with(k))
+    {
+        PathBuf::from(host_path)
+    } else {
+        root.join(host_path.trim_start_matches('/'))
+    }
+}
+
+fn env(
+    c: &Container,
+    configmaps: &BTreeMap<String, ConfigMap>,
+    namespace: &str,
+    pod_name: &str,
+    node: &NodeLayout,
+    moved: &BTreeMap<String, String>,
+) -> io::Result<BTreeMap<String, String>> {
+    let mut env = BTreeMap::new();
+    for from in c.env_from.iter().flatten() {
+        let name = from
+            .config_map_ref
+            .as_ref()
+            .map(|r| r.name.clone())
+            .ok_or_else(|| io::Error::other("envFrom: only configMapRef is supported"))?;
+        let cm = configmaps
+            .get(&name)
+            .ok_or_else(|| io::Error::other(format!("envFrom: no ConfigMap {name}")))?;
+        env.extend(cm.data.clone().unwrap_or_default());
+    }
+    for e in c.env.iter().flatten() {
+        let value = match (&e.value, &e.value_from) {
+            (Some(v), _) => v.clone(),
+            (None, Some(from)) => {
+                let field = from.field_ref.as_ref().map(|f| f.field_path.as_str());
+                match field {
+                    Some("metadata.namespace") => namespace.into(),
+                    Some("metadata.name") => pod_name.into(),
+                    Some("spec.nodeName") => node.node_name.clone(),
+                    other => {
+                        return Err(io::Error::other(format!(
+                            "env {}: unsupported valueFrom {other:?}",
+                            e.name
+                        )));
+                    }
+                }
+            }
+            (None, None) => String::new(),
+        };
+        env.insert(e.name.clone(), value);
+    }
+    for v in env.values_mut() {
+        if let Some(new) = moved.get(v.as_str()) {
+            *v = new.clone();
+        }
+    }
+    env.insert("KUBERNETES_SERVICE_HOST".into(), node.api_host.clone());
+    env.insert("KUBERNETES_SERVICE_PORT".into(), node.api_port.to_string());
+    env.insert("KUBERNETES_SERVICE_PROTOCOL".into(), "http".into());
+    env.extend(node.extra_env.iter().cloned());
+    Ok(env)
+}
+
+fn security_context(c: &Container, host_network: bool) -> cri::LinuxContainerSecurityContext {
+    let sc = c.security_context.clone().unwrap_or_default();
+    let caps = sc.capabilities.clone().unwrap_or_default();
+    let seccomp = sc.seccomp_profile.as_ref().map(|p| cri::SecurityProfile {
+        profile_type: match p.type_.as_str() {
+            "RuntimeDefault" => cri::security_profile::ProfileType::RuntimeDefault as i32,
+            "Localhost" => cri::security_profile::ProfileType::Localhost as i32,
+            _ => cri::security_profile::ProfileType::Unconfined as i32,
+        },
+        localhost_ref: p.localhost_profile.clone().unwrap_or_default(),
+    });
+    cri::LinuxContainerSecurityContext {
+        capabilities: Some(cri::Capability {
+            add_capabilities: caps.add.unwrap_or_default(),
+            drop_capabilities: caps.drop.unwrap_or_default(),
+            ..Default::default()
+        }),
+        privileged: sc.privileged.unwrap_or(false),
+        namespace_options: Some(cri::NamespaceOption {
+            network: if host_network {
+                cri::NamespaceMode::Node as i32
+            } else {
+                cri::NamespaceMode::Pod as i32
+            },
+            pid: cri::NamespaceMode::Container as i32,
+            ipc: cri::NamespaceMode::Pod as i32,
+            ..Default::default()
+        }),
+        run_as_user: sc.run_as_user.map(|value| cri::Int64Value { value }),
+        run_as_group: sc.run_as_group.map(|value| cri::Int64Value { value }),
+        readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
+        no_new_privs: !sc.allow_privilege_escalation.unwrap_or(true),
+        seccomp,
+        ..Default::default()
+    }
+}
+
+fn readiness(c: &Container) -> io::Result<(String, u16)> {
+    let get = c
+        .readiness_probe
+        .as_ref()
+        .and_then(|p| p.http_get.as_ref())
+        .ok_or_else(|| io::Error::other("install-cni has no httpGet readiness probe"))?;
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let port = match &get.port {
+        IntOrString::Int(p) => *p as u16,
+        IntOrString::String(name) => c
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.name.as_deref() == Some(name))
+            .map(|p| p.container_port as u16)
+            .ok_or_else(|| io::Error::other(format!("readiness probe: no port named {name}")))?,
+    };
+    Ok((get.path.clone().unwrap_or("/".into()), port))
+}

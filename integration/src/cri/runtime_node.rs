@@ -1,0 +1,240 @@
+//! A [`Node`] whose pods are started by a private containerd over the CRI, with the plugin
+//! installed by the containerized install-cni (the DaemonSet's container from the rendered
+//! chart). Fields drop in order: the CRI client, then containerd (stops and removes every
+//! sandbox, kills itself and its shims, unmounts, removes its dir), then the node.
+
+use super::daemonset::{InstallCniSpec, NodeLayout, from_manifest};
+use super::images::{install_cni_archive, pause_archive, repo_root};
+use super::{Containerd, Cri, CriResult, PAUSE_IMAGE, SandboxNet, pod_config};
+use crate::node::{Node, NodeOptions, WAIT, http_get, wait_until};
+use crate::pods::{Addrs, DemoPod, From, expectations};
+use crate::probe::{Transport, connect, send_udp};
+use crate::{Probe, TestNetns};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The rendered chart the install-cni container comes from.
+pub const MANIFEST: &str = "deploy/manifests/istio-cni.yaml";
+
+/// A sandbox containerd started.
+#[derive(Clone, Debug)]
+pub struct Sandbox {
+    pub id: String,
+    pub pod: DemoPod,
+    pub net: SandboxNet,
+}
+
+impl Sandbox {
+    pub fn netns(&self) -> &Path {
+        self.net.netns.as_deref().expect("the sandbox has a netns")
+    }
+}
+
+/// The running install-cni container.
+#[derive(Debug)]
+pub struct InstallCni {
+    pub sandbox_id: String,
+    pub container_id: String,
+    pub spec: InstallCniSpec,
+}
+
+pub struct RuntimeNode {
+    pub cri: Cri,
+    pub containerd: Containerd,
+    pub node: Node,
+    pub install: Option<InstallCni>,
+}
+
+impl RuntimeNode {
+    /// Node, containerd, the pause and install-cni images imported. `pause_bin`: this crate's
+    /// static `pause` binary. `install_cni_env`: overrides of the chart's env (e.g.
+    /// `REDIRECT_BACKEND`).
+    pub fn new(pause_bin: &Path) -> io::Result<RuntimeNode> {
+        crate::cni::require_cni_tools();
+        let node = Node::new(NodeOptions::new(PathBuf::new()))?;
+        let containerd = Containerd::start(&node)?;
+        let pause = containerd.dir.join("pause.oci.tar");
+        pause_archive(pause_bin, PAUSE_IMAGE, &pause)?;
+        containerd.import(&pause)?;
+        containerd.import(&install_cni_archive(&containerd.dir)?)?;
+        let cri = Cri::connect(&containerd.socket)?;
+        Ok(RuntimeNode {
+            cri,
+            containerd,
+            node,
+            install: None,
+        })
+    }
+
+    /// Creates and starts the install-cni container from the rendered chart and waits until its
+    /// readiness probe passes.
+    pub fn start_install_cni(&mut self, extra_env: &[(&str, &str)]) -> io::Result<()> {
+        let layout = NodeLayout {
+            root: self.node.root.clone(),
+            service_account_dir: self.node.sa_dir.clone(),
+            node_name: "cri-node".into(),
+            api_host: "127.0.0.1".into(),
+            api_port: self.node.api.port,
+            extra_env: extra_env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        let yaml = std::fs::read_to_string(repo_root().join(MANIFEST))?;
+        let spec = from_manifest(&yaml, &layout)?;
+        let cri_err = |what: &str, e: tonic::Status| {
+            io::Error::other(format!(
+                "{what}: {}\ncontainerd:\n{}",
+                e.message(),
+                self.containerd.log_tail()
+            ))
+        };
+        let sandbox_id = self
+            .cri
+            .run_pod(&spec.sandbox)
+            .map_err(|e| cri_err("RunPodSandbox install-cni", e))?;
+        let container_id = self
+            .cri
+            .create_container(&sandbox_id, &spec.container, &spec.sandbox)
+            .map_err(|e| cri_err("CreateContainer install-cni", e))?;
+        self.cri
+            .start_container(&container_id)
+            .map_err(|e| cri_err("StartContainer install-cni", e))?;
+        let (path, port) = spec.readiness.clone();
+        let ready = wait_until(WAIT, || {
+            self.node.ns.run(|| http_get(port, &path)).map(|r| r.0).ok() == Some(200)
+        });
+        self.install = Some(InstallCni {
+            sandbox_id,
+            container_id,
+            spec,
+        });
+        if !ready {
+            return Err(io::Error::other(format!(
+                "install-cni not ready on :{port}{path} within {WAIT:?}; its log:\n{}",
+                self.install_cni_log()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The install-cni container's output (containerd's CRI log file).
+    pub fn install_cni_log(&self) -> String {
+        let Some(i) = &self.install else {
+            return String::new();
+        };
+        let status = self.cri.container_status(&i.container_id);
+        let path = status.map(|s| s.log_path).unwrap_or_default();
+        std::fs::read_to_string(&path).unwrap_or_else(|e| format!("({path}: {e})"))
+    }
+
+    /// StopContainer with the DaemonSet's grace period (SIGTERM: install-cni uninstalls), then
+    /// removes its container and sandbox.
+    pub fn stop_install_cni(&mut self) -> CriResult<()> {
+        let i = self.install.take().expect("install-cni started");
+        self.cri
+            .stop_container(&i.container_id, i.spec.grace_seconds)?;
+        self.cri.remove_container(&i.container_id)?;
+        self.cri.stop_pod(&i.sandbox_id)?;
+        self.cri.remove_pod(&i.sandbox_id)
+    }
+
+    /// Serves `pod` from the API server and asks containerd for its sandbox.
+    pub fn run(&self, pod: &DemoPod) -> CriResult<Sandbox> {
+        self.node.serve(pod);
+        let id = self.cri.run_pod(&pod_config(&pod.namespace, &pod.name))?;
+        self.sandbox(id, pod)
+    }
+
+    /// The status of a sandbox containerd started.
+    pub fn sandbox(&self, id: String, pod: &DemoPod) -> CriResult<Sandbox> {
+        let net = self.cri.pod_net(&id)?;
+        Ok(Sandbox {
+            id,
+            pod: pod.clone(),
+            net,
+        })
+    }
+
+    /// StopPodSandbox (DEL with the netns) + RemovePodSandbox (DEL again).
+    pub fn stop_and_remove(&self, s: &Sandbox) -> CriResult<()> {
+        self.cri.stop_pod(&s.id)?;
+        self.cri.remove_pod(&s.id)
+    }
+
+    /// host-local leases currently held on the node's network.
+    pub fn leases(&self) -> usize {
+        std::fs::read_dir(self.node.ipam_dir.join(crate::node::NET))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| {
+                        e.file_name()
+                            .to_string_lossy()
+                            .parse::<std::net::IpAddr>()
+                            .is_ok()
+                    })
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    /// Connections that prove the sandbox's redirect (or its absence), each checked where it
+    /// lands: the pod runs the sidecar/app listeners, the node the "world". Returns the
+    /// mismatches.
+    pub fn traffic_mismatches(&self, s: &Sandbox) -> Vec<String> {
+        let _sidecar = Probe::sidecar(s.netns()).expect("listeners in the sandbox");
+        let _world = Probe::world(self.node.ns.path()).expect("listeners in the node");
+        let addrs = Addrs {
+            pod_v4: s.net.ip.expect("the sandbox has an IPv4 address"),
+            pod_v6: s.net.additional_ips.iter().copied().find(|a| a.is_ipv6()),
+            gw_v4: crate::node::GATEWAY_V4.parse().unwrap(),
+            gw_v6: crate::node::GATEWAY_V6.parse().unwrap(),
+        };
+        let mut bad = Vec::new();
+        for e in expectations(s.pod.kind, &addrs) {
+            let ns = match e.from {
+                From::Pod => s.netns(),
+                From::Node => self.node.ns.path(),
+            };
+            let out = match e.transport {
+                Transport::Tcp => connect(ns, &e.spec),
+                Transport::Udp => send_udp(ns, &e.spec),
+            };
+            if !e.matches(&out) {
+                bad.push(format!("{}: expected {}, got {out}", e.what, e.expected()));
+            }
+        }
+        bad
+    }
+
+    /// The node namespace.
+    pub fn node_ns(&self) -> &TestNetns {
+        &self.node.ns
+    }
+}
+
+/// nft (stateless) and iptables-legacy `-A` rules in the network namespace at `netns`.
+pub fn rules_at(netns: &Path) -> String {
+    let run = |args: &[&str]| {
+        Command::new("nsenter")
+            .arg(format!("--net={}", netns.display()))
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    let nft = run(&["nft", "-s", "list", "ruleset"]);
+    let legacy: String = run(&["iptables-legacy-save"])
+        .lines()
+        .chain(run(&["ip6tables-legacy-save"]).lines())
+        .filter(|l| l.starts_with("-A"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    nft.trim().to_string() + legacy.trim()
+}
+
+/// Whether the rules include the plugin's (nft tables or iptables chains).
+pub fn has_our_rules(rules: &str) -> bool {
+    rules.contains("istio-proxy-") || rules.contains("ISTIO_")
+}
