@@ -1,6 +1,6 @@
 //! Live migration iptables-legacy ⇄ nftables (issue 13, item 2), against the real kernel:
-//! a pod keeps making outbound connections while its rules move between backends, and every
-//! one of them must land on Envoy. Failures of the new program must leave the old rules.
+//! a pod keeps making outbound connections, and receiving inbound ones, while its rules move
+//! between backends, and every one of them must land on Envoy. Failures of the new program must leave the old rules.
 //!
 //! `migration_under_continuous_traffic_never_lets_a_connection_escape` prints the migration
 //! time per pod (p50/p99 per direction) for the README; run with `--nocapture`.
@@ -55,7 +55,44 @@ fn assert_only(w: &PodWorld, p: &Plan, b: Backend) {
     assert!(drift.is_empty(), "{b}: drift {drift:?}");
 }
 
-/// An outbound connection from the app, alternating IPv4 and IPv6 to the world's port 80.
+/// Envoy's inbound listener.
+const ENVOY_INBOUND: u16 = 15006;
+
+/// One kind of connection of the probe stream: made from `from`, must land on the pod's Envoy
+/// listener `envoy`.
+#[derive(Clone)]
+struct Flow {
+    from: std::path::PathBuf,
+    spec: ConnectSpec,
+    envoy: u16,
+}
+
+/// The stream's connections, in turn: the app's outbound connections to the world's port 80
+/// (IPv4 and IPv6; output hook) and the world's inbound connections to the app's port 8080
+/// (IPv4 and IPv6; prerouting hook).
+fn flows(w: &PodWorld) -> Vec<Flow> {
+    let mut f = Vec::new();
+    let mut add = |from: &TestNetns, dst: IpAddr, port, uid: Option<u32>, envoy| {
+        let spec = ConnectSpec::new(dst, port);
+        f.push(Flow {
+            from: from.path().to_path_buf(),
+            spec: match uid {
+                Some(u) => spec.uid(u),
+                None => spec,
+            },
+            envoy,
+        });
+    };
+    add(&w.pod, w.world_v4.into(), 80, Some(APP_UID), ENVOY_OUTBOUND);
+    add(&w.world, w.pod_v4.into(), 8080, None, ENVOY_INBOUND);
+    if let (Some(world6), Some(pod6)) = (w.world_v6, w.pod_v6) {
+        add(&w.pod, world6.into(), 80, Some(APP_UID), ENVOY_OUTBOUND);
+        add(&w.world, pod6.into(), 8080, None, ENVOY_INBOUND);
+    }
+    f
+}
+
+/// An outbound connection from the app to the world's port 80 (IPv6 when `n` is odd).
 fn app_connection(w: &PodWorld, n: usize) -> ConnectSpec {
     let dst: IpAddr = match (n % 2, w.world_v6) {
         (1, Some(v6)) => v6.into(),
@@ -65,8 +102,13 @@ fn app_connection(w: &PodWorld, n: usize) -> ConnectSpec {
 }
 
 fn lands_on_envoy(o: &Outcome) -> bool {
+    lands_on(o, ENVOY_OUTBOUND)
+}
+
+/// Landed on the pod's listener `port`, diverted from where it was sent.
+fn lands_on(o: &Outcome, port: u16) -> bool {
     o.landed()
-        .is_some_and(|l| l.probe == "pod" && l.port == ENVOY_OUTBOUND && l.redirected())
+        .is_some_and(|l| l.probe == "pod" && l.port == port && l.redirected())
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -103,18 +145,16 @@ fn migration_under_continuous_traffic_never_lets_a_connection_escape() {
     )));
 
     let stop = Arc::new(AtomicBool::new(false));
-    let outcomes = Arc::new(Mutex::new(Vec::<(usize, Outcome)>::new()));
+    let outcomes = Arc::new(Mutex::new(Vec::<(usize, Outcome, bool)>::new()));
     let stream = {
-        let (stop, outcomes) = (stop.clone(), outcomes.clone());
-        let (ns, specs) = (
-            w.pod.path().to_path_buf(),
-            [app_connection(&w, 0), app_connection(&w, 1)],
-        );
+        let (stop, outcomes, flows) = (stop.clone(), outcomes.clone(), flows(&w));
         thread::spawn(move || {
             let mut n = 0;
             while !stop.load(Ordering::Relaxed) {
-                let o = connect(&ns, &specs[n % 2]);
-                outcomes.lock().unwrap().push((n, o));
+                let flow = &flows[n % flows.len()];
+                let o = connect(&flow.from, &flow.spec);
+                let ok = lands_on(&o, flow.envoy);
+                outcomes.lock().unwrap().push((n, o, ok));
                 n += 1;
             }
         })
@@ -148,10 +188,7 @@ fn migration_under_continuous_traffic_never_lets_a_connection_escape() {
     stream.join().expect("probe stream");
 
     let outcomes = outcomes.lock().unwrap();
-    let escaped: Vec<_> = outcomes
-        .iter()
-        .filter(|(_, o)| !lands_on_envoy(o))
-        .collect();
+    let escaped: Vec<_> = outcomes.iter().filter(|(_, _, ok)| !ok).collect();
     assert!(
         escaped.is_empty(),
         "{} of {} connections did not land on Envoy: {:?}",
