@@ -350,3 +350,50 @@ fn a_pod_without_rules_gets_the_target_backend() {
     assert!(m.changed && m.found.is_empty(), "{m}");
     assert_only(&w, &p, Backend::IptablesLegacy);
 }
+
+/// Plans that put rules directly into legacy's built-in chains (interface RETURNs, TPROXY's
+/// marks): after moving to nft, not one legacy rule of the plan may stay, or `--backend auto`
+/// would keep choosing iptables-legacy for the pod (and its CHECK would report drift).
+#[test]
+fn moving_to_nft_leaves_no_legacy_rule_behind() {
+    require_root();
+    let plans = [
+        (
+            "exclude-interfaces",
+            Config {
+                ipv6: Ipv6Mode::On,
+                exclude_interfaces: vec!["eth9".into()],
+                ..Config::cni_default()
+            },
+        ),
+        (
+            "tproxy",
+            Config {
+                ipv6: Ipv6Mode::On,
+                inbound_mode: capture::InterceptionMode::Tproxy,
+                ..Config::cni_default()
+            },
+        ),
+    ];
+    for (name, cfg) in plans {
+        let w = PodWorld::new().expect("pod/world");
+        let facts = redirect::read_facts(Some(w.pod.path()), None).expect("facts");
+        let p = Plan::build(&cfg, &facts).expect("plan");
+        let legacy = BackendChoice::Fixed(Backend::IptablesLegacy);
+        redirect::apply(&p, Some(w.pod.path()), legacy).expect("legacy rules");
+        let deadline = Instant::now() + DEADLINE;
+        redirect::migrate(&p, Some(w.pod.path()), Backend::Nft, deadline)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_only(&w, &p, Backend::Nft);
+        let any_legacy = netns::run_in(Some(w.pod.path()), iptables_legacy::has_legacy_rules)
+            .expect("enter")
+            .expect("legacy rules");
+        assert!(!any_legacy, "{name}: legacy rules left behind");
+        let auto = redirect::check(&p, Some(w.pod.path()), BackendChoice::Auto).expect("check");
+        assert!(auto.is_empty(), "{name}: auto check: {auto:?}");
+        // And back: legacy exactly as planned, nothing of nft.
+        redirect::migrate(&p, Some(w.pod.path()), Backend::IptablesLegacy, deadline)
+            .unwrap_or_else(|e| panic!("{name} back: {e}"));
+        assert_only(&w, &p, Backend::IptablesLegacy);
+    }
+}

@@ -125,7 +125,7 @@ pub fn migrate_with(
         }
         let step = Step { to, opts, held };
         step.program_and_verify(plan, &found)?;
-        step.remove_old(&found)?;
+        step.remove_old(plan, &found)?;
         step.verify_end(plan)?;
         tracing::info!(from = %kinds_text(&found), %to, "migrated");
         Ok(Migration {
@@ -191,7 +191,7 @@ impl Step<'_> {
         let state = if found.contains(&self.to) {
             format!("{before} (the {} rules re-programmed)", self.to)
         } else {
-            match self.remove(self.to) {
+            match self.remove(self.to, plan) {
                 Ok(()) => format!("{before}, unchanged"),
                 Err(e) => format!("{before} + a partial {} program ({e})", self.to),
             }
@@ -200,12 +200,12 @@ impl Step<'_> {
     }
 
     /// Removes the other backend's rules if there were any.
-    fn remove_old(&self, found: &[Backend]) -> Result<(), RedirectError> {
+    fn remove_old(&self, plan: &Plan, found: &[Backend]) -> Result<(), RedirectError> {
         let old = other(self.to);
         if !found.contains(&old) {
             return Ok(());
         }
-        self.remove(old).map_err(|e| {
+        self.remove(old, plan).map_err(|e| {
             self.fail(
                 "removing the old rules",
                 e,
@@ -254,15 +254,15 @@ impl Step<'_> {
         Ok(drift)
     }
 
-    /// Removes one backend's tables/chains only. (nft's `cleanup` keeps the shared routes:
-    /// the remaining backend needs them.)
-    fn remove(&self, backend: Backend) -> Result<(), RedirectError> {
+    /// Removes one backend's rules only, the plan's rules in legacy's built-in chains included
+    /// (verified by reading back). The shared routes stay: the remaining backend needs them.
+    fn remove(&self, backend: Backend, plan: &Plan) -> Result<(), RedirectError> {
         match backend {
             Backend::Nft => {
                 nft_backend::cleanup()?;
             }
             Backend::IptablesLegacy => {
-                iptables_legacy::cleanup_with(self.held, &self.opts.legacy_tools)?;
+                iptables_legacy::cleanup_plan_with(plan, self.held, &self.opts.legacy_tools)?;
             }
         }
         Ok(())
