@@ -36,17 +36,19 @@ fn plan(w: &PodWorld) -> Plan {
 
 /// The backends whose rules of ours are in `ns` (legacy first).
 fn kinds(ns: &Path) -> Vec<Backend> {
-    netns::run_in(Some(ns), || {
-        let mut k = Vec::new();
-        if iptables_legacy::has_our_chains().expect("legacy state") {
-            k.push(Backend::IptablesLegacy);
-        }
-        if nft_backend::has_our_tables().expect("nft state") {
-            k.push(Backend::Nft);
-        }
-        k
-    })
-    .expect("enter namespace")
+    netns::run_in(Some(ns), kinds_here).expect("enter namespace")
+}
+
+/// [`kinds`] for the calling thread's namespace.
+fn kinds_here() -> Vec<Backend> {
+    let mut k = Vec::new();
+    if iptables_legacy::has_our_chains().expect("legacy state") {
+        k.push(Backend::IptablesLegacy);
+    }
+    if nft_backend::has_our_tables().expect("nft state") {
+        k.push(Backend::Nft);
+    }
+    k
 }
 
 fn assert_only(w: &PodWorld, p: &Plan, b: Backend) {
@@ -159,6 +161,24 @@ fn migration_under_continuous_traffic_never_lets_a_connection_escape() {
             }
         })
     };
+    // Another caller, as ADD/CHECK/DEL are: takes the namespace's lock and looks. It must
+    // never see both kinds (the overlap exists only inside the migration's lock hold).
+    let observer = {
+        let (stop, ns) = (stop.clone(), w.pod.path().to_path_buf());
+        thread::spawn(move || {
+            let (mut looks, mut both) = (0, 0);
+            while !stop.load(Ordering::Relaxed) {
+                let seen = netns::run_in(Some(&ns), || {
+                    let _held = netns::NsLock::path(&ns, Instant::now() + DEADLINE).expect("lock");
+                    kinds_here()
+                })
+                .expect("enter");
+                looks += 1;
+                both += usize::from(seen.len() > 1);
+            }
+            (looks, both)
+        })
+    };
     // Let the stream get going, then move the pod back and forth under it.
     thread::sleep(Duration::from_millis(100));
     let (mut to_nft, mut to_legacy) = (Vec::new(), Vec::new());
@@ -186,6 +206,9 @@ fn migration_under_continuous_traffic_never_lets_a_connection_escape() {
     }
     stop.store(true, Ordering::Relaxed);
     stream.join().expect("probe stream");
+    let (looks, both) = observer.join().expect("observer");
+    assert!(looks > 0, "the observer never got the lock");
+    assert_eq!(both, 0, "{both} of {looks} locked looks saw both kinds");
 
     let outcomes = outcomes.lock().unwrap();
     let escaped: Vec<_> = outcomes.iter().filter(|(_, _, ok)| !ok).collect();
@@ -202,7 +225,7 @@ fn migration_under_continuous_traffic_never_lets_a_connection_escape() {
     );
     assert_only(&w, &p, Backend::Nft);
     println!(
-        "migrate: {} connections ({} finished during a migration), all on Envoy; {}; {}",
+        "migrate: {} connections ({} finished during a migration), all on Envoy; {looks} locked looks, none saw both kinds; {}; {}",
         outcomes.len(),
         during,
         summary("legacy→nft", to_nft),
