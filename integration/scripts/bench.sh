@@ -4,12 +4,13 @@
 # between the `bench:begin` / `bench:end` markers, with the machine and the date.
 #   rule programming      integration/src/bin/bench-apply.rs   (CLI vs nft -f vs iptables-*-restore, in-process, CIDR scaling)
 #   per-connection cost   integration/src/bin/bench-conn.rs    (10,000 excluded CIDRs: interval set vs linear rules)
+#   live migration        integration/src/bin/bench-migrate.rs (redirect::migrate legacy -> nft -> legacy, per pod)
 #   CNI ADD               integration/src/bin/bench-cni.rs     (cnitool through the full chain on an install-cni node)
 #   RunPodSandbox         integration/src/bin/bench-cri.rs     (containerd 1.6 over the CRI, with/without istio-cni)
 #   plugin size/RSS       crates/cni-plugin/tests/bench.rs     (-> integration/results/cni-plugin.txt)
 #   daemon RSS/repair     crates/install-cni/tests/bench.rs    (-> integration/results/install-cni.txt)
-# Env: SAMPLES (apply, default 30), CONNS (default 3000), PODS (200), PAR (100), SANDBOXES (30),
-#      ROUNDS (3), SKIP_CRATE_BENCHES=1.
+# Env: SAMPLES (apply, default 30), CONNS (default 3000), MIGRATE_PODS (default 50), PODS (200),
+#      PAR (100), SANDBOXES (30), ROUNDS (3), SKIP_CRATE_BENCHES=1.
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/../.."
 [ "$(id -u)" = 0 ] || { echo "bench: run as root (network namespaces, netfilter)" >&2; exit 1; }
@@ -45,6 +46,11 @@ mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)
   echo
   echo "bench: per-connection cost" >&2
   "$bin/bench-conn" "${CONNS:-3000}" 10000
+  echo
+  echo "**Live migration of a running pod** (\`redirect::migrate\` / \`istio-nftables migrate\`, in-process; default sidecar rules, dual stack; program and verify the new backend, remove the old, verify the end state, under the namespace's lock; a new pod namespace per sample):"
+  echo
+  echo "bench: live migration" >&2
+  "$bin/bench-migrate" "${MIGRATE_PODS:-50}"
   echo
   echo "**CNI ADD** (sidecar demo pod, node set up by install-cni):"
   echo

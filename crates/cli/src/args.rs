@@ -20,7 +20,8 @@ use std::time::Duration;
     long_about = "A drop-in for istio-iptables: the same flags, environment variables and defaults. \
                   Flags win over environment variables, which win over defaults. \
                   `istio-nftables explain --help`: where a connection goes through a pod's live \
-                  rules, and why."
+                  rules, and why. `istio-nftables migrate --help`: move a running pod's rules \
+                  to the other backend without a capture gap."
 )]
 pub struct Args {
     /// Port Envoy captures outbound traffic on.

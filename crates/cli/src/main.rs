@@ -3,6 +3,7 @@
 
 mod args;
 mod explain;
+mod migrate;
 mod validation;
 
 use args::Args;
@@ -14,19 +15,16 @@ use std::process::ExitCode;
 const VALIDATION_FAILED: u8 = 126;
 
 fn main() -> ExitCode {
-    // `istio-nftables explain …` is its own command; everything else is istio-iptables' flags.
+    // `istio-nftables explain …` and `… migrate …` are their own commands; everything else is
+    // istio-iptables' flags.
     let mut argv = std::env::args();
-    if argv.nth(1).as_deref() == Some("explain") {
-        return explain::main(argv.collect());
+    match argv.nth(1).as_deref() {
+        Some("explain") => return explain::main(argv.collect()),
+        Some("migrate") => return migrate::main(argv.collect()),
+        _ => {}
     }
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LOG_LEVEL")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    init_logging();
     let settings = match args.settings() {
         Ok(s) => s,
         Err(e) => {
@@ -41,6 +39,17 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// Logs to stderr (stdout carries results), level from `LOG_LEVEL`.
+fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LOG_LEVEL")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .init();
 }
 
 fn run(s: &args::Settings) -> Result<ExitCode, Box<dyn std::error::Error>> {

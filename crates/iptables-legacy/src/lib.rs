@@ -82,6 +82,8 @@ pub enum LegacyError {
     Read { path: PathBuf, source: io::Error },
     #[error("preparing a scratch namespace to compare rules: {0}")]
     Scratch(io::Error),
+    #[error("{family} rules of ours still there after removing them: {rules}")]
+    LeftBehind { family: &'static str, rules: String },
     /// TPROXY policy routing or the IPv6 inbound passthrough address (shared with nft).
     #[error(transparent)]
     Routes(#[from] nft_backend::routes::RouteError),
@@ -192,6 +194,58 @@ pub fn cleanup_with(held: &NsLock, tools: &Tools) -> Result<bool, LegacyError> {
         any |= cleanup_family(tools, fam, held)?;
     }
     Ok(any)
+}
+
+/// [`cleanup_with`] knowing the plan the rules were programmed from: also removes the rules
+/// the plan put directly into built-in chains (interface RETURNs, TPROXY marks), which a
+/// plan-less cleanup cannot recognise. For a backend migration (`redirect::migrate`), where
+/// nothing of ours may stay behind: a leftover would also make `--backend auto` keep choosing
+/// iptables-legacy for the namespace. Verifies by reading the rules back. Returns whether
+/// anything of ours existed.
+pub fn cleanup_plan_with(plan: &Plan, held: &NsLock, tools: &Tools) -> Result<bool, LegacyError> {
+    let mut any = false;
+    for fam in [Fam::V4, Fam::V6] {
+        if !tables_instantiated(fam)? {
+            continue;
+        }
+        let live = live_tables(tools, fam)?;
+        if !live.iter().any(SavedTable::has_ours) {
+            continue;
+        }
+        let expected = canonical(tools, fam, &render_payload(plan, fam == Fam::V6))?;
+        tools.restore(
+            fam,
+            &with_removal("", &removal(&live, &expected)),
+            Some(held),
+            false,
+        )?;
+        any = true;
+        let left = ours_left(&live_tables(tools, fam)?, &expected);
+        if !left.is_empty() {
+            return Err(LegacyError::LeftBehind {
+                family: fam.label(),
+                rules: left.join("; "),
+            });
+        }
+    }
+    Ok(any)
+}
+
+/// Our chains, jumps to them and the plan's rules (`expected`) still in `live`.
+fn ours_left(live: &[SavedTable], expected: &[SavedTable]) -> Vec<String> {
+    let mut left = Vec::new();
+    for t in live {
+        left.extend(t.our_chains().map(|c| format!("{} chain {c}", t.name)));
+        let exp = expected.iter().find(|e| e.name == t.name);
+        for (chain, rule) in &t.rules {
+            let jumps_to_ours = jump_target(rule).is_some_and(is_ours);
+            let planned = exp.is_some_and(|e| e.rules_of(chain).any(|r| r == rule));
+            if !is_ours(chain) && (jumps_to_ours || planned) {
+                left.push(format!("{} -A {chain} {rule}", t.name));
+            }
+        }
+    }
+    left
 }
 
 /// Whether the current namespace holds any iptables-legacy tables with rules.

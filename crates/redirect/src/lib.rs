@@ -2,7 +2,8 @@
 //! target namespace. Policy lives in `capture`; kernel work in the backends.
 //!
 //! [`apply`], [`check`] and [`cleanup`] hold the namespace's lock ([`netns::NsLock`]) for
-//! their whole work, so calls on one namespace never interleave (see `locked`).
+//! their whole work, so calls on one namespace never interleave (see `locked`). [`migrate`]
+//! moves a running pod's rules from one backend to the other without a capture gap.
 
 use capture::{Facts, Plan};
 use netns::NsLock;
@@ -12,6 +13,9 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 pub use capture;
+pub use migrate::{MigrateOptions, Migration, migrate, migrate_with};
+
+mod migrate;
 
 /// The mechanism that programs the rules.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,6 +66,17 @@ pub enum RedirectError {
     Legacy(#[from] iptables_legacy::LegacyError),
     #[error("reading the namespace's addresses: {0}")]
     Addresses(nix::Error),
+    /// The live rules differ from the plan (one line per difference).
+    #[error("the rules differ from the plan: {}", .0.join("; "))]
+    Drift(Vec<String>),
+    /// [`migrate`] stopped at `step`; `state` is what the namespace holds now.
+    #[error("migrating to {to}: {step} failed: {cause}; the namespace now holds {state}")]
+    Migrate {
+        to: Backend,
+        step: &'static str,
+        cause: Box<RedirectError>,
+        state: String,
+    },
 }
 
 /// The backend chosen for a namespace and why (for logs).
