@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod kube_api;
+pub mod running;
 
 use std::collections::BTreeMap;
 use std::fs;

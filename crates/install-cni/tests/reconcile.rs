@@ -1,0 +1,306 @@
+//! Continuous reconcile end to end: the real install-cni binary, a local API server (real LIST +
+//! WATCH), a real pod network namespace programmed as the plugin would, then sabotaged in
+//! three ways (chain flushed, table deleted, foreign rule inserted in our table). Each time
+//! the daemon repairs it within a bound, counts it, writes an Event, and real connections land
+//! on Envoy again. A pod outside the mesh, whose namespace holds a hand-made table with our
+//! name, is never touched.
+
+mod common;
+
+use common::kube_api::{FakeKube, broken_pod};
+use common::running::{RunningPod, proc_root};
+use common::*;
+use install_cni::podplan::{self, Verdict};
+use integration::Probe;
+use k8s_openapi::api::core::v1::Pod;
+use redirect::capture::Plan;
+use redirect::{Backend, BackendChoice};
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+/// Bound for each repair: a few reconcile intervals (1 s here), generous for a loaded machine.
+const REPAIR_BOUND: Duration = Duration::from_secs(10);
+const T: Duration = Duration::from_secs(20);
+const NODE: &str = "node-r";
+
+fn checks(d: &Daemon, result: &str) -> f64 {
+    d.metric(&format!(
+        "istio_cni_pod_rules_checks_total{{result=\"{result}\"}}"
+    ))
+}
+
+/// A running sidecar pod whose istio-validation init container succeeded.
+fn mesh_pod(name: &str, uid: &str, ip: &str) -> Value {
+    let mut p = broken_pod("shop", name, uid, ip, NODE, 126);
+    p["status"]["phase"] = json!("Running");
+    p["status"]["initContainerStatuses"][0]["state"] =
+        json!({"terminated": {"exitCode": 0, "reason": "Completed"}});
+    p["status"]["initContainerStatuses"][0]["lastState"] = json!({});
+    p
+}
+
+/// A pod outside the mesh (no sidecar).
+fn plain_pod(name: &str, uid: &str, ip: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "shop", "uid": uid},
+        "spec": {"nodeName": NODE, "containers": [{"name": "app", "image": "app"}]},
+        "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}
+    })
+}
+
+/// The plan the plugin programs for `pod` in `running`'s namespace (the daemon's own code).
+fn plan_for(pod: &Value, running: &RunningPod) -> Plan {
+    let pod: Pod = serde_json::from_value(pod.clone()).unwrap();
+    let Verdict::Mesh(config) = podplan::verdict(&pod, &[], "istio-system").unwrap() else {
+        panic!("not a mesh pod")
+    };
+    podplan::plan_in(&config, running.world.pod.path())
+        .unwrap()
+        .0
+}
+
+fn nft(p: &RunningPod, args: &str) -> String {
+    let args: Vec<&str> = args.split_whitespace().collect();
+    p.world.pod.exec_ok("nft", &args).unwrap()
+}
+
+fn drift(plan: &Plan, p: &RunningPod) -> Vec<String> {
+    redirect::check(
+        plan,
+        Some(p.world.pod.path()),
+        BackendChoice::Fixed(Backend::Nft),
+    )
+    .unwrap()
+}
+
+fn start(env: &Env, kube: &FakeKube) -> Daemon {
+    let kc = kube.kubeconfig(env.tmp.path());
+    let proc = proc_root(env);
+    let d = env.start(&[
+        ("KUBECONFIG", kc.to_str().unwrap()),
+        ("REPAIR_NODE_NAME", NODE),
+        ("REPAIR_PROC_ROOT", proc.to_str().unwrap()),
+        ("REDIRECT_BACKEND", "nft"),
+        ("RECONCILE_INTERVAL", "1s"),
+    ]);
+    assert!(
+        wait_until(T, || kube.watchers() > 0),
+        "the daemon never opened a pod watch\n{}",
+        d.log()
+    );
+    d
+}
+
+/// Runs `sabotage`, then waits for the daemon's repair; returns how long it took.
+fn repaired_after(
+    d: &Daemon,
+    kube: &FakeKube,
+    plan: &Plan,
+    pod: &RunningPod,
+    what: &str,
+    sabotage: impl FnOnce(),
+) -> Duration {
+    let before = checks(d, "repaired");
+    let events = kube.events().len();
+    let t0 = Instant::now();
+    sabotage();
+    assert!(
+        wait_until(REPAIR_BOUND, || checks(d, "repaired") > before),
+        "{what}: not repaired within {REPAIR_BOUND:?}; drift now {:?}\n{}",
+        drift(plan, pod),
+        d.log()
+    );
+    let took = t0.elapsed();
+    assert_eq!(drift(plan, pod), Vec::<String>::new(), "{what}");
+    assert_eq!(
+        pod.outbound(),
+        Some(15001),
+        "{what}: outbound lands on Envoy"
+    );
+    assert_eq!(pod.inbound(), Some(15006), "{what}: inbound lands on Envoy");
+    assert!(
+        wait_until(T, || kube.events().len() > events),
+        "{what}: no event"
+    );
+    let ev = kube.events().pop().unwrap();
+    assert_eq!(ev["reason"], "RedirectRulesRepaired", "{what}: {ev}");
+    assert_eq!(ev["type"], "Warning");
+    assert_eq!(ev["involvedObject"]["uid"], "uid-mesh");
+    assert_eq!(ev["source"]["component"], "cni-reconcile");
+    assert!(
+        ev["message"]
+            .as_str()
+            .unwrap()
+            .contains("drifted from the plan"),
+        "{ev}"
+    );
+    assert!(
+        d.wait_log("redirect rules drifted from the plan; re-applied", T),
+        "{}",
+        d.log()
+    );
+    took
+}
+
+#[test]
+fn drifted_rules_are_repaired_and_traffic_lands_on_envoy_again() {
+    integration::require_root();
+    let env = Env::new();
+    let kube = FakeKube::start();
+    let mesh = RunningPod::new();
+    let plain = RunningPod::new();
+    let _sidecar = Probe::sidecar(mesh.world.pod.path()).unwrap();
+    let _server = Probe::world(mesh.world.world.path()).unwrap();
+    let _plain_server = Probe::world(plain.world.world.path()).unwrap();
+
+    // The mesh pod as ADD left it.
+    let mesh_json = mesh_pod("web", "uid-mesh", &mesh.ip.to_string());
+    let plan = plan_for(&mesh_json, &mesh);
+    redirect::apply(
+        &plan,
+        Some(mesh.world.pod.path()),
+        BackendChoice::Fixed(Backend::Nft),
+    )
+    .unwrap();
+    assert_eq!(mesh.outbound(), Some(15001));
+    // The plain pod's namespace: a hand-made table that even bears our name.
+    nft(&plain, "add table inet istio-proxy-nat");
+    nft(
+        &plain,
+        "add chain inet istio-proxy-nat mine { type nat hook output priority -100 ; }",
+    );
+    nft(
+        &plain,
+        "add rule inet istio-proxy-nat mine tcp dport 9 accept",
+    );
+    let plain_rules = nft(&plain, "list ruleset");
+
+    let d = start(&env, &kube);
+    kube.add(mesh_json);
+    kube.add(plain_pod("db", "uid-plain", &plain.ip.to_string()));
+    // Checked at once (a new pod) and then about once a second.
+    assert!(
+        wait_until(T, || checks(&d, "ok") >= 3.0),
+        "no periodic checks\n{}",
+        d.log()
+    );
+    assert_eq!(
+        d.metric("istio_cni_reconcile_pods"),
+        1.0,
+        "only the mesh pod"
+    );
+    assert_eq!(checks(&d, "drift"), 0.0, "{}", d.log());
+
+    let flush = repaired_after(&d, &kube, &plan, &mesh, "flushed chain", || {
+        nft(&mesh, "flush chain inet istio-proxy-nat istio-output");
+    });
+    let delete = repaired_after(&d, &kube, &plan, &mesh, "deleted table", || {
+        nft(&mesh, "delete table inet istio-proxy-nat");
+    });
+    let foreign = repaired_after(&d, &kube, &plan, &mesh, "foreign rule", || {
+        // Lets every outbound TCP connection escape capture.
+        nft(
+            &mesh,
+            "insert rule inet istio-proxy-nat output meta l4proto tcp accept",
+        );
+    });
+    eprintln!(
+        "repaired within: flushed chain {flush:?}, deleted table {delete:?}, foreign rule {foreign:?}"
+    );
+
+    assert_eq!(checks(&d, "drift"), 3.0, "{}", d.log());
+    assert_eq!(checks(&d, "repaired"), 3.0);
+    assert_eq!(checks(&d, "failed"), 0.0, "{}", d.log());
+    // A few more intervals: the plain pod's namespace is exactly as it was.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(nft(&plain, "list ruleset"), plain_rules);
+    assert_eq!(plain.outbound(), Some(80));
+    assert!(
+        kube.events()
+            .iter()
+            .all(|e| e["involvedObject"]["uid"] == "uid-mesh"),
+        "{:?}",
+        kube.events()
+    );
+    let (st, log) = d.stop();
+    assert!(st.success(), "{log}");
+}
+
+#[test]
+fn pods_the_plugin_skips_are_never_checked() {
+    integration::require_root();
+    let env = Env::new();
+    let kube = FakeKube::start();
+    let running = RunningPod::new();
+    let sentinel = RunningPod::new();
+    let ip = running.ip.to_string();
+    let mut host_network = mesh_pod("h", "uid-h", &ip);
+    host_network["spec"]["hostNetwork"] = json!(true);
+    let mut excluded_init = mesh_pod("i", "uid-i", &ip);
+    excluded_init["spec"]["initContainers"] = json!([{"name": "istio-init"}]);
+    let mut terminating = mesh_pod("t", "uid-t", &ip);
+    terminating["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    let mut finished = mesh_pod("f", "uid-f", &ip);
+    finished["status"]["phase"] = json!("Succeeded");
+    let d = start(&env, &kube);
+    for p in [
+        plain_pod("p", "uid-p", &ip),
+        host_network,
+        excluded_init,
+        terminating,
+        finished,
+    ] {
+        kube.add(p);
+    }
+    // A mesh pod after them: once it is repaired (it has no rules), the others were seen.
+    kube.add(mesh_pod("s", "uid-s", &sentinel.ip.to_string()));
+    assert!(
+        wait_until(T, || checks(&d, "repaired") == 1.0),
+        "sentinel not programmed\n{}",
+        d.log()
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(d.metric("istio_cni_reconcile_pods"), 1.0);
+    assert_eq!(checks(&d, "failed"), 0.0, "{}", d.log());
+    let rules = running
+        .world
+        .pod
+        .exec_ok("nft", &["list", "ruleset"])
+        .unwrap();
+    assert!(rules.trim().is_empty(), "{rules}");
+}
+
+#[test]
+fn reconcile_alone_opens_the_one_pod_watch() {
+    let env = Env::new();
+    let kube = FakeKube::start();
+    let kc = kube.kubeconfig(env.tmp.path());
+    let d = env.start(&[
+        ("KUBECONFIG", kc.to_str().unwrap()),
+        ("REPAIR_NODE_NAME", NODE),
+        ("REPAIR_ENABLED", "false"),
+    ]);
+    assert!(d.wait_log("repair controller disabled", T), "{}", d.log());
+    assert!(wait_until(T, || kube.watchers() > 0), "{}", d.log());
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(kube.watch_requests(), 1, "{:?}", kube.requests());
+    assert_eq!(kube.list_requests(), 1);
+    assert!(d.wait_log("continuous reconcile", T));
+}
+
+#[test]
+fn a_bad_interval_is_a_startup_error_naming_the_variable() {
+    let env = Env::new();
+    let out = env
+        .command()
+        .env("RECONCILE_INTERVAL", "5 minutes")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("RECONCILE_INTERVAL") && err.contains("5 minutes"),
+        "{err}"
+    );
+}
