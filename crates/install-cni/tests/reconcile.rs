@@ -65,23 +65,27 @@ fn nft(p: &RunningPod, args: &str) -> String {
     p.world.pod.exec_ok("nft", &args).unwrap()
 }
 
-fn drift(plan: &Plan, p: &RunningPod) -> Vec<String> {
+fn drift(plan: &Plan, p: &RunningPod, backend: Backend) -> Vec<String> {
     redirect::check(
         plan,
         Some(p.world.pod.path()),
-        BackendChoice::Fixed(Backend::Nft),
+        BackendChoice::Fixed(backend),
     )
     .unwrap()
 }
 
 fn start(env: &Env, kube: &FakeKube) -> Daemon {
+    start_with(env, kube, Backend::Nft)
+}
+
+fn start_with(env: &Env, kube: &FakeKube, backend: Backend) -> Daemon {
     let kc = kube.kubeconfig(env.tmp.path());
     let proc = proc_root(env);
     let d = env.start(&[
         ("KUBECONFIG", kc.to_str().unwrap()),
         ("REPAIR_NODE_NAME", NODE),
         ("REPAIR_PROC_ROOT", proc.to_str().unwrap()),
-        ("REDIRECT_BACKEND", "nft"),
+        ("REDIRECT_BACKEND", &backend.to_string()),
         ("RECONCILE_INTERVAL", "1s"),
     ]);
     assert!(
@@ -96,7 +100,7 @@ fn start(env: &Env, kube: &FakeKube) -> Daemon {
 fn repaired_after(
     d: &Daemon,
     kube: &FakeKube,
-    plan: &Plan,
+    (plan, backend): (&Plan, Backend),
     pod: &RunningPod,
     what: &str,
     sabotage: impl FnOnce(),
@@ -108,11 +112,11 @@ fn repaired_after(
     assert!(
         wait_until(REPAIR_BOUND, || checks(d, "repaired") > before),
         "{what}: not repaired within {REPAIR_BOUND:?}; drift now {:?}\n{}",
-        drift(plan, pod),
+        drift(plan, pod, backend),
         d.log()
     );
     let took = t0.elapsed();
-    assert_eq!(drift(plan, pod), Vec::<String>::new(), "{what}");
+    assert_eq!(drift(plan, pod, backend), Vec::<String>::new(), "{what}");
     assert_eq!(
         pod.outbound(),
         Some(15001),
@@ -192,19 +196,40 @@ fn drifted_rules_are_repaired_and_traffic_lands_on_envoy_again() {
     );
     assert_eq!(checks(&d, "drift"), 0.0, "{}", d.log());
 
-    let flush = repaired_after(&d, &kube, &plan, &mesh, "flushed chain", || {
-        nft(&mesh, "flush chain inet istio-proxy-nat istio-output");
-    });
-    let delete = repaired_after(&d, &kube, &plan, &mesh, "deleted table", || {
-        nft(&mesh, "delete table inet istio-proxy-nat");
-    });
-    let foreign = repaired_after(&d, &kube, &plan, &mesh, "foreign rule", || {
-        // Lets every outbound TCP connection escape capture.
-        nft(
-            &mesh,
-            "insert rule inet istio-proxy-nat output meta l4proto tcp accept",
-        );
-    });
+    let flush = repaired_after(
+        &d,
+        &kube,
+        (&plan, Backend::Nft),
+        &mesh,
+        "flushed chain",
+        || {
+            nft(&mesh, "flush chain inet istio-proxy-nat istio-output");
+        },
+    );
+    let delete = repaired_after(
+        &d,
+        &kube,
+        (&plan, Backend::Nft),
+        &mesh,
+        "deleted table",
+        || {
+            nft(&mesh, "delete table inet istio-proxy-nat");
+        },
+    );
+    let foreign = repaired_after(
+        &d,
+        &kube,
+        (&plan, Backend::Nft),
+        &mesh,
+        "foreign rule",
+        || {
+            // Lets every outbound TCP connection escape capture.
+            nft(
+                &mesh,
+                "insert rule inet istio-proxy-nat output meta l4proto tcp accept",
+            );
+        },
+    );
     eprintln!(
         "repaired within: flushed chain {flush:?}, deleted table {delete:?}, foreign rule {foreign:?}"
     );
@@ -225,6 +250,38 @@ fn drifted_rules_are_repaired_and_traffic_lands_on_envoy_again() {
     );
     let (st, log) = d.stop();
     assert!(st.success(), "{log}");
+}
+
+#[test]
+fn iptables_legacy_rules_are_repaired_too() {
+    integration::require_root();
+    let env = Env::new();
+    let kube = FakeKube::start();
+    let mesh = RunningPod::new();
+    let _sidecar = Probe::sidecar(mesh.world.pod.path()).unwrap();
+    let _server = Probe::world(mesh.world.world.path()).unwrap();
+    let mesh_json = mesh_pod("web", "uid-mesh", &mesh.ip.to_string());
+    let plan = plan_for(&mesh_json, &mesh);
+    let legacy = Backend::IptablesLegacy;
+    redirect::apply(
+        &plan,
+        Some(mesh.world.pod.path()),
+        BackendChoice::Fixed(legacy),
+    )
+    .unwrap();
+    let d = start_with(&env, &kube, legacy);
+    kube.add(mesh_json);
+    assert!(wait_until(T, || checks(&d, "ok") >= 1.0), "{}", d.log());
+    repaired_after(&d, &kube, (&plan, legacy), &mesh, "flushed chain", || {
+        mesh.world
+            .pod
+            .exec_ok("iptables-legacy", &["-t", "nat", "-F", "ISTIO_OUTPUT"])
+            .unwrap();
+    });
+    // The node's backend is legacy: no nftables table of ours appeared.
+    let tables = mesh.world.pod.exec_ok("nft", &["list", "tables"]).unwrap();
+    assert!(!tables.contains("istio-proxy"), "{tables}");
+    assert_eq!(checks(&d, "failed"), 0.0, "{}", d.log());
 }
 
 #[test]
@@ -272,6 +329,40 @@ fn pods_the_plugin_skips_are_never_checked() {
 }
 
 #[test]
+fn a_pod_whose_namespace_is_not_found_is_retried_and_holds_up_no_one() {
+    integration::require_root();
+    let env = Env::new();
+    let kube = FakeKube::start();
+    let sentinel = RunningPod::new();
+    let d = start(&env, &kube);
+    // No namespace holds this address (TEST-NET-3).
+    kube.add(mesh_pod("ghost", "uid-ghost", "203.0.113.77"));
+    kube.add(mesh_pod("s", "uid-s", &sentinel.ip.to_string()));
+    assert!(
+        wait_until(T, || checks(&d, "repaired") == 1.0),
+        "the sentinel waited for the ghost\n{}",
+        d.log()
+    );
+    assert!(checks(&d, "failed") >= 1.0, "{}", d.log());
+    let failed = checks(&d, "failed");
+    // Retried with backoff (0.5 s, 1 s, ...), logged once.
+    assert!(
+        wait_until(T, || checks(&d, "failed") > failed),
+        "{}",
+        d.log()
+    );
+    assert_eq!(
+        d.log()
+            .matches("could not check the redirect rules; retrying with backoff")
+            .count(),
+        1,
+        "{}",
+        d.log()
+    );
+    assert_eq!(d.metric("istio_cni_reconcile_pods"), 2.0);
+}
+
+#[test]
 fn reconcile_alone_opens_the_one_pod_watch() {
     let env = Env::new();
     let kube = FakeKube::start();
@@ -302,5 +393,82 @@ fn a_bad_interval_is_a_startup_error_naming_the_variable() {
     assert!(
         err.contains("RECONCILE_INTERVAL") && err.contains("5 minutes"),
         "{err}"
+    );
+}
+
+/// Benchmark (ignored by default; `cargo test -p install-cni --test reconcile -- --ignored
+/// --nocapture`, add `--release` for the README's figures): the cost of one pod check
+/// (namespace entry + read-back + compare, the daemon's own `reconcile::check::run`), with the
+/// namespace known (the steady state) and found again through /proc, and of a repair.
+#[test]
+#[ignore]
+fn bench_check_cost() {
+    use install_cni::reconcile::check::{self, Outcome, Target};
+    integration::require_root();
+    let env = Env::new();
+    let mesh = RunningPod::new();
+    let proc = proc_root(&env);
+    let pod = mesh_pod("web", "uid-bench", &mesh.ip.to_string());
+    let plan = plan_for(&pod, &mesh);
+    let nft_backend = BackendChoice::Fixed(Backend::Nft);
+    redirect::apply(&plan, Some(mesh.world.pod.path()), nft_backend).unwrap();
+    let pod: Pod = serde_json::from_value(pod).unwrap();
+    let Verdict::Mesh(config) = podplan::verdict(&pod, &[], "istio-system").unwrap() else {
+        panic!()
+    };
+    let fresh = Target {
+        key: "shop/web".into(),
+        ip: mesh.ip,
+        config,
+        netns: None,
+    };
+    let wait = install_cni::reconcile::LOCK_WAIT;
+    let measure = |n: usize, cached: bool, mut before: Box<dyn FnMut()>| -> Vec<Duration> {
+        let mut t = fresh.clone();
+        assert_eq!(check::run(&mut t, &proc, nft_backend, wait), Outcome::Ok);
+        let mut lat: Vec<Duration> = (0..n)
+            .map(|_| {
+                before();
+                let mut target = if cached { t.clone() } else { fresh.clone() };
+                let t0 = Instant::now();
+                let out = check::run(&mut target, &proc, nft_backend, wait);
+                let took = t0.elapsed();
+                assert!(
+                    matches!(out, Outcome::Ok | Outcome::Repaired { .. }),
+                    "{out:?}"
+                );
+                took
+            })
+            .collect();
+        lat.sort();
+        lat
+    };
+    let show = |what: &str, lat: &[Duration]| {
+        println!(
+            "{what}: n={} p50={:?} p99={:?} max={:?}",
+            lat.len(),
+            percentile(lat, 0.5),
+            percentile(lat, 0.99),
+            lat.last().unwrap()
+        )
+    };
+    let procs = std::fs::read_dir(&proc).unwrap().count();
+    show(
+        "check, namespace known (steady state)",
+        &measure(200, true, Box::new(|| {})),
+    );
+    show(
+        &format!("check, namespace found through /proc ({procs} processes)"),
+        &measure(50, false, Box::new(|| {})),
+    );
+    show(
+        "drift repaired (flushed chain: check + apply + read-back)",
+        &measure(
+            50,
+            true,
+            Box::new(|| {
+                nft(&mesh, "flush chain inet istio-proxy-nat istio-output");
+            }),
+        ),
     );
 }
