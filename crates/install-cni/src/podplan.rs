@@ -4,6 +4,7 @@
 //! controller and the continuous reconciler, so both program exactly what ADD would.
 
 use crate::repair::procfs;
+use istio_cni::pod::PodConfig;
 use k8s_openapi::api::core::v1::Pod;
 use redirect::capture::{Config, Plan};
 use std::net::IpAddr;
@@ -14,8 +15,8 @@ use std::path::{Path, PathBuf};
 pub enum Verdict {
     /// Not programmed by the plugin (why).
     Skip(String),
-    /// A mesh pod: the plugin programs this config.
-    Mesh(Box<Config>),
+    /// A mesh pod: the plugin programs this config (warnings: what it tolerated).
+    Mesh(Box<PodConfig>),
 }
 
 /// The plugin's routing (self-bypass, excluded namespaces, host network) and its pod → config
@@ -45,12 +46,7 @@ pub fn verdict(
         Ok(istio_cni::pod::Decision::Skip(reason)) => Ok(Verdict::Skip(format!(
             "the plugin would not program it: {reason}"
         ))),
-        Ok(istio_cni::pod::Decision::Capture(pc)) => {
-            for w in &pc.warnings {
-                tracing::warn!(pod = %crate::podcache::key(pod), warning = %w, "pod configuration");
-            }
-            Ok(Verdict::Mesh(Box::new(pc.config)))
-        }
+        Ok(istio_cni::pod::Decision::Capture(pc)) => Ok(Verdict::Mesh(pc)),
         Err(e) => Err(format!("invalid pod configuration: {e}")),
     }
 }

@@ -52,10 +52,10 @@ fn plain_pod(name: &str, uid: &str, ip: &str) -> Value {
 /// The plan the plugin programs for `pod` in `running`'s namespace (the daemon's own code).
 fn plan_for(pod: &Value, running: &RunningPod) -> Plan {
     let pod: Pod = serde_json::from_value(pod.clone()).unwrap();
-    let Verdict::Mesh(config) = podplan::verdict(&pod, &[], "istio-system").unwrap() else {
+    let Verdict::Mesh(pc) = podplan::verdict(&pod, &[], "istio-system").unwrap() else {
         panic!("not a mesh pod")
     };
-    podplan::plan_in(&config, running.world.pod.path())
+    podplan::plan_in(&pc.config, running.world.pod.path())
         .unwrap()
         .0
 }
@@ -413,13 +413,13 @@ fn bench_check_cost() {
     let nft_backend = BackendChoice::Fixed(Backend::Nft);
     redirect::apply(&plan, Some(mesh.world.pod.path()), nft_backend).unwrap();
     let pod: Pod = serde_json::from_value(pod).unwrap();
-    let Verdict::Mesh(config) = podplan::verdict(&pod, &[], "istio-system").unwrap() else {
+    let Verdict::Mesh(pc) = podplan::verdict(&pod, &[], "istio-system").unwrap() else {
         panic!()
     };
     let fresh = Target {
         key: "shop/web".into(),
         ip: mesh.ip,
-        config,
+        config: Box::new(pc.config),
         netns: None,
     };
     let wait = install_cni::reconcile::LOCK_WAIT;

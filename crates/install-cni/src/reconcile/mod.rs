@@ -79,12 +79,12 @@ impl Settings {
         }
         let config = match podplan::verdict(pod, &self.exclude_namespaces, &self.pod_namespace)? {
             Verdict::Skip(why) => return Err(why),
-            Verdict::Mesh(c) => c,
+            Verdict::Mesh(pc) => pc.config,
         };
         Ok(Target {
             key: crate::podcache::key(pod),
             ip: podplan::pod_ip(pod)?,
-            config,
+            config: Box::new(config),
             netns: None,
         })
     }

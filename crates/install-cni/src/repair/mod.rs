@@ -173,14 +173,17 @@ impl Failure {
 /// proc root ([`crate::podplan`]'s steps). Blocking (namespace threads, netlink).
 pub fn repair_pod(s: &Settings, pod: &Pod) -> Result<Done, Failure> {
     use crate::podplan::{self, Verdict};
-    let config = match podplan::verdict(pod, &s.exclude_namespaces, &s.pod_namespace) {
+    let pc = match podplan::verdict(pod, &s.exclude_namespaces, &s.pod_namespace) {
         Ok(Verdict::Skip(why)) => return Ok(Done::Skip(why)),
-        Ok(Verdict::Mesh(config)) => config,
+        Ok(Verdict::Mesh(pc)) => pc,
         Err(e) => return Err(Failure::permanent(e)),
     };
+    for w in &pc.warnings {
+        tracing::warn!(pod = %filter::key(pod), warning = %w, "pod configuration");
+    }
     let ip = podplan::pod_ip(pod).map_err(Failure::retry)?;
     let netns = podplan::locate(&s.repair.proc_root, ip).map_err(Failure::retry)?;
-    let (plan, _) = podplan::plan_in(&config, &netns).map_err(Failure::retry)?;
+    let (plan, _) = podplan::plan_in(&pc.config, &netns).map_err(Failure::retry)?;
     let d = redirect::apply(&plan, Some(&netns), s.backend)
         .map_err(|e| Failure::retry(format!("programming {}: {e}", netns.display())))?;
     Ok(Done::Success(format!(
