@@ -472,3 +472,72 @@ fn bench_check_cost() {
         ),
     );
 }
+
+/// Benchmark (ignored; see [`bench_check_cost`]): the daemon with 250 mesh pods (one namespace
+/// holding 250 pod addresses, so each pod's check does the real work: find, enter, read back,
+/// compare). RECONCILE_INTERVAL=25s (ten checks a second, 12x the default's rate) to measure
+/// CPU per check; the figure at the default 5 min interval is extrapolated from it. RSS too.
+#[test]
+#[ignore]
+fn bench_daemon_250_pods() {
+    integration::require_root();
+    const PODS: usize = 250;
+    let env = Env::new();
+    let kube = FakeKube::start();
+    let host = RunningPod::new();
+    let net = std::process::id() % 250;
+    let ips: Vec<String> = (1..=PODS).map(|i| format!("172.30.{net}.{i}")).collect();
+    let lines: Vec<String> = ips
+        .iter()
+        .map(|ip| format!("addr add {ip}/32 dev eth0"))
+        .collect();
+    host.world.pod.ip_batch(&lines).unwrap();
+    let kc = kube.kubeconfig(env.tmp.path());
+    let proc = proc_root(&env);
+    let d = env.start(&[
+        ("KUBECONFIG", kc.to_str().unwrap()),
+        ("REPAIR_NODE_NAME", NODE),
+        ("REPAIR_PROC_ROOT", proc.to_str().unwrap()),
+        ("REDIRECT_BACKEND", "nft"),
+        ("RECONCILE_INTERVAL", "25s"),
+    ]);
+    assert!(wait_until(T, || kube.watchers() > 0), "{}", d.log());
+    for (i, ip) in ips.iter().enumerate() {
+        kube.add(mesh_pod(&format!("p{i}"), &format!("uid-{i}"), ip));
+    }
+    // The first check of each (new pods are checked at once): one repairs, the rest are ok.
+    assert!(
+        wait_until(Duration::from_secs(120), || checks(&d, "ok")
+            + checks(&d, "repaired")
+            >= PODS as f64),
+        "{}",
+        d.log()
+    );
+    let pid = d.pid();
+    std::thread::sleep(Duration::from_secs(2));
+    let (c0, n0, t0) = (cpu_s(pid), checks(&d, "ok"), Instant::now());
+    std::thread::sleep(Duration::from_secs(30));
+    let (cpu, n, wall) = (
+        cpu_s(pid) - c0,
+        checks(&d, "ok") - n0,
+        t0.elapsed().as_secs_f64(),
+    );
+    let per_check_ms = cpu * 1000.0 / n;
+    let default_rate = PODS as f64 / 300.0;
+    println!(
+        "250 pods, interval 25s: {n} checks in {wall:.1} s ({:.1}/s), daemon CPU {:.2}% of a core, {per_check_ms:.2} ms CPU per check",
+        n / wall,
+        cpu / wall * 100.0
+    );
+    println!(
+        "extrapolated to the default 5m interval ({default_rate:.2} checks/s): {:.3}% of a core",
+        per_check_ms * default_rate / 10.0
+    );
+    println!(
+        "daemon RSS {} kB (peak {} kB); failed checks {}",
+        status_kb(pid, "VmRSS:"),
+        status_kb(pid, "VmHWM:"),
+        checks(&d, "failed")
+    );
+    assert_eq!(checks(&d, "failed"), 0.0, "{}", d.log());
+}
