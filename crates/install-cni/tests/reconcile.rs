@@ -452,6 +452,33 @@ fn bench_check_cost() {
             lat.last().unwrap()
         )
     };
+    // Its two parts: the plan (enter the namespace, read its addresses, build) and CHECK
+    // (lock, enter, dump our tables and routes, compare).
+    let ns = mesh.world.pod.path();
+    let timed = |n: usize, f: &dyn Fn()| -> Vec<Duration> {
+        let mut lat: Vec<Duration> = (0..n)
+            .map(|_| {
+                let t0 = Instant::now();
+                f();
+                t0.elapsed()
+            })
+            .collect();
+        lat.sort();
+        lat
+    };
+    show(
+        "  part: plan (addresses + Plan::build)",
+        &timed(200, &|| {
+            podplan::plan_in(&fresh.config, ns).unwrap();
+        }),
+    );
+    show(
+        "  part: CHECK (redirect::check_until)",
+        &timed(200, &|| {
+            let d = redirect::check_until(&plan, Some(ns), nft_backend, Instant::now() + wait);
+            assert!(d.unwrap().is_empty());
+        }),
+    );
     let procs = std::fs::read_dir(&proc).unwrap().count();
     show(
         "check, namespace known (steady state)",
