@@ -4,7 +4,7 @@
 #   validate against the Kubernetes schemas (kubernetes-validate, newest + minimum version,
 #   strict); every value is used and documented; every env var set is one install-cni reads
 #   (--list-env); mounts and ports match the daemon's defaults (--help); RBAC and capabilities
-#   follow the repair mode; every path the Dockerfile copies is a workspace binary.
+#   follow the repair mode and reconcile; every path the Dockerfile copies is a workspace binary.
 # Tools come from PyPI via tools.sh (no network needed once cached).
 # Env: INSTALL_CNI=<path to an install-cni binary> (default: cargo run --release).
 set -euo pipefail

@@ -31,10 +31,18 @@ SELF_POD_PREFIX = "istio-cni-node-"
 # Variants rendered besides the defaults: name -> (values, expectations).
 VARIANTS = {
     "default": {},
+    # repair off, reconcile on (its default): list/watch, events, pod-netns entry stay.
     "repair-off": {"repair": {"enabled": False}},
     "repair-off-nft": {"repair": {"enabled": False}, "redirectBackend": "nft"},
     "delete-pods": {"repair": {"repairPods": False, "deletePods": True}},
     "label-pods": {"repair": {"repairPods": False, "labelPods": True}},
+    "reconcile-off": {"reconcile": {"enabled": False}},
+    "repair-off-reconcile-off": {"repair": {"enabled": False}, "reconcile": {"enabled": False}},
+    "repair-off-nft-reconcile-off": {"repair": {"enabled": False}, "reconcile": {"enabled": False},
+                                     "redirectBackend": "nft"},
+    "delete-pods-reconcile-off": {"repair": {"repairPods": False, "deletePods": True},
+                                  "reconcile": {"enabled": False}},
+    "reconcile-interval": {"reconcile": {"interval": "1m30s"}},
     "custom": {
         "hub": "registry.example.com/mesh",
         "tag": "1.2.3",
@@ -62,6 +70,9 @@ BAD_VALUES = {
     "redirectBackend=iptables": {"redirectBackend": "iptables"},
     "unknown key": {"cniBinDirs": "/x"},
     "monitoringPort=health port": {"monitoringPort": 8000},
+    "reconcile.interval=5 minutes": {"reconcile": {"interval": "5 minutes"}},
+    "reconcile.interval number": {"reconcile": {"interval": 300}},
+    "reconcile unknown key": {"reconcile": {"period": "5m"}},
 }
 
 results = []
@@ -251,7 +262,7 @@ def main():
         out = set()
         for k, x in v.items():
             out.add(prefix + k)
-            if isinstance(x, dict) and k == "repair":
+            if isinstance(x, dict) and k in ("repair", "reconcile"):
                 out |= value_keys(x, prefix + k + ".")
         return out
     check("values.schema.json describes exactly the keys of values.yaml",
@@ -259,9 +270,13 @@ def main():
           f"schema only: {schema_keys(schema) - value_keys(values)}, values only: {value_keys(values) - schema_keys(schema)}")
     issue_values = {"hub", "tag", "pullPolicy", "logLevel", "excludeNamespaces", "cniBinDir", "cniConfDir",
                     "cniConfFileName", "chained", "psp_cluster_role", "redirectBackend", "repair",
-                    "monitoringPort", "resources", "nodeSelector", "tolerations"}
+                    "monitoringPort", "resources", "nodeSelector", "tolerations", "reconcile"}
     check("values.yaml has every value of the issue's table", issue_values <= set(values),
           f"missing: {issue_values - set(values)}")
+    check("reconcile defaults equal the daemon's (RECONCILE_ENABLED, RECONCILE_INTERVAL)",
+          str(values["reconcile"]["enabled"]).lower() == daemon_defaults.get("RECONCILE_ENABLED")
+          and values["reconcile"]["interval"] == daemon_defaults.get("RECONCILE_INTERVAL"),
+          f"{values['reconcile']} vs {daemon_defaults.get('RECONCILE_ENABLED')} {daemon_defaults.get('RECONCILE_INTERVAL')}")
     seeds = {"logLevel": "warn", "excludeNamespaces": ["istio-system", "kube-system"], "cniBinDir": "/opt/cni/bin",
              "cniConfDir": "/etc/cni/net.d", "cniConfFileName": "", "chained": True, "redirectBackend": "auto"}
     check("seed defaults kept", all(values.get(k) == v for k, v in seeds.items()),
@@ -294,7 +309,7 @@ def main():
         check(f"[{name}] every env var set ({len(set_env)}) is one install-cni reads", not bad, f"unknown: {bad}")
         check(f"[{name}] no env var set twice", len(env_names) == len(set(env_names)) and not set(data) & set(env_names))
         for b in [k for k, v in data.items() if k in ("CHAINED_CNI_PLUGIN", "REPAIR_ENABLED", "REPAIR_REPAIR_PODS",
-                                                      "REPAIR_DELETE_PODS", "REPAIR_LABEL_PODS")]:
+                                                      "REPAIR_DELETE_PODS", "REPAIR_LABEL_PODS", "RECONCILE_ENABLED")]:
             check(f"[{name}] {b}={data[b]} is a bool the daemon parses", data[b] in ("true", "false"))
         check(f"[{name}] values reach the daemon",
               data.get("PLUGIN_LOG_LEVEL") == vals["logLevel"]
@@ -302,11 +317,14 @@ def main():
               and data.get("REDIRECT_BACKEND") == vals["redirectBackend"]
               and data.get("CNI_CONF_NAME") == (vals["cniConfFileName"] or "")
               and data.get("CHAINED_CNI_PLUGIN") == str(vals["chained"]).lower()
-              and data.get("REPAIR_ENABLED") == str(vals["repair"]["enabled"]).lower(), str(data))
+              and data.get("REPAIR_ENABLED") == str(vals["repair"]["enabled"]).lower()
+              and data.get("RECONCILE_ENABLED") == str(vals["reconcile"]["enabled"]).lower()
+              and data.get("RECONCILE_INTERVAL", vals["reconcile"]["interval"]) == vals["reconcile"]["interval"], str(data))
         fields = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in ctr.get("env", [])}
         check(f"[{name}] POD_NAMESPACE/KUBERNETES_NODE_NAME from the downward API",
               fields.get("POD_NAMESPACE") == "metadata.namespace" and fields.get("KUBERNETES_NODE_NAME") == "spec.nodeName")
-        if vals["repair"]["enabled"]:
+        reconcile = vals["reconcile"]["enabled"]
+        if vals["repair"]["enabled"] or reconcile:
             check(f"[{name}] REPAIR_NODE_NAME from spec.nodeName", fields.get("REPAIR_NODE_NAME") == "spec.nodeName")
 
         eff = dict(daemon_defaults)
@@ -332,7 +350,9 @@ def main():
         if vals["repair"]["enabled"]:
             repair_mode = next((m for m, k in (("repair", "repairPods"), ("delete", "deletePods"), ("label", "labelPods"))
                                 if vals["repair"][k]), "")
-        if repair_mode == "repair":
+        # repairPods and the reconcile enter pods' network namespaces through the host's /proc.
+        enter_pod_netns = repair_mode == "repair" or reconcile
+        if enter_pod_netns:
             mounted("repair proc root", eff.get("REPAIR_PROC_ROOT", "/host/proc"), "/proc", ro=True)
         check(f"[{name}] no mount beyond those", set(mounts) == used_mounts, f"extra: {set(mounts) - used_mounts}")
         check(f"[{name}] hostPath volumes only for the mounts", set(vols) == {m["name"] for m in mounts.values()})
@@ -375,9 +395,9 @@ def main():
         sc = ctr.get("securityContext", {})
         caps = set(sc.get("capabilities", {}).get("add", []))
         want = set()
-        if vals["redirectBackend"] == "auto" or repair_mode == "repair":
+        if vals["redirectBackend"] == "auto" or enter_pod_netns:
             want.add("NET_ADMIN")
-        if repair_mode == "repair":
+        if enter_pod_netns:
             want |= {"SYS_ADMIN", "SYS_PTRACE"}
         check(f"[{name}] capabilities exactly {sorted(want)}, all others dropped, not privileged",
               caps == want and sc.get("capabilities", {}).get("drop") == ["ALL"] and sc.get("privileged") is False
@@ -395,13 +415,15 @@ def main():
                     for v in r["verbs"]:
                         perms.add((g, res, v))
         want = {("", "pods", "get")}
-        if vals["repair"]["enabled"]:
+        if vals["repair"]["enabled"] or reconcile:
             want |= {("", "pods", "list"), ("", "pods", "watch")}
         if repair_mode == "delete":
             want |= {("", "pods", "delete"), ("", "events", "create"), ("", "events", "patch")}
         if repair_mode == "label":
             want |= {("", "pods/status", "patch"), ("", "events", "create"), ("", "events", "patch")}
-        check(f"[{name}] ClusterRole least privilege (repair mode {repair_mode or 'off'})", perms == want,
+        if reconcile:  # RedirectRulesRepaired events
+            want |= {("", "events", "create"), ("", "events", "patch")}
+        check(f"[{name}] ClusterRole least privilege (repair mode {repair_mode or 'off'}, reconcile {reconcile})", perms == want,
               f"extra {sorted(perms - want)} missing {sorted(want - perms)}")
         crbs = {b["metadata"]["name"]: b for b in by_kind(docs, "ClusterRoleBinding")}
         sa_subject = [{"kind": "ServiceAccount", "name": "istio-cni", "namespace": NAMESPACE}]

@@ -7,6 +7,7 @@ use clap::{ArgAction, Parser};
 use redirect::BackendChoice;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Every environment variable the daemon reads, in `--help` order. Compared against the Helm
 /// chart's ConfigMap/DaemonSet env in tests (`install-cni --list-env` prints it).
@@ -53,6 +54,8 @@ pub const ENV_VARS: &[&str] = &[
     "REPAIR_BROKEN_POD_LABEL_VALUE",
     "REPAIR_PROC_ROOT",
     "POD_WATCH_TIMEOUT_SECONDS",
+    "RECONCILE_ENABLED",
+    "RECONCILE_INTERVAL",
     "KUBECONFIG",
 ];
 
@@ -271,6 +274,16 @@ pub struct Args {
     #[arg(long, env = "POD_WATCH_TIMEOUT_SECONDS", default_value = "290", value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub pod_watch_timeout_seconds: u64,
 
+    /// Continuous reconcile: check every mesh pod's live redirect rules against its plan (on
+    /// pod events and once per RECONCILE_INTERVAL) and re-apply them atomically on drift.
+    #[arg(long, env = "RECONCILE_ENABLED", default_value = "true", value_parser = parse_bool, action = ArgAction::Set)]
+    pub reconcile_enabled: bool,
+
+    /// How often each mesh pod is checked (Go duration such as 5m, 90s, 1m30s, or seconds);
+    /// the checks are spread evenly over it (one pod every interval/pods).
+    #[arg(long, env = "RECONCILE_INTERVAL", default_value = "5m")]
+    pub reconcile_interval: String,
+
     /// Kubeconfig for the repair controller's API client (empty: in-cluster, from
     /// KUBERNETES_SERVICE_* and the service-account directory).
     #[arg(long, env = "KUBECONFIG", default_value = "")]
@@ -312,6 +325,83 @@ pub struct Config {
     pub repair: RepairConfig,
     /// The node pod cache's watch timeout (POD_WATCH_TIMEOUT_SECONDS).
     pub pod_watch_timeout: std::time::Duration,
+    pub reconcile: ReconcileConfig,
+}
+
+/// Continuous reconcile settings (RECONCILE_*).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReconcileConfig {
+    pub enabled: bool,
+    /// Each mesh pod is checked once per interval (and on its pod events).
+    pub interval: Duration,
+}
+
+impl ReconcileConfig {
+    pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(300);
+
+    pub fn disabled() -> ReconcileConfig {
+        ReconcileConfig {
+            enabled: false,
+            interval: Self::DEFAULT_INTERVAL,
+        }
+    }
+}
+
+/// Shortest and longest RECONCILE_INTERVAL accepted.
+pub const RECONCILE_INTERVAL_MIN: Duration = Duration::from_millis(100);
+pub const RECONCILE_INTERVAL_MAX: Duration = Duration::from_secs(24 * 3600);
+
+/// Go's `time.ParseDuration` (a sequence of decimal numbers with units ns, us, µs, ms, s, m, h,
+/// such as `5m`, `1.5s`, `1m30s`), plus a bare number meaning seconds.
+pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let err = || "expected a duration such as 5m, 90s, 1m30s or 300 (seconds)".to_string();
+    if t.is_empty() {
+        return Err(err());
+    }
+    if let Ok(secs) = t.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total = 0f64;
+    let mut rest = t;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(err)?;
+        let n: f64 = rest[..num_len].parse().map_err(|_| err())?;
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" | "μs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(err()),
+        };
+        rest = &rest[unit_len..];
+        total += n * scale;
+    }
+    Duration::try_from_secs_f64(total).map_err(|_| err())
+}
+
+fn reconcile_config(a: &Args) -> Result<ReconcileConfig, ConfigError> {
+    let text = a.reconcile_interval.trim();
+    let interval = parse_go_duration(text).map_err(|why| bad("RECONCILE_INTERVAL", text, why))?;
+    if !(RECONCILE_INTERVAL_MIN..=RECONCILE_INTERVAL_MAX).contains(&interval) {
+        return Err(bad(
+            "RECONCILE_INTERVAL",
+            text,
+            "expected a duration between 100ms and 24h",
+        ));
+    }
+    Ok(ReconcileConfig {
+        enabled: a.reconcile_enabled,
+        interval,
+    })
 }
 
 /// Which action the repair controller takes on a broken pod (Istio's precedence).
@@ -470,7 +560,7 @@ fn repair_config(a: &Args) -> Result<RepairConfig, ConfigError> {
         .map(|s| s.trim().to_string())
         .find(|s| !s.is_empty())
         .unwrap_or_else(hostname);
-    if a.repair_enabled && node_name.is_empty() {
+    if (a.repair_enabled || a.reconcile_enabled) && node_name.is_empty() {
         return Err(bad(
             "REPAIR_NODE_NAME",
             "",
@@ -632,6 +722,7 @@ impl Config {
             PathBuf::from(a.kube_ca_file.trim())
         };
         let repair = repair_config(&a)?;
+        let reconcile = reconcile_config(&a)?;
         Ok(Config {
             cni_conf_name: (!conf_name.is_empty()).then_some(conf_name),
             chained: a.chained_cni_plugin,
@@ -659,6 +750,7 @@ impl Config {
             sa_dir: a.service_account_dir,
             repair,
             pod_watch_timeout: std::time::Duration::from_secs(a.pod_watch_timeout_seconds),
+            reconcile,
         })
     }
 
@@ -697,6 +789,7 @@ impl Config {
             sa_dir,
             repair: RepairConfig::disabled(),
             pod_watch_timeout: crate::podcache::DEFAULT_WATCH_TIMEOUT,
+            reconcile: ReconcileConfig::disabled(),
         }
     }
 
@@ -860,6 +953,41 @@ mod tests {
             let err = parse(&args).unwrap_err();
             assert!(err.contains(needle), "{args:?}: {err}");
         }
+    }
+
+    #[test]
+    fn reconcile_interval_is_a_go_duration() {
+        let c = parse(&[]).unwrap();
+        assert!(c.reconcile.enabled);
+        assert_eq!(c.reconcile.interval, Duration::from_secs(300));
+        for (text, want) in [
+            ("90s", Duration::from_secs(90)),
+            ("1m30s", Duration::from_secs(90)),
+            ("1.5h", Duration::from_secs(5400)),
+            ("500ms", Duration::from_millis(500)),
+            ("120", Duration::from_secs(120)),
+        ] {
+            let c = parse(&["--reconcile-interval", text]).unwrap();
+            assert_eq!(c.reconcile.interval, want, "{text}");
+        }
+        for (text, why) in [
+            ("5 minutes", "expected a duration"),
+            ("m", "expected a duration"),
+            ("-1s", "expected a duration"),
+            ("", "expected a duration"),
+            ("1ms", "between 100ms and 24h"),
+            ("0", "between 100ms and 24h"),
+            ("25h", "between 100ms and 24h"),
+        ] {
+            let arg = format!("--reconcile-interval={text}");
+            let err = parse(&[&arg]).unwrap_err();
+            assert!(
+                err.contains("RECONCILE_INTERVAL") && err.contains(why),
+                "{text}: {err}"
+            );
+        }
+        let c = parse(&["--reconcile-enabled", "false"]).unwrap();
+        assert!(!c.reconcile.enabled);
     }
 
     #[test]

@@ -6,6 +6,7 @@ use crate::backend;
 use crate::config::Config;
 use crate::http::{self, Routes, State};
 use crate::install::{Installer, Outcome};
+use crate::podcache::PodCache;
 use crate::throttle::{Throttle, culprit_hint};
 use crate::watch::{self, Filter, Watch};
 use cni_config::PluginSettings;
@@ -141,9 +142,8 @@ pub async fn main(cfg: Config) -> Result<(), StartError> {
     }
 
     // After the listeners (metrics must be up to count repairs), before the install loop (Istio's
-    // order); never blocks the install: the watch connects and retries on its own. The node pod
-    // cache it starts is the one later consumers subscribe to (no second watch).
-    let _pod_cache = crate::repair::start(&cfg, decision.backend, state.clone()).await;
+    // order); never blocks the install: the watch connects and retries on its own.
+    let _pod_cache = start_pod_consumers(&cfg, decision.backend, state.clone()).await;
 
     let watch = Watch::new(Filter::new(&cfg))?;
     let installer = Installer::new(cfg, entry);
@@ -159,6 +159,52 @@ pub async fn main(cfg: Config) -> Result<(), StartError> {
         tracing::warn!("cleanup: {e}");
     }
     Ok(())
+}
+
+/// The node pod cache (ONE list + watch) and its consumers, the repair controller and the
+/// continuous reconciler, each when enabled; no watch when neither is. Returns the cache.
+async fn start_pod_consumers(
+    cfg: &Config,
+    backend: redirect::Backend,
+    state: Arc<State>,
+) -> Option<PodCache> {
+    if !cfg.repair.enabled {
+        tracing::info!("repair controller disabled (REPAIR_ENABLED=false)");
+    }
+    if !cfg.reconcile.enabled {
+        tracing::info!("continuous reconcile disabled (RECONCILE_ENABLED=false)");
+    }
+    if !cfg.repair.enabled && !cfg.reconcile.enabled {
+        return None;
+    }
+    let client = match crate::repair::client(cfg).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "repair controller and reconcile not started: no Kubernetes client");
+            return None;
+        }
+    };
+    let cache = PodCache::new();
+    state.set_pod_cache(cache.clone());
+    // Subscribe before the cache runs: every consumer sees the first list whole.
+    if cfg.repair.enabled {
+        crate::repair::start(
+            cfg,
+            backend,
+            state.clone(),
+            client.clone(),
+            cache.subscribe(),
+        );
+    }
+    if cfg.reconcile.enabled {
+        crate::reconcile::start(cfg, backend, state, client.clone(), cache.subscribe());
+    }
+    tokio::spawn(cache.clone().run(
+        kube::Api::all(client),
+        cfg.repair.node_name.clone(),
+        cfg.pod_watch_timeout,
+    ));
+    Some(cache)
 }
 
 fn local(l: &TcpListener) -> String {

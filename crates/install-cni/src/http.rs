@@ -19,6 +19,10 @@ pub const RESULTS: [&str; 4] = [
 pub const REPAIR_TYPES: [&str; 3] = ["repair", "delete", "label"];
 pub const REPAIR_RESULTS: [&str; 3] = ["success", "fail", "skip"];
 
+/// `result` label values of `istio_cni_pod_rules_checks_total`: a check finds the rules `ok`
+/// or in `drift` (or cannot be made: `failed`); a drift is then `repaired`, or counts `failed`.
+pub const CHECK_RESULTS: [&str; 4] = ["ok", "drift", "repaired", "failed"];
+
 /// Shared between the install loop and the HTTP servers.
 #[derive(Debug, Default)]
 pub struct State {
@@ -28,6 +32,10 @@ pub struct State {
     installs: [AtomicU64; 4],
     /// Indexed `type * 3 + result` (REPAIR_TYPES × REPAIR_RESULTS).
     repaired: [AtomicU64; 9],
+    /// Reconcile outcomes, indexed like [`CHECK_RESULTS`].
+    checks: [AtomicU64; 4],
+    /// Mesh pods the reconciler tracks.
+    reconciled_pods: AtomicU64,
     /// The node pod cache, once started (its counters are exported).
     pod_cache: std::sync::OnceLock<crate::podcache::PodCache>,
 }
@@ -86,6 +94,39 @@ impl State {
         Self::repair_index(kind, result).map_or(0, |i| self.repaired[i].load(Ordering::Relaxed))
     }
 
+    /// One reconcile outcome (`result`: one of [`CHECK_RESULTS`]).
+    pub fn count_check(&self, result: &str) {
+        if let Some(i) = CHECK_RESULTS.iter().position(|r| *r == result) {
+            self.checks[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn checks(&self, result: &str) -> u64 {
+        CHECK_RESULTS
+            .iter()
+            .position(|r| *r == result)
+            .map_or(0, |i| self.checks[i].load(Ordering::Relaxed))
+    }
+
+    pub fn set_reconciled_pods(&self, n: usize) {
+        self.reconciled_pods.store(n as u64, Ordering::Relaxed);
+    }
+
+    fn render_checks(&self, s: &mut String) {
+        s.push_str("# HELP istio_cni_pod_rules_checks_total Checks of mesh pods' live redirect rules against their plan, by result\n");
+        s.push_str("# TYPE istio_cni_pod_rules_checks_total counter\n");
+        for r in CHECK_RESULTS {
+            s.push_str(&format!(
+                "istio_cni_pod_rules_checks_total{{result=\"{r}\"}} {}\n",
+                self.checks(r)
+            ));
+        }
+        s.push_str(&format!(
+            "# HELP istio_cni_reconcile_pods Mesh pods of this node whose rules are reconciled\n# TYPE istio_cni_reconcile_pods gauge\nistio_cni_reconcile_pods {}\n",
+            self.reconciled_pods.load(Ordering::Relaxed)
+        ));
+    }
+
     /// Prometheus text exposition (version 0.0.4).
     pub fn render_metrics(&self) -> String {
         let mut s = String::new();
@@ -115,6 +156,7 @@ impl State {
                 ));
             }
         }
+        self.render_checks(&mut s);
         self.render_pod_cache(&mut s);
         s
     }
@@ -286,6 +328,13 @@ mod tests {
         assert!(
             m.contains("istio_cni_repair_pods_repaired_total{type=\"delete\",result=\"fail\"} 0\n")
         );
+        s.count_check("drift");
+        s.count_check("repaired");
+        s.count_check("bogus");
+        let m = s.render_metrics();
+        assert!(m.contains("istio_cni_pod_rules_checks_total{result=\"drift\"} 1\n"));
+        assert!(m.contains("istio_cni_pod_rules_checks_total{result=\"repaired\"} 1\n"));
+        assert!(m.contains("istio_cni_pod_rules_checks_total{result=\"ok\"} 0\n"));
         let health_only = Routes {
             health: true,
             metrics: false,

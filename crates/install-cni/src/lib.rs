@@ -13,6 +13,8 @@ pub mod http;
 pub mod install;
 pub mod kubeconfig;
 pub mod podcache;
+pub mod podplan;
+pub mod reconcile;
 pub mod repair;
 pub mod throttle;
 pub mod watch;

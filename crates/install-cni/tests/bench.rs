@@ -9,25 +9,6 @@ use common::*;
 use std::fs;
 use std::time::{Duration, Instant};
 
-fn status_kb(pid: u32, key: &str) -> u64 {
-    fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find(|l| l.starts_with(key))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-/// utime + stime of the process, in seconds.
-fn cpu_s(pid: u32) -> f64 {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let after = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
-    ticks as f64 / 100.0 // USER_HZ
-}
-
 #[test]
 #[ignore]
 fn bench_install_cni() {

@@ -6,13 +6,10 @@
 mod common;
 
 use common::kube_api::{FakeKube, broken_pod};
+use common::running::{RunningPod, proc_root};
 use common::*;
-use integration::{ConnectSpec, PodWorld, Probe, connect};
+use integration::Probe;
 use serde_json::{Value, json};
-use std::net::IpAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(20);
@@ -24,86 +21,18 @@ fn metric(d: &Daemon, kind: &str, result: &str) -> f64 {
     ))
 }
 
-/// A pod namespace with a process in it (its /proc/PID/ns/net is how the daemon finds it) and
-/// an address unique to this test process, so namespaces of concurrently running tests that
-/// reuse PodWorld's subnets can never match.
-struct RunningPod {
-    world: PodWorld,
-    ip: IpAddr,
-    sleeper: Child,
-}
-
-impl RunningPod {
-    fn new() -> RunningPod {
-        static N: AtomicU32 = AtomicU32::new(1);
-        let world = PodWorld::ipv4_only().unwrap();
-        let n = N.fetch_add(1, Ordering::SeqCst);
-        let ip: IpAddr = format!("172.31.{}.{}", std::process::id() % 250, n)
-            .parse()
-            .unwrap();
-        world
-            .pod
-            .ip_batch(&[format!("addr add {ip}/32 dev eth0")])
-            .unwrap();
-        let sleeper = world
-            .pod
-            .run(|| Command::new("sleep").arg("60").stdin(Stdio::null()).spawn())
-            .unwrap()
-            .unwrap();
-        RunningPod { world, ip, sleeper }
-    }
-
-    /// Where a connection from the pod to the world's port 80 lands.
-    fn outbound(&self) -> Option<u16> {
-        connect(
-            self.world.pod.path(),
-            &ConnectSpec::new(self.world.world_v4.into(), 80).timeout(Duration::from_secs(2)),
-        )
-        .landed_port()
-    }
-
-    fn inbound(&self) -> Option<u16> {
-        connect(
-            self.world.world.path(),
-            &ConnectSpec::new(self.world.pod_v4.into(), 8080).timeout(Duration::from_secs(2)),
-        )
-        .landed_port()
-    }
-}
-
-impl Drop for RunningPod {
-    fn drop(&mut self) {
-        let _ = self.sleeper.kill();
-        let _ = self.sleeper.wait();
-    }
-}
-
-/// A proc root for the daemon: every process of /proc, except that `1` is this test process.
-/// The real PID 1 of a sandbox may be unreadable (non-dumpable supervisor), while the daemon
-/// needs `<proc>/1/ns/net` as the host namespace reference; this test process lives there.
-/// Processes started after this call are not in it.
-fn proc_root(env: &Env) -> PathBuf {
-    let root = env.tmp.path().join("host-proc");
-    std::fs::create_dir_all(&root).unwrap();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name.parse::<u32>().is_ok() && name != "1" {
-            let _ = std::os::unix::fs::symlink(e.path(), root.join(&name));
-        }
-    }
-    std::os::unix::fs::symlink(format!("/proc/{}", std::process::id()), root.join("1")).unwrap();
-    root
-}
-
 fn start(env: &Env, kube: &FakeKube, extra: &[(&str, &str)]) -> Daemon {
     let kc = kube.kubeconfig(env.tmp.path());
     let kc = kc.to_str().unwrap().to_string();
     let proc = proc_root(env);
     let proc = proc.to_str().unwrap().to_string();
+    // The repair controller alone (reconcile would program the mesh pods these tests leave
+    // broken on purpose; tests/reconcile.rs covers both together).
     let mut envs: Vec<(&str, &str)> = vec![
         ("KUBECONFIG", &kc),
         ("REPAIR_NODE_NAME", NODE),
         ("REPAIR_PROC_ROOT", &proc),
+        ("RECONCILE_ENABLED", "false"),
     ];
     envs.extend_from_slice(extra);
     let d = env.start(&envs);
@@ -365,8 +294,14 @@ fn repair_can_be_disabled() {
     let d = env.start(&[
         ("KUBECONFIG", kc.to_str().unwrap()),
         ("REPAIR_ENABLED", "false"),
+        ("RECONCILE_ENABLED", "false"),
     ]);
     assert!(d.wait_log("repair controller disabled", T), "{}", d.log());
+    assert!(
+        d.wait_log("continuous reconcile disabled", T),
+        "{}",
+        d.log()
+    );
     assert!(kube.requests().is_empty());
     assert_eq!(metric(&d, "repair", "success"), 0.0);
 }

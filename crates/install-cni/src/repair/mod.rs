@@ -20,7 +20,7 @@ pub mod procfs;
 use crate::config::{Config, RepairAction, RepairConfig};
 use crate::http::State;
 use crate::podcache::selector::Selector;
-use crate::podcache::{PodCache, PodEvent, Subscription};
+use crate::podcache::{PodEvent, Subscription};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
@@ -29,7 +29,6 @@ use kube::config::{NamedAuthInfo, NamedCluster, NamedContext};
 use kube::{Api, Client};
 use redirect::BackendChoice;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -171,60 +170,20 @@ impl Failure {
 }
 
 /// The plugin's verdict and rules for `pod`, programmed into its namespace found under the
-/// proc root. Blocking (namespace threads, netlink).
+/// proc root ([`crate::podplan`]'s steps). Blocking (namespace threads, netlink).
 pub fn repair_pod(s: &Settings, pod: &Pod) -> Result<Done, Failure> {
-    let ns = pod.metadata.namespace.as_deref().unwrap_or("");
-    let name = pod.metadata.name.as_deref().unwrap_or("");
-    if pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.host_network)
-        .unwrap_or(false)
-    {
-        return Ok(Done::Skip("host-network pod".into()));
-    }
-    // The plugin's routing (commands::route): self-bypass and excluded namespaces.
-    if istio_cni::pod::is_self(name, ns, &s.pod_namespace) {
-        return Ok(Done::Skip("istio-cni's own pod".into()));
-    }
-    if s.exclude_namespaces.iter().any(|n| n == ns) {
-        return Ok(Done::Skip(format!("namespace {ns} is excluded")));
-    }
-    let pc = match istio_cni::pod::decide(pod) {
-        Ok(istio_cni::pod::Decision::Skip(reason)) => {
-            return Ok(Done::Skip(format!(
-                "the plugin would not program it: {reason}"
-            )));
-        }
-        Ok(istio_cni::pod::Decision::Capture(pc)) => pc,
-        Err(e) => {
-            return Err(Failure::permanent(format!(
-                "invalid pod configuration: {e}"
-            )));
-        }
+    use crate::podplan::{self, Verdict};
+    let pc = match podplan::verdict(pod, &s.exclude_namespaces, &s.pod_namespace) {
+        Ok(Verdict::Skip(why)) => return Ok(Done::Skip(why)),
+        Ok(Verdict::Mesh(pc)) => pc,
+        Err(e) => return Err(Failure::permanent(e)),
     };
     for w in &pc.warnings {
         tracing::warn!(pod = %filter::key(pod), warning = %w, "pod configuration");
     }
-    let ip_text = pod
-        .status
-        .as_ref()
-        .and_then(|st| st.pod_ip.as_deref())
-        .unwrap_or("");
-    let ip: IpAddr = ip_text
-        .parse()
-        .map_err(|_| Failure::retry(format!("pod has no usable status.podIP ({ip_text:?})")))?;
-    let netns = procfs::find_pod_netns(&s.repair.proc_root, ip)
-        .map_err(|e| Failure::retry(format!("finding the pod's network namespace: {e}")))?;
-    let facts = redirect::read_facts(Some(&netns), None).map_err(|e| {
-        Failure::retry(format!("reading the addresses in {}: {e}", netns.display()))
-    })?;
-    let plan = redirect::capture::Plan::build(&pc.config, &facts).map_err(|e| {
-        Failure::retry(format!(
-            "building the redirect rules for {}: {e}",
-            netns.display()
-        ))
-    })?;
+    let ip = podplan::pod_ip(pod).map_err(Failure::retry)?;
+    let netns = podplan::locate(&s.repair.proc_root, ip).map_err(Failure::retry)?;
+    let (plan, _) = podplan::plan_in(&pc.config, &netns).map_err(Failure::retry)?;
     let d = redirect::apply(&plan, Some(&netns), s.backend)
         .map_err(|e| Failure::retry(format!("programming {}: {e}", netns.display())))?;
     Ok(Done::Success(format!(
@@ -283,8 +242,20 @@ fn ns_name(pod: &Pod) -> (&str, &str) {
     )
 }
 
-/// A core/v1 Event on the pod (what Istio's recorder writes).
+/// A core/v1 Event on the pod from the repair controller (what Istio's recorder writes).
 pub fn event_for(pod: &Pod, node: &str, warning: bool, reason: &str, message: &str) -> Event {
+    event_from(COMPONENT, pod, node, warning, reason, message)
+}
+
+/// A core/v1 Event on the pod, reported by `component` on `node`.
+pub fn event_from(
+    component: &str,
+    pod: &Pod,
+    node: &str,
+    warning: bool,
+    reason: &str,
+    message: &str,
+) -> Event {
     let (ns, name) = ns_name(pod);
     let now = k8s_openapi::jiff::Timestamp::now();
     let nanos = now.as_nanosecond();
@@ -307,10 +278,10 @@ pub fn event_for(pod: &Pod, node: &str, warning: bool, reason: &str, message: &s
         message: Some(message.to_string()),
         type_: Some(if warning { "Warning" } else { "Normal" }.into()),
         source: Some(EventSource {
-            component: Some(COMPONENT.into()),
+            component: Some(component.into()),
             host: Some(node.to_string()),
         }),
-        reporting_component: Some(COMPONENT.into()),
+        reporting_component: Some(component.into()),
         reporting_instance: Some(node.to_string()),
         first_timestamp: Some(Time(now)),
         last_timestamp: Some(Time(now)),
@@ -531,10 +502,7 @@ impl Controller {
             reason,
             message,
         );
-        let api: Api<Event> = Api::namespaced(self.client.clone(), ns_name(pod).0);
-        if let Err(e) = api.create(&PostParams::default(), &ev).await {
-            tracing::warn!(pod = %filter::key(pod), error = %e, "could not write the event");
-        }
+        post_event(&self.client, pod, &ev).await;
     }
 
     /// Acts on the node pod cache's notifications until the cache is gone.
@@ -575,40 +543,29 @@ async fn sleep_until(due: Option<Instant>) {
     }
 }
 
-/// Starts the node pod cache and the controller (its first consumer) when enabled and a client
-/// can be built; otherwise logs why not. Returns the cache for further consumers.
-pub async fn start(
+/// Starts the controller on the node pod cache's subscription `pods`.
+pub fn start(
     cfg: &Config,
     backend: redirect::Backend,
     state: Arc<State>,
-) -> Option<PodCache> {
-    if !cfg.repair.enabled {
-        tracing::info!("repair controller disabled (REPAIR_ENABLED=false)");
-        return None;
-    }
-    let client = match client(cfg).await {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::warn!(error = %e, "repair controller not started: no Kubernetes client");
-            return None;
-        }
-    };
-    let cache = PodCache::new();
-    state.set_pod_cache(cache.clone());
-    let subscription = cache.subscribe();
-    tokio::spawn(cache.clone().run(
-        Api::all(client.clone()),
-        cfg.repair.node_name.clone(),
-        cfg.pod_watch_timeout,
-    ));
+    client: Client,
+    pods: Subscription,
+) {
     let settings = Settings {
         repair: cfg.repair.clone(),
         exclude_namespaces: cfg.exclude_namespaces.clone(),
         pod_namespace: cfg.pod_namespace.clone(),
         backend: BackendChoice::Fixed(backend),
     };
-    tokio::spawn(Controller::new(client, settings, state).run(subscription));
-    Some(cache)
+    tokio::spawn(Controller::new(client, settings, state).run(pods));
+}
+
+/// Writes `ev` (about `pod`); a failure is logged, never fatal.
+pub async fn post_event(client: &Client, pod: &Pod, ev: &Event) {
+    let api: Api<Event> = Api::namespaced(client.clone(), ns_name(pod).0);
+    if let Err(e) = api.create(&PostParams::default(), ev).await {
+        tracing::warn!(pod = %filter::key(pod), error = %e, "could not write the event");
+    }
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod kube_api;
+pub mod running;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -381,4 +382,24 @@ pub fn golden(p: &str) -> Vec<u8> {
 
 pub fn golden_json(p: &str) -> Value {
     serde_json::from_slice(&golden(p)).unwrap()
+}
+
+/// A `/proc/PID/status` value in kB (`VmRSS:` ...).
+pub fn status_kb(pid: u32, key: &str) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// utime + stime of the process, in seconds.
+pub fn cpu_s(pid: u32) -> f64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    ticks as f64 / 100.0 // USER_HZ
 }

@@ -1,0 +1,258 @@
+//! Continuous reconcile (self-healing): the daemon keeps every mesh pod's redirect rules equal
+//! to its plan. Mesh pods are the node pod cache's pods the plugin programs ([`podplan`]'s
+//! verdict: never host-network, excluded or non-mesh pods). Each is checked on its pod events
+//! and once per `RECONCILE_INTERVAL`, spread evenly ([`tracker`]); a drift is re-applied
+//! atomically ([`check`]), logged with the pod and the drift, counted in
+//! `istio_cni_pod_rules_checks_total{result}` and written as an Event on the pod.
+//!
+//! Checks run one at a time on a blocking thread (namespace work is synchronous). Pods the
+//! repair controller owns (its filter matches: the plugin never ran) are left to it.
+//!
+//! [`podplan`]: crate::podplan
+
+pub mod check;
+pub mod tracker;
+
+use crate::config::{Config, RepairConfig};
+use crate::http::State;
+use crate::podcache::Subscription;
+use crate::podplan::{self, Verdict};
+use check::{Outcome, Target};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use redirect::BackendChoice;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tracker::Tracker;
+
+/// Event source / reporting component.
+pub const COMPONENT: &str = "cni-reconcile";
+pub const REASON_REPAIRED: &str = "RedirectRulesRepaired";
+pub const REASON_REPAIR_FAILED: &str = "RedirectRulesRepairFailed";
+/// Longest wait for a pod namespace's lock (an ADD or DEL in flight); a busy namespace is
+/// retried later rather than holding up the other pods.
+pub const LOCK_WAIT: Duration = Duration::from_secs(2);
+/// Drift lines quoted in an Event (all of them go to the log).
+const EVENT_DRIFT_LINES: usize = 5;
+
+/// What the reconciler needs from the daemon's settings.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub interval: Duration,
+    pub exclude_namespaces: Vec<String>,
+    pub pod_namespace: String,
+    pub proc_root: PathBuf,
+    pub backend: BackendChoice,
+    pub node_name: String,
+    /// The repair controller's settings when it runs (its broken pods are its own).
+    pub repair: Option<RepairConfig>,
+}
+
+impl Settings {
+    pub fn from_config(cfg: &Config, backend: redirect::Backend) -> Settings {
+        Settings {
+            interval: cfg.reconcile.interval,
+            exclude_namespaces: cfg.exclude_namespaces.clone(),
+            pod_namespace: cfg.pod_namespace.clone(),
+            proc_root: cfg.repair.proc_root.clone(),
+            backend: BackendChoice::Fixed(backend),
+            node_name: cfg.repair.node_name.clone(),
+            repair: cfg.repair.enabled.then(|| cfg.repair.clone()),
+        }
+    }
+
+    /// `Ok(target)` when the pod's rules are ours to keep, `Err(why)` otherwise.
+    pub fn eligible(&self, pod: &Pod) -> Result<Target, String> {
+        if pod.metadata.deletion_timestamp.is_some() {
+            return Err("terminating".into());
+        }
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            return Err(format!("phase {}", phase.unwrap_or("")));
+        }
+        if let Some(r) = &self.repair
+            && crate::repair::filter::matches(r, pod)
+        {
+            return Err("broken pod: the repair controller's".into());
+        }
+        let config = match podplan::verdict(pod, &self.exclude_namespaces, &self.pod_namespace)? {
+            Verdict::Skip(why) => return Err(why),
+            Verdict::Mesh(pc) => pc.config,
+        };
+        Ok(Target {
+            key: crate::podcache::key(pod),
+            ip: podplan::pod_ip(pod)?,
+            config: Box::new(config),
+            netns: None,
+        })
+    }
+}
+
+/// Starts the reconciler on the node pod cache's subscription `pods`.
+pub fn start(
+    cfg: &Config,
+    backend: redirect::Backend,
+    state: Arc<State>,
+    client: Client,
+    pods: Subscription,
+) {
+    let settings = Arc::new(Settings::from_config(cfg, backend));
+    tokio::spawn(run(settings, state, client, pods));
+}
+
+/// Checks pods as they come due until the pod cache is gone.
+pub async fn run(
+    settings: Arc<Settings>,
+    state: Arc<State>,
+    client: Client,
+    mut pods: Subscription,
+) {
+    tracing::info!(
+        interval_ms = settings.interval.as_millis() as u64,
+        proc_root = %settings.proc_root.display(),
+        "continuous reconcile of mesh pods' redirect rules"
+    );
+    let s = settings.clone();
+    let mut tracker = Tracker::new(
+        settings.interval,
+        Box::new(move |p: &Pod| s.eligible(p)),
+        Instant::now(),
+    );
+    loop {
+        let wake = tracker.next_wake();
+        tokio::select! {
+            ev = pods.recv() => match ev {
+                Some(ev) => {
+                    tracker.on_event(ev);
+                    while let Ok(ev) = pods.try_recv() {
+                        tracker.on_event(ev);
+                    }
+                    state.set_reconciled_pods(tracker.len());
+                }
+                None => return,
+            },
+            _ = sleep_until(wake) => {}
+        }
+        // Whatever is due now, then back to the events (a due pod never waits for a batch).
+        while let Some(due) = tracker.next_due(Instant::now()) {
+            let (target, outcome) = check_blocking(&settings, due.target).await;
+            let made = !matches!(outcome, Outcome::Failed(_));
+            let failures = tracker.record(&due.key, target, made, Instant::now());
+            report(
+                &settings, &state, &client, &due.pod, &due.key, outcome, failures,
+            )
+            .await;
+            if !pods.is_empty() {
+                break;
+            }
+        }
+    }
+}
+
+async fn sleep_until(t: Option<Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn check_blocking(settings: &Arc<Settings>, mut target: Target) -> (Target, Outcome) {
+    let s = settings.clone();
+    let fallback = target.clone();
+    tokio::task::spawn_blocking(move || {
+        let outcome = check::run(&mut target, &s.proc_root, s.backend, LOCK_WAIT);
+        (target, outcome)
+    })
+    .await
+    .unwrap_or_else(|e| (fallback, Outcome::Failed(format!("check task failed: {e}"))))
+}
+
+/// Metrics, log and Event for one outcome.
+async fn report(
+    settings: &Settings,
+    state: &State,
+    client: &Client,
+    pod: &Pod,
+    key: &str,
+    outcome: Outcome,
+    failures: u32,
+) {
+    match outcome {
+        Outcome::Ok => {
+            state.count_check("ok");
+            tracing::debug!(pod = %key, "redirect rules match the plan");
+        }
+        Outcome::Repaired { drift, backend } => {
+            state.count_check("drift");
+            state.count_check("repaired");
+            tracing::warn!(pod = %key, drift = ?drift, backend = %backend, "redirect rules drifted from the plan; re-applied");
+            let msg = format!(
+                "redirect rules drifted from the plan ({}); re-applied atomically ({backend} backend)",
+                summary(&drift)
+            );
+            emit(settings, client, pod, REASON_REPAIRED, &msg).await;
+        }
+        Outcome::RepairFailed { drift, error } => {
+            state.count_check("drift");
+            state.count_check("failed");
+            tracing::error!(pod = %key, drift = ?drift, error = %error, "redirect rules drifted from the plan; re-applying failed");
+            let msg = format!(
+                "redirect rules drifted from the plan ({}); re-applying failed: {error}",
+                summary(&drift)
+            );
+            emit(settings, client, pod, REASON_REPAIR_FAILED, &msg).await;
+        }
+        Outcome::Failed(error) => {
+            state.count_check("failed");
+            // The first failure of an episode is news; the retries of a pod still starting
+            // (or gone from the node) are not.
+            if failures <= 1 {
+                tracing::warn!(pod = %key, error = %error, "could not check the redirect rules; retrying with backoff");
+            } else {
+                tracing::debug!(pod = %key, error = %error, failures, "could not check the redirect rules");
+            }
+        }
+    }
+}
+
+/// `N difference(s): first; second; …` for an Event message.
+pub fn summary(drift: &[String]) -> String {
+    let mut s = format!(
+        "{} difference{}: ",
+        drift.len(),
+        if drift.len() == 1 { "" } else { "s" }
+    );
+    s.push_str(
+        &drift
+            .iter()
+            .take(EVENT_DRIFT_LINES)
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join("; "),
+    );
+    if drift.len() > EVENT_DRIFT_LINES {
+        s.push_str("; …");
+    }
+    s
+}
+
+async fn emit(settings: &Settings, client: &Client, pod: &Pod, reason: &str, message: &str) {
+    let ev = crate::repair::event_from(COMPONENT, pod, &settings.node_name, true, reason, message);
+    crate::repair::post_event(client, pod, &ev).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_quotes_the_first_lines() {
+        let d: Vec<String> = (1..=7).map(|i| format!("line {i}")).collect();
+        let s = summary(&d);
+        assert!(s.starts_with("7 differences: line 1; line 2"), "{s}");
+        assert!(s.ends_with("line 5; …"), "{s}");
+        assert_eq!(summary(&d[..1]), "1 difference: line 1");
+    }
+}

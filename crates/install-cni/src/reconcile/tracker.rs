@@ -1,0 +1,326 @@
+//! Which mesh pods are reconciled and which one is checked next. Pure (no I/O): the driver
+//! feeds it pod events and check outcomes, and asks what is due.
+//!
+//! Periodic checks are spread evenly: one pod every `interval / pods`, always the one checked
+//! longest ago, so each pod is checked once per interval and a node with 250 pods does one
+//! check at a time, never a burst. Pod events after the first full list (a new pod, a change)
+//! are checked at once; the initial list is left to the spread. A failed check is retried
+//! with backoff and never holds up other pods.
+
+use super::check::Target;
+use crate::podcache::PodEvent;
+use k8s_openapi::api::core::v1::Pod;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Decides whether a pod is reconciled: `Ok(target)` for a mesh pod (a fresh target, no
+/// namespace yet), `Err(why)` otherwise.
+pub type Eligible = dyn Fn(&Pod) -> Result<Target, String> + Send + Sync;
+
+struct Tracked {
+    uid: String,
+    pod: Arc<Pod>,
+    target: Target,
+    last: Option<Instant>,
+    failures: u32,
+    retry_at: Option<Instant>,
+}
+
+pub struct Tracker {
+    interval: Duration,
+    eligible: Box<Eligible>,
+    pods: HashMap<String, Tracked>,
+    /// Pods to check at once (events), in order, without duplicates.
+    urgent: VecDeque<String>,
+    next_tick: Instant,
+    synced: bool,
+}
+
+/// The next check to run.
+pub struct Due {
+    pub key: String,
+    pub pod: Arc<Pod>,
+    pub target: Target,
+}
+
+impl Tracker {
+    pub fn new(interval: Duration, eligible: Box<Eligible>, now: Instant) -> Tracker {
+        Tracker {
+            interval,
+            eligible,
+            pods: HashMap::new(),
+            urgent: VecDeque::new(),
+            next_tick: now,
+            synced: false,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
+    }
+
+    pub fn is_tracked(&self, key: &str) -> bool {
+        self.pods.contains_key(key)
+    }
+
+    /// Time between two periodic checks with the current pod count.
+    pub fn spacing(&self) -> Duration {
+        self.interval / (self.pods.len().max(1) as u32)
+    }
+
+    pub fn on_event(&mut self, ev: PodEvent) {
+        match ev {
+            PodEvent::Applied(p) => self.applied(p),
+            PodEvent::Deleted(p) => self.forget(&crate::podcache::key(&p)),
+            PodEvent::Synced => self.synced = true,
+        }
+    }
+
+    fn forget(&mut self, key: &str) {
+        if self.pods.remove(key).is_some() {
+            self.urgent.retain(|k| k != key);
+            tracing::debug!(pod = %key, "no longer reconciled");
+        }
+    }
+
+    fn applied(&mut self, pod: Arc<Pod>) {
+        let key = crate::podcache::key(&pod);
+        let target = match (self.eligible)(&pod) {
+            Ok(t) => t,
+            Err(why) => {
+                if self.pods.contains_key(&key) {
+                    tracing::debug!(pod = %key, why = %why, "leaves reconcile");
+                }
+                self.forget(&key);
+                return;
+            }
+        };
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        match self.pods.get_mut(&key) {
+            Some(t)
+                if t.uid == uid && t.target.ip == target.ip && t.target.config == target.config =>
+            {
+                t.pod = pod;
+            }
+            _ => {
+                // New, or its identity or plan inputs changed: start over.
+                self.pods.insert(
+                    key.clone(),
+                    Tracked {
+                        uid,
+                        pod,
+                        target,
+                        last: None,
+                        failures: 0,
+                        retry_at: None,
+                    },
+                );
+            }
+        }
+        // The initial list is left to the spread; later events are checked at once.
+        if self.synced && !self.urgent.contains(&key) {
+            self.urgent.push_back(key);
+        }
+    }
+
+    /// When something is next due (`None`: nothing tracked).
+    pub fn next_wake(&self) -> Option<Instant> {
+        if self.pods.is_empty() {
+            return None;
+        }
+        if !self.urgent.is_empty() {
+            return Some(Instant::now());
+        }
+        let retry = self.pods.values().filter_map(|t| t.retry_at).min();
+        Some(retry.map_or(self.next_tick, |r| r.min(self.next_tick)))
+    }
+
+    /// The next check due at `now`: an event's pod, a due retry, else (on the periodic tick)
+    /// the pod checked longest ago.
+    pub fn next_due(&mut self, now: Instant) -> Option<Due> {
+        while let Some(key) = self.urgent.pop_front() {
+            if let Some(d) = self.due(&key) {
+                return Some(d);
+            }
+        }
+        let retry = self
+            .pods
+            .iter()
+            .filter_map(|(k, t)| t.retry_at.filter(|r| *r <= now).map(|r| (r, k)))
+            .min()
+            .map(|(_, k)| k.clone());
+        if let Some(key) = retry {
+            return self.due(&key);
+        }
+        if now < self.next_tick || self.pods.is_empty() {
+            return None;
+        }
+        self.next_tick = now + self.spacing();
+        let oldest = self
+            .pods
+            .iter()
+            .filter(|(_, t)| t.retry_at.is_none())
+            .min_by_key(|(k, t)| (t.last, *k))
+            .map(|(k, _)| k.clone())?;
+        self.due(&oldest)
+    }
+
+    fn due(&self, key: &str) -> Option<Due> {
+        let t = self.pods.get(key)?;
+        Some(Due {
+            key: key.to_string(),
+            pod: t.pod.clone(),
+            target: t.target.clone(),
+        })
+    }
+
+    /// Records a finished check of `key` (its target carries the namespace found). `ok`: the
+    /// check was made (rules fine or repaired); else it is retried after a backoff.
+    pub fn record(&mut self, key: &str, target: Target, ok: bool, now: Instant) -> u32 {
+        let Some(t) = self.pods.get_mut(key) else {
+            return 0;
+        };
+        // The pod may have changed while the check ran: keep its namespace only if the
+        // check was for the same target.
+        if t.target.ip == target.ip && t.target.config == target.config {
+            t.target.netns = target.netns;
+        }
+        t.last = Some(now);
+        if ok {
+            t.failures = 0;
+            t.retry_at = None;
+        } else {
+            t.failures += 1;
+            t.retry_at = Some(now + crate::repair::retry_delay(t.failures));
+        }
+        t.failures
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, uid: &str, ip: &str, mesh: bool) -> Arc<Pod> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "shop", "uid": uid,
+                             "labels": {"mesh": mesh.to_string()}},
+                "status": {"podIP": ip}
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn tracker(interval: Duration) -> Tracker {
+        let eligible = |p: &Pod| -> Result<Target, String> {
+            let mesh = p.metadata.labels.as_ref().unwrap()["mesh"] == "true";
+            if !mesh {
+                return Err("not in the mesh".into());
+            }
+            Ok(Target {
+                key: crate::podcache::key(p),
+                ip: crate::podplan::pod_ip(p)?,
+                config: Box::new(redirect::capture::Config::cni_default()),
+                netns: None,
+            })
+        };
+        Tracker::new(interval, Box::new(eligible), Instant::now())
+    }
+
+    #[test]
+    fn only_mesh_pods_are_tracked() {
+        let mut t = tracker(Duration::from_secs(60));
+        t.on_event(PodEvent::Applied(pod("a", "u1", "10.0.0.1", true)));
+        t.on_event(PodEvent::Applied(pod("b", "u2", "10.0.0.2", false)));
+        t.on_event(PodEvent::Applied(pod("c", "u3", "", true)));
+        assert!(t.is_tracked("shop/a"));
+        assert!(!t.is_tracked("shop/b"));
+        assert!(!t.is_tracked("shop/c"), "no IP yet");
+        // Leaving the mesh (or being deleted) untracks.
+        t.on_event(PodEvent::Applied(pod("a", "u1", "10.0.0.1", false)));
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn periodic_checks_are_spread_and_round_robin() {
+        let interval = Duration::from_secs(100);
+        let mut t = tracker(interval);
+        for i in 0..4 {
+            let name = format!("p{i}");
+            t.on_event(PodEvent::Applied(pod(
+                &name,
+                &name,
+                &format!("10.0.0.{i}"),
+                true,
+            )));
+        }
+        t.on_event(PodEvent::Synced);
+        assert_eq!(t.spacing(), Duration::from_secs(25));
+        let mut now = Instant::now();
+        let mut order = Vec::new();
+        for _ in 0..8 {
+            let d = t.next_due(now).expect("due on the tick");
+            assert!(t.next_due(now).is_none(), "one check per tick");
+            t.record(&d.key, d.target, true, now);
+            order.push(d.key);
+            now += t.spacing();
+        }
+        // Every pod once in the first four ticks, then the same order again.
+        let mut first: Vec<_> = order[..4].to_vec();
+        first.sort();
+        assert_eq!(first, ["shop/p0", "shop/p1", "shop/p2", "shop/p3"]);
+        assert_eq!(order[..4], order[4..]);
+    }
+
+    #[test]
+    fn events_after_the_list_are_checked_at_once() {
+        let mut t = tracker(Duration::from_secs(300));
+        t.on_event(PodEvent::Applied(pod("a", "u1", "10.0.0.1", true)));
+        t.on_event(PodEvent::Synced);
+        let now = Instant::now();
+        let d = t.next_due(now).unwrap();
+        t.record(&d.key, d.target, true, now);
+        assert!(t.next_due(now).is_none());
+        t.on_event(PodEvent::Applied(pod("a", "u1", "10.0.0.1", true)));
+        assert_eq!(t.next_due(now).unwrap().key, "shop/a");
+    }
+
+    #[test]
+    fn failures_back_off_without_holding_up_others() {
+        let mut t = tracker(Duration::from_millis(400));
+        t.on_event(PodEvent::Applied(pod("a", "u1", "10.0.0.1", true)));
+        t.on_event(PodEvent::Applied(pod("b", "u2", "10.0.0.2", true)));
+        t.on_event(PodEvent::Synced);
+        let now = Instant::now();
+        let a = t.next_due(now).unwrap();
+        assert_eq!(a.key, "shop/a");
+        assert_eq!(t.record(&a.key, a.target, false, now), 1);
+        // The next tick goes to b; a waits for its retry.
+        let later = now + t.spacing();
+        assert_eq!(t.next_due(later).unwrap().key, "shop/b");
+        let retry = now + crate::repair::retry_delay(1);
+        assert_eq!(t.next_due(retry).unwrap().key, "shop/a");
+    }
+
+    #[test]
+    fn a_new_uid_starts_over() {
+        let mut t = tracker(Duration::from_secs(60));
+        t.on_event(PodEvent::Applied(pod("a", "u1", "10.0.0.1", true)));
+        let now = Instant::now();
+        let mut d = t.next_due(now).unwrap();
+        d.target.netns = Some("/proc/1/ns/net".into());
+        t.record(&d.key, d.target, true, now);
+        t.on_event(PodEvent::Applied(pod("a", "u2", "10.0.0.9", true)));
+        let d = t.next_due(now + Duration::from_secs(60)).unwrap();
+        assert_eq!(d.target.netns, None);
+        assert_eq!(d.target.ip.to_string(), "10.0.0.9");
+    }
+}

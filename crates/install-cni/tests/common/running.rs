@@ -1,0 +1,82 @@
+//! Running pods for the tests that find a pod's namespace through /proc (repair, reconcile):
+//! a real network namespace with a process in it, and a proc root whose `1` is this process.
+#![allow(dead_code)]
+
+use super::Env;
+use integration::{ConnectSpec, PodWorld, connect};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+/// A pod namespace with a process in it (its /proc/PID/ns/net is how the daemon finds it) and
+/// an address unique to this test process, so namespaces of concurrently running tests that
+/// reuse PodWorld's subnets can never match.
+pub struct RunningPod {
+    pub world: PodWorld,
+    pub ip: IpAddr,
+    sleeper: Child,
+}
+
+impl RunningPod {
+    pub fn new() -> RunningPod {
+        static N: AtomicU32 = AtomicU32::new(1);
+        let world = PodWorld::ipv4_only().unwrap();
+        let n = N.fetch_add(1, Ordering::SeqCst);
+        let ip: IpAddr = format!("172.31.{}.{}", std::process::id() % 250, n)
+            .parse()
+            .unwrap();
+        world
+            .pod
+            .ip_batch(&[format!("addr add {ip}/32 dev eth0")])
+            .unwrap();
+        let sleeper = world
+            .pod
+            .run(|| Command::new("sleep").arg("60").stdin(Stdio::null()).spawn())
+            .unwrap()
+            .unwrap();
+        RunningPod { world, ip, sleeper }
+    }
+
+    /// Where a connection from the pod to the world's port 80 lands.
+    pub fn outbound(&self) -> Option<u16> {
+        connect(
+            self.world.pod.path(),
+            &ConnectSpec::new(self.world.world_v4.into(), 80).timeout(Duration::from_secs(2)),
+        )
+        .landed_port()
+    }
+
+    pub fn inbound(&self) -> Option<u16> {
+        connect(
+            self.world.world.path(),
+            &ConnectSpec::new(self.world.pod_v4.into(), 8080).timeout(Duration::from_secs(2)),
+        )
+        .landed_port()
+    }
+}
+
+impl Drop for RunningPod {
+    fn drop(&mut self) {
+        let _ = self.sleeper.kill();
+        let _ = self.sleeper.wait();
+    }
+}
+
+/// A proc root for the daemon: every process of /proc, except that `1` is this test process.
+/// The real PID 1 of a sandbox may be unreadable (non-dumpable supervisor), while the daemon
+/// needs `<proc>/1/ns/net` as the host namespace reference; this test process lives there.
+/// Processes started after this call are not in it.
+pub fn proc_root(env: &Env) -> PathBuf {
+    let root = env.tmp.path().join("host-proc");
+    std::fs::create_dir_all(&root).unwrap();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.parse::<u32>().is_ok() && name != "1" {
+            let _ = std::os::unix::fs::symlink(e.path(), root.join(&name));
+        }
+    }
+    std::os::unix::fs::symlink(format!("/proc/{}", std::process::id()), root.join("1")).unwrap();
+    root
+}
