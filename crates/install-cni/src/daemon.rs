@@ -104,6 +104,8 @@ pub async fn main(cfg: Config) -> Result<(), StartError> {
     let decision = decide_backend(&cfg);
     let entry = plugin_settings(&cfg, &decision).to_plugin_entry();
     let state = Arc::new(State::new());
+    // Before the first pass: the plugin's STATUS follows every readiness change from here on.
+    state.set_publisher(crate::readiness::Publisher::start(&cfg.run_dir));
 
     let health_addr = SocketAddr::new(cfg.listen_address, cfg.health_port);
     let metrics_addr = SocketAddr::new(cfg.listen_address, cfg.monitoring_port);
@@ -144,6 +146,7 @@ pub async fn main(cfg: Config) -> Result<(), StartError> {
     // order); never blocks the install: the watch connects and retries on its own. The node pod
     // cache it starts is the one later consumers subscribe to (no second watch).
     let _pod_cache = crate::repair::start(&cfg, decision.backend, state.clone()).await;
+    crate::taint::start(&cfg, &state).await;
 
     let watch = Watch::new(Filter::new(&cfg))?;
     let installer = Installer::new(cfg, entry);

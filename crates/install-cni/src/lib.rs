@@ -13,6 +13,8 @@ pub mod http;
 pub mod install;
 pub mod kubeconfig;
 pub mod podcache;
+pub mod readiness;
 pub mod repair;
+pub mod taint;
 pub mod throttle;
 pub mod watch;
