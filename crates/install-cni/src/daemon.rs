@@ -153,6 +153,7 @@ pub async fn main(cfg: Config) -> Result<(), StartError> {
     let (mut installer, signal) = run(installer, state.clone(), watch, shutdown).await;
 
     state.set_not_ready("shutting down");
+    state.release_readiness();
     tracing::info!(signal, "shutting down; removing the install");
     let (done, errors) = installer.cleanup();
     for d in done {

@@ -74,6 +74,13 @@ impl State {
         let _ = self.publisher.set(p);
     }
 
+    /// Shutdown: the plugin's STATUS fails from now on (marker and lock file removed).
+    pub fn release_readiness(&self) {
+        if let Some(p) = self.publisher.get() {
+            p.shutdown();
+        }
+    }
+
     /// Readiness transitions (`true`: ready).
     pub fn subscribe_ready(&self) -> tokio::sync::watch::Receiver<bool> {
         self.ready_tx.subscribe()

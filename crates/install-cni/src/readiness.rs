@@ -101,6 +101,9 @@ impl Publisher {
                 }
                 Ok(f)
             }) {
+                // The daemon we waited for removes the file at shutdown: a lock on the inode
+                // it unlinked is seen by no plugin, so lock the file now at the path instead.
+                Ok(f) if !still_at(&f, &path) => continue,
                 Ok(f) => break f,
                 Err(e) => {
                     if !warned {
@@ -167,9 +170,27 @@ impl Publisher {
         }
     }
 
-    /// Not ready any more (shutdown): the marker goes, the lock stays until exit.
-    pub fn withdraw(&self) {
-        self.set(&Conditions::default());
+    /// Shutdown: the marker goes, then the lock file (a plugin now finds neither); the lock
+    /// itself is held until exit, so a successor waiting on this inode re-opens the path.
+    pub fn shutdown(&self) {
+        let mut g = self.lock_inner();
+        g.want = None;
+        self.sync(&mut g);
+        if let Some(f) = &g.lock {
+            let path = contract::lock_path(&self.run_dir);
+            if still_at(f, &path) {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+}
+
+/// Whether `path` is still the file `f` has open (same device and inode).
+fn still_at(f: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (f.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
     }
 }
 
@@ -274,5 +295,28 @@ mod tests {
             contract::check(&run),
             Err(contract::NotReady::NoMarker(_))
         ));
+    }
+
+    #[test]
+    fn a_successor_waits_for_the_lock_and_takes_over_after_shutdown() {
+        let d = tempfile::tempdir().unwrap();
+        let run = d.path().join("run");
+        let first = Publisher::start(&run);
+        first.set(&Conditions::installed());
+        assert!(wait(|| contract::check(&run).is_ok()));
+        // Rolling update: the successor starts while the first still runs; it must wait.
+        let second = Publisher::start(&run);
+        second.set(&Conditions::installed());
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!second.published());
+        first.shutdown();
+        assert!(!contract::marker_path(&run).exists());
+        assert!(!contract::lock_path(&run).exists());
+        assert!(!second.published());
+        // The first exits: the successor gets the lock on the unlinked inode, notices, and
+        // locks the file at the path instead, where the plugin looks.
+        drop(first);
+        assert!(wait(|| second.published()));
+        assert!(contract::check(&run).is_ok());
     }
 }

@@ -16,9 +16,9 @@ const T: Duration = Duration::from_secs(15);
 const KEY: &str = "cni.istio.io/not-ready";
 const NODE: &str = "node-a";
 
-/// The plugin binary built next to install-cni (`cargo build -p istio-cni` before the test).
+/// The plugin binary next to the daemon's (`cargo build -p istio-cni` before the test).
 fn plugin_bin() -> PathBuf {
-    let p = Path::new(BIN).parent().unwrap().join("istio-cni");
+    let p = bin().parent().unwrap().join("istio-cni");
     assert!(
         p.is_file(),
         "{} missing: run `cargo build -p istio-cni --bin istio-cni` first",
@@ -109,6 +109,7 @@ fn plugin_status_follows_the_daemon_through_sigterm_and_sigkill() {
     let (st, log) = d.stop();
     assert!(st.success(), "{log}");
     assert!(!run.join("istio-cni-ready").exists());
+    assert!(!run.join("istio-cni-ready.lock").exists());
     assert_not_ready(&run, "istio-cni");
 
     // SIGKILL: nothing is cleaned up and the marker stays, but the lock died with the daemon.
