@@ -43,6 +43,7 @@ VARIANTS = {
     "delete-pods-reconcile-off": {"repair": {"repairPods": False, "deletePods": True},
                                   "reconcile": {"enabled": False}},
     "reconcile-interval": {"reconcile": {"interval": "1m30s"}},
+    "taint": {"taint": {"enabled": True}},
     "custom": {
         "hub": "registry.example.com/mesh",
         "tag": "1.2.3",
@@ -73,6 +74,7 @@ BAD_VALUES = {
     "reconcile.interval=5 minutes": {"reconcile": {"interval": "5 minutes"}},
     "reconcile.interval number": {"reconcile": {"interval": 300}},
     "reconcile unknown key": {"reconcile": {"period": "5m"}},
+    "taint.key with a space": {"taint": {"enabled": True, "key": "not ready"}},
 }
 
 results = []
@@ -262,7 +264,7 @@ def main():
         out = set()
         for k, x in v.items():
             out.add(prefix + k)
-            if isinstance(x, dict) and k in ("repair", "reconcile"):
+            if isinstance(x, dict) and k in ("repair", "reconcile", "taint"):
                 out |= value_keys(x, prefix + k + ".")
         return out
     check("values.schema.json describes exactly the keys of values.yaml",
@@ -311,6 +313,9 @@ def main():
         for b in [k for k, v in data.items() if k in ("CHAINED_CNI_PLUGIN", "REPAIR_ENABLED", "REPAIR_REPAIR_PODS",
                                                       "REPAIR_DELETE_PODS", "REPAIR_LABEL_PODS", "RECONCILE_ENABLED")]:
             check(f"[{name}] {b}={data[b]} is a bool the daemon parses", data[b] in ("true", "false"))
+        check(f"[{name}] NODE_TAINT_KEY is taint.key exactly when taint.enabled",
+              data.get("NODE_TAINT_KEY") == (vals["taint"]["key"] if vals["taint"]["enabled"] else None)
+              and "KUBERNETES_NODE_NAME" in env_names, str(data.get("NODE_TAINT_KEY")))
         check(f"[{name}] values reach the daemon",
               data.get("PLUGIN_LOG_LEVEL") == vals["logLevel"]
               and data.get("EXCLUDE_NAMESPACES") == ",".join(vals["excludeNamespaces"])
@@ -423,7 +428,10 @@ def main():
             want |= {("", "pods/status", "patch"), ("", "events", "create"), ("", "events", "patch")}
         if reconcile:  # RedirectRulesRepaired events
             want |= {("", "events", "create"), ("", "events", "patch")}
-        check(f"[{name}] ClusterRole least privilege (repair mode {repair_mode or 'off'}, reconcile {reconcile})", perms == want,
+        if vals["taint"]["enabled"]:
+            want |= {("", "nodes", "get"), ("", "nodes", "patch")}
+        check(f"[{name}] ClusterRole least privilege (repair mode {repair_mode or 'off'}, "
+              f"reconcile {reconcile}, taint {vals['taint']['enabled']})", perms == want,
               f"extra {sorted(perms - want)} missing {sorted(want - perms)}")
         crbs = {b["metadata"]["name"]: b for b in by_kind(docs, "ClusterRoleBinding")}
         sa_subject = [{"kind": "ServiceAccount", "name": "istio-cni", "namespace": NAMESPACE}]

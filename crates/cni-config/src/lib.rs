@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod ready;
+
 /// Plugin type and name as installed.
 pub const PLUGIN_TYPE: &str = "istio-cni";
 /// File name of the kubeconfig inside `cni_agent_run_dir`.
@@ -79,6 +81,10 @@ impl PluginSettings {
 
     pub fn log_path(&self) -> std::path::PathBuf {
         std::path::Path::new(&self.cni_agent_run_dir).join(LOG_FILE)
+    }
+
+    pub fn run_dir(&self) -> &std::path::Path {
+        std::path::Path::new(&self.cni_agent_run_dir)
     }
 }
 

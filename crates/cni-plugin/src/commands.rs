@@ -229,15 +229,22 @@ pub fn del(_conf: &NetConf, env: &CniEnv) -> Result<(), CniError> {
     }
 }
 
-/// Ready when the kubeconfig the installer writes can be read and parsed.
+/// Ready when the kubeconfig the installer writes parses AND install-cni says the node is ready
+/// (its marker in the run dir, its liveness lock held: see `cni_config::ready`). A daemon that
+/// was SIGKILLed drops its lock with its life, so its leftover marker is not trusted.
 pub fn status(conf: &NetConf) -> Result<(), CniError> {
-    let path = conf.settings.kubeconfig_path();
-    kubeconfig_ready(&path).map_err(|e| {
+    let not_ready = |e: String| {
         CniError::new(
             ErrorCode::NotAvailable,
             format!("istio-cni is not ready: {e}"),
         )
-    })
+    };
+    let path = conf.settings.kubeconfig_path();
+    kubeconfig_ready(&path).map_err(|e| not_ready(e.to_string()))?;
+    let marker =
+        cni_config::ready::check(conf.settings.run_dir()).map_err(|e| not_ready(e.to_string()))?;
+    tracing::debug!(ready = ?marker.ready, pid = marker.pid, "install-cni reports ready");
+    Ok(())
 }
 
 fn kubeconfig_ready(path: &Path) -> Result<(), LookupError> {

@@ -362,8 +362,24 @@ fn version_status_gc_and_del_of_a_vanished_pod() {
     node.plugin(&[("CNI_COMMAND", "STATUS")], &stdin)
         .assert_err(50, &["not ready", "istio-cni-kubeconfig"]);
     node.write_kubeconfig();
+    // The kubeconfig alone is not enough: install-cni has not said the node is ready.
+    node.plugin(&[("CNI_COMMAND", "STATUS")], &stdin)
+        .assert_err(50, &["not ready", "istio-cni-ready"]);
+    // What install-cni does when its install pass is valid (marker + liveness lock held).
+    let run = node.run_dir();
+    let lock = std::fs::File::create(cni_config::ready::lock_path(&run)).unwrap();
+    cni_config::ready::lock_exclusive(&lock).unwrap();
+    let marker = cni_config::ready::ReadyMarker::for_this_process(vec!["binaries".into()]);
+    std::fs::write(
+        cni_config::ready::marker_path(&run),
+        serde_json::to_vec(&marker).unwrap(),
+    )
+    .unwrap();
     let s = node.plugin(&[("CNI_COMMAND", "STATUS")], &stdin);
     assert!(s.assert_ok().stdout.is_empty());
+    drop(lock);
+    node.plugin(&[("CNI_COMMAND", "STATUS")], &stdin)
+        .assert_err(50, &["not ready", "no longer running"]);
     node.plugin(&[("CNI_COMMAND", "GC")], &stdin).assert_ok();
     // DEL for a namespace that no longer exists, and for no namespace at all.
     let del = [

@@ -44,6 +44,7 @@ pub const ENV_VARS: &[&str] = &[
     "REPAIR_RUN_AS_DAEMON",
     "REPAIR_NODE_NAME",
     "KUBERNETES_NODE_NAME",
+    "NODE_TAINT_KEY",
     "REPAIR_FIELD_SELECTORS",
     "REPAIR_LABEL_SELECTORS",
     "REPAIR_SIDECAR_ANNOTATION",
@@ -216,6 +217,11 @@ pub struct Args {
     #[arg(long, env = "KUBERNETES_NODE_NAME", default_value = "")]
     pub kubernetes_node_name: String,
 
+    /// Once ready, remove every taint with this key from this node (the node name as for
+    /// REPAIR_NODE_NAME), e.g. cni.istio.io/not-ready; empty: leave taints alone.
+    #[arg(long, env = "NODE_TAINT_KEY", default_value = "")]
+    pub node_taint_key: String,
+
     /// Extra field selectors for the pod watch (spec.nodeName=<node> is always added).
     #[arg(long, env = "REPAIR_FIELD_SELECTORS", default_value = "")]
     pub repair_field_selectors: String,
@@ -326,6 +332,8 @@ pub struct Config {
     /// The node pod cache's watch timeout (POD_WATCH_TIMEOUT_SECONDS).
     pub pod_watch_timeout: std::time::Duration,
     pub reconcile: ReconcileConfig,
+    /// NODE_TAINT_KEY: the taint removed from this node (`repair.node_name`) once ready.
+    pub node_taint_key: Option<String>,
 }
 
 /// Continuous reconcile settings (RECONCILE_*).
@@ -628,6 +636,48 @@ fn repair_config(a: &Args) -> Result<RepairConfig, ConfigError> {
     })
 }
 
+/// A taint key is a label key: `[prefix/]name`, name 1..63 of `[A-Za-z0-9._-]`, the prefix a
+/// DNS subdomain. Checked here so a typo fails at startup instead of never matching a taint.
+fn node_taint_key(raw: &str, node_name: &str) -> Result<Option<String>, ConfigError> {
+    let key = raw.trim();
+    if key.is_empty() {
+        return Ok(None);
+    }
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    let name_ok = (1..=63).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    let prefix_ok = prefix.is_none_or(|p| {
+        (1..=253).contains(&p.len())
+            && p.split('.').all(|l| {
+                !l.is_empty()
+                    && l.chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            })
+    });
+    if !name_ok || !prefix_ok {
+        return Err(bad(
+            "NODE_TAINT_KEY",
+            key,
+            "expected a taint key such as cni.istio.io/not-ready ([dns-prefix/]name)",
+        ));
+    }
+    if node_name.is_empty() {
+        return Err(bad(
+            "NODE_TAINT_KEY",
+            key,
+            "needs this node's name (KUBERNETES_NODE_NAME)",
+        ));
+    }
+    Ok(Some(key.to_string()))
+}
+
 impl Config {
     pub fn from_args(a: Args) -> Result<Config, ConfigError> {
         if a.ambient_enabled {
@@ -723,6 +773,7 @@ impl Config {
         };
         let repair = repair_config(&a)?;
         let reconcile = reconcile_config(&a)?;
+        let node_taint_key = node_taint_key(&a.node_taint_key, &repair.node_name)?;
         Ok(Config {
             cni_conf_name: (!conf_name.is_empty()).then_some(conf_name),
             chained: a.chained_cni_plugin,
@@ -751,6 +802,7 @@ impl Config {
             repair,
             pod_watch_timeout: std::time::Duration::from_secs(a.pod_watch_timeout_seconds),
             reconcile,
+            node_taint_key,
         })
     }
 
@@ -790,6 +842,7 @@ impl Config {
             repair: RepairConfig::disabled(),
             pod_watch_timeout: crate::podcache::DEFAULT_WATCH_TIMEOUT,
             reconcile: ReconcileConfig::disabled(),
+            node_taint_key: None,
         }
     }
 
@@ -897,6 +950,18 @@ mod tests {
         assert_eq!(c.exclude_namespaces, vec!["kube-system", "istio-system"]);
         assert_eq!(c.plugin_log_level, "debug");
         assert_eq!(parse_mode("0o600"), Ok(0o600));
+    }
+
+    #[test]
+    fn node_taint_key_is_checked() {
+        assert_eq!(parse(&[]).unwrap().node_taint_key, None);
+        let c = parse(&["--node-taint-key", " cni.istio.io/not-ready "]).unwrap();
+        assert_eq!(c.node_taint_key.as_deref(), Some("cni.istio.io/not-ready"));
+        assert!(parse(&["--node-taint-key", "plain-key"]).is_ok());
+        for bad in ["a b", "x/", "/x", "Upper.Case/x", "-x", &"k".repeat(64)] {
+            let e = parse(&[&format!("--node-taint-key={bad}")]).unwrap_err();
+            assert!(e.contains("NODE_TAINT_KEY"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -105,6 +105,8 @@ pub async fn main(cfg: Config) -> Result<(), StartError> {
     let decision = decide_backend(&cfg);
     let entry = plugin_settings(&cfg, &decision).to_plugin_entry();
     let state = Arc::new(State::new());
+    // Before the first pass: the plugin's STATUS follows every readiness change from here on.
+    state.set_publisher(crate::readiness::Publisher::start(&cfg.run_dir));
 
     let health_addr = SocketAddr::new(cfg.listen_address, cfg.health_port);
     let metrics_addr = SocketAddr::new(cfg.listen_address, cfg.monitoring_port);
@@ -144,12 +146,14 @@ pub async fn main(cfg: Config) -> Result<(), StartError> {
     // After the listeners (metrics must be up to count repairs), before the install loop (Istio's
     // order); never blocks the install: the watch connects and retries on its own.
     let _pod_cache = start_pod_consumers(&cfg, decision.backend, state.clone()).await;
+    crate::taint::start(&cfg, &state).await;
 
     let watch = Watch::new(Filter::new(&cfg))?;
     let installer = Installer::new(cfg, entry);
     let (mut installer, signal) = run(installer, state.clone(), watch, shutdown).await;
 
     state.set_not_ready("shutting down");
+    state.release_readiness();
     tracing::info!(signal, "shutting down; removing the install");
     let (done, errors) = installer.cleanup();
     for d in done {

@@ -38,6 +38,10 @@ pub struct State {
     reconciled_pods: AtomicU64,
     /// The node pod cache, once started (its counters are exported).
     pod_cache: std::sync::OnceLock<crate::podcache::PodCache>,
+    /// The plugin's view of readiness (marker in the run dir), once started.
+    publisher: std::sync::OnceLock<crate::readiness::Publisher>,
+    /// Readiness transitions, for tasks that act on them (node taint removal).
+    ready_tx: tokio::sync::watch::Sender<bool>,
 }
 
 impl State {
@@ -47,17 +51,47 @@ impl State {
         s
     }
 
+    /// The install pass is valid. Readiness for the plugin (and the node taint) is computed
+    /// from the conditions in `readiness::Conditions`: the ambient work adds ztunnel there.
     pub fn set_ready(&self) {
         self.ready.store(true, Ordering::SeqCst);
         self.reason
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
+        self.publish(&crate::readiness::Conditions::installed());
     }
 
     pub fn set_not_ready(&self, reason: &str) {
         self.ready.store(false, Ordering::SeqCst);
         *self.reason.lock().unwrap_or_else(|e| e.into_inner()) = reason.to_string();
+        self.publish(&crate::readiness::Conditions::default());
+    }
+
+    fn publish(&self, c: &crate::readiness::Conditions) {
+        if let Some(p) = self.publisher.get() {
+            p.set(c);
+        }
+        let ready = c.ready();
+        self.ready_tx
+            .send_if_modified(|r| std::mem::replace(r, ready) != ready);
+    }
+
+    /// From now on readiness is also published into the run dir for the plugin.
+    pub fn set_publisher(&self, p: crate::readiness::Publisher) {
+        let _ = self.publisher.set(p);
+    }
+
+    /// Shutdown: the plugin's STATUS fails from now on (marker and lock file removed).
+    pub fn release_readiness(&self) {
+        if let Some(p) = self.publisher.get() {
+            p.shutdown();
+        }
+    }
+
+    /// Readiness transitions (`true`: ready).
+    pub fn subscribe_ready(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.ready_tx.subscribe()
     }
 
     pub fn is_ready(&self) -> bool {

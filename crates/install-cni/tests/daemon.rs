@@ -522,7 +522,7 @@ fn bad_env_values_fail_clearly() {
 
 #[test]
 fn help_and_list_env() {
-    let out = std::process::Command::new(BIN)
+    let out = std::process::Command::new(bin())
         .arg("--list-env")
         .output()
         .unwrap();
@@ -532,7 +532,7 @@ fn help_and_list_env() {
         .map(String::from)
         .collect();
     assert_eq!(listed, install_cni::config::ENV_VARS);
-    let help = std::process::Command::new(BIN)
+    let help = std::process::Command::new(bin())
         .arg("--help")
         .output()
         .unwrap();

@@ -1,7 +1,9 @@
 //! A local Kubernetes API server for the node pod cache and the repair controller: the pod LIST
 //! and WATCH (real watch JSON events over a chunked response; a watch from a resourceVersion
 //! replays the history after it, one older than the compaction point gets `410 Gone`), DELETE
-//! pod, PATCH pods/status and POST events, every request recorded (method, path, query, content
+//! pod, PATCH pods/status, GET/PATCH node (merge patch; a resourceVersion in the patch that is
+//! not the node's current one gets `409 Conflict`, as on a real API server) and POST events,
+//! every request recorded (method, path, query, content
 //! type, body). Faults for the adversarial tests: ERROR events, undecodable lines, 410, hung
 //! watches (open, silent), reset connections.
 #![allow(dead_code)]
@@ -48,6 +50,11 @@ struct Inner {
     hang_lists: AtomicU64,
     /// Method → how many more requests of it get a 500.
     fail: Mutex<HashMap<String, u32>>,
+    /// Nodes by name.
+    nodes: Mutex<HashMap<String, Value>>,
+    /// How many more node GETs are followed by a concurrent change of the node (another
+    /// writer), so the PATCH that follows carries a stale resourceVersion.
+    race_node_gets: AtomicU64,
 }
 
 pub struct FakeKube {
@@ -220,6 +227,53 @@ impl FakeKube {
             .iter()
             .filter(|r| r.method == "POST" && r.path.ends_with("/events"))
             .map(Req::json)
+            .collect()
+    }
+
+    /// Stores node `name` with these taints (`[(key, effect)]`).
+    pub fn put_node(&self, name: &str, taints: &[(&str, &str)]) {
+        let taints: Vec<Value> = taints
+            .iter()
+            .map(|(k, e)| json!({"key": k, "effect": e}))
+            .collect();
+        let node = json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "uid": format!("uid-{name}"),
+                         "resourceVersion": self.next_rv(), "labels": {"kubernetes.io/hostname": name}},
+            "spec": {"podCIDR": "10.244.1.0/24", "taints": taints},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+        });
+        self.inner.nodes.lock().unwrap().insert(name.into(), node);
+    }
+
+    /// The taints of node `name` as `key:effect`.
+    pub fn node_taints(&self, name: &str) -> Vec<String> {
+        let nodes = self.inner.nodes.lock().unwrap();
+        nodes[name]["spec"]["taints"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|t| {
+                format!(
+                    "{}:{}",
+                    t["key"].as_str().unwrap_or(""),
+                    t["effect"].as_str().unwrap_or("")
+                )
+            })
+            .collect()
+    }
+
+    /// The next `n` node GETs are each followed by another writer changing the node.
+    pub fn race_next_node_gets(&self, n: u64) {
+        self.inner.race_node_gets.store(n, Ordering::SeqCst);
+    }
+
+    /// Node requests seen so far.
+    pub fn node_requests(&self) -> Vec<Req> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.path.starts_with("/api/v1/nodes"))
             .collect()
     }
 
@@ -417,6 +471,63 @@ fn serve(mut conn: TcpStream, inner: &Inner) {
                 }
             }
             reply(&mut conn, "200 OK", &p);
+        }
+        ("GET", ["api", "v1", "nodes", name]) => {
+            let mut nodes = inner.nodes.lock().unwrap();
+            let Some(node) = nodes.get_mut(*name) else {
+                drop(nodes);
+                return reply(
+                    &mut conn,
+                    "404 Not Found",
+                    &status(404, "NotFound", "node not found"),
+                );
+            };
+            let got = node.clone();
+            if inner
+                .race_node_gets
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                // Another writer (say, the node lifecycle controller) changes the node.
+                node["metadata"]["resourceVersion"] =
+                    inner.rv.fetch_add(1, Ordering::SeqCst).to_string().into();
+                node["metadata"]["labels"]["touched"] = "yes".into();
+            }
+            drop(nodes);
+            reply(&mut conn, "200 OK", &got);
+        }
+        ("PATCH", ["api", "v1", "nodes", name]) => {
+            let patch: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+            let mut nodes = inner.nodes.lock().unwrap();
+            let Some(node) = nodes.get_mut(*name) else {
+                drop(nodes);
+                return reply(
+                    &mut conn,
+                    "404 Not Found",
+                    &status(404, "NotFound", "node not found"),
+                );
+            };
+            let want = &patch["metadata"]["resourceVersion"];
+            if !want.is_null() && *want != node["metadata"]["resourceVersion"] {
+                drop(nodes);
+                return reply(
+                    &mut conn,
+                    "409 Conflict",
+                    &status(
+                        409,
+                        "Conflict",
+                        "the object has been modified; please apply your changes to the latest version and try again",
+                    ),
+                );
+            }
+            if let Some(t) = patch["spec"].get("taints") {
+                node["spec"]["taints"] = t.clone();
+            }
+            node["metadata"]["resourceVersion"] =
+                inner.rv.fetch_add(1, Ordering::SeqCst).to_string().into();
+            let n = node.clone();
+            drop(nodes);
+            reply(&mut conn, "200 OK", &n);
         }
         ("POST", ["api", "v1", "namespaces", _, "events"]) => {
             let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);

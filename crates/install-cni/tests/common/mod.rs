@@ -17,6 +17,14 @@ use std::time::{Duration, Instant};
 pub const GOLDEN: &str = "/work/shared/golden/install-cni";
 pub const BIN: &str = env!("CARGO_BIN_EXE_install-cni");
 
+/// The daemon binary the tests run: `INSTALL_CNI_TEST_BIN` when set (a copy taken right after
+/// the build, when other builds share the target dir and may replace BIN meanwhile), else BIN.
+pub fn bin() -> PathBuf {
+    std::env::var_os("INSTALL_CNI_TEST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(BIN))
+}
+
 pub struct Env {
     pub tmp: tempfile::TempDir,
     pub src: PathBuf,
@@ -60,7 +68,7 @@ impl Env {
 
     /// Daemon command with every directory pointed into the temp dir and ports left to the OS.
     pub fn command(&self) -> Command {
-        let mut c = Command::new(BIN);
+        let mut c = Command::new(bin());
         c.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("KUBERNETES_SERVICE_HOST", "10.96.0.1")
