@@ -78,7 +78,7 @@ fn primary(env: &Env) -> PathBuf {
 fn plugin_status_follows_the_daemon_through_sigterm_and_sigkill() {
     let env = Env::new();
     let run = env.run.clone();
-    let no_api = [("REPAIR_ENABLED", "false")];
+    let no_api = [("REPAIR_ENABLED", "false"), ("RECONCILE_ENABLED", "false")];
     assert_not_ready(&run, "istio-cni-kubeconfig");
 
     // Running, kubeconfig written, but no primary CNI config to chain into: not ready.
@@ -133,6 +133,8 @@ fn start_with_taint(env: &Env, kube: &FakeKube, key: &str) -> Daemon {
     let kc = kube.kubeconfig(env.tmp.path());
     env.start(&[
         ("REPAIR_ENABLED", "false"),
+        // Only the taint's node requests are asserted: no pod watch.
+        ("RECONCILE_ENABLED", "false"),
         ("KUBECONFIG", kc.to_str().unwrap()),
         ("KUBERNETES_NODE_NAME", NODE),
         ("NODE_TAINT_KEY", key),
