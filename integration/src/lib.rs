@@ -42,6 +42,33 @@ mod probe;
 pub mod ztunnel;
 
 pub use ns::{Link, PodWorld, TestNetns};
+
+/// istio-iptables flags of the CNI plugin's default sidecar pod (istio-reference §1.6 b).
+pub const CNI_DEFAULT_FLAGS: [&str; 16] = [
+    "-p",
+    "15001",
+    "-z",
+    "15006",
+    "-u",
+    "1337",
+    "-m",
+    "REDIRECT",
+    "-i",
+    "*",
+    "-b",
+    "*",
+    "-d",
+    "15090,15021,15020",
+    "-o",
+    "15020",
+];
+
+/// [`CNI_DEFAULT_FLAGS`] with `--ipv6 on|off|auto` (e.g. IPv6 rules whatever the addresses).
+pub fn cni_default_flags_with_ipv6(ipv6: &'static str) -> Vec<&'static str> {
+    let mut flags = CNI_DEFAULT_FLAGS.to_vec();
+    flags.extend(["--ipv6", ipv6]);
+    flags
+}
 pub use probe::{
     Accepted, ConnectSpec, Landed, Listen, ListenKind, Outcome, Probe, SHORT_TIMEOUT, Transport,
     connect, send_udp,

@@ -17,26 +17,9 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// The CNI default sidecar flags, dual stack (IPv6 rules whatever the namespace's addresses).
-const ADD_FLAGS: [&str; 18] = [
-    "-p",
-    "15001",
-    "-z",
-    "15006",
-    "-u",
-    "1337",
-    "-m",
-    "REDIRECT",
-    "-i",
-    "*",
-    "-b",
-    "*",
-    "-d",
-    "15090,15021,15020",
-    "-o",
-    "15020",
-    "--ipv6",
-    "on",
-];
+fn add_flags() -> Vec<&'static str> {
+    cni_default_flags_with_ipv6("on")
+}
 
 /// Bound on waiting for a namespace's lock in the test itself (a hang, not a measurement).
 const LOCK_FREE_WITHIN: Duration = Duration::from_secs(10);
@@ -72,9 +55,9 @@ fn cli_in(ns: &Path) -> Command {
 fn command(ns: &Path, op: Op) -> Command {
     let mut c = cli_in(ns);
     match op {
-        Op::Add(b) => c.args(ADD_FLAGS).args(["--backend", &b.to_string()]),
+        Op::Add(b) => c.args(add_flags()).args(["--backend", &b.to_string()]),
         Op::Check(b) => c
-            .args(ADD_FLAGS)
+            .args(add_flags())
             .args(["--backend", &b.to_string(), "--check"]),
         Op::Del => c.arg("--cleanup-only"),
     };
@@ -574,7 +557,10 @@ fn lock_wait_is_bounded_and_names_the_namespace() {
 
 /// ADD (or with `check`, CHECK) in TPROXY mode.
 fn tproxy(ns: &Path, backend: Backend, check: bool) -> Output {
-    let flags = ADD_FLAGS.map(|f| if f == "REDIRECT" { "TPROXY" } else { f });
+    let flags: Vec<&str> = add_flags()
+        .into_iter()
+        .map(|f| if f == "REDIRECT" { "TPROXY" } else { f })
+        .collect();
     let mut c = cli_in(ns);
     c.args(flags).args(["--backend", &backend.to_string()]);
     if check {

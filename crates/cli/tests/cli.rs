@@ -7,24 +7,7 @@ use std::process::{Command, Output, Stdio};
 const CLI: &str = env!("CARGO_BIN_EXE_istio-nftables");
 
 /// The CNI default sidecar flags.
-const DEFAULT: [&str; 16] = [
-    "-p",
-    "15001",
-    "-z",
-    "15006",
-    "-u",
-    "1337",
-    "-m",
-    "REDIRECT",
-    "-i",
-    "*",
-    "-b",
-    "*",
-    "-d",
-    "15090,15021,15020",
-    "-o",
-    "15020",
-];
+use integration::CNI_DEFAULT_FLAGS as DEFAULT;
 
 fn cli(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(CLI);

@@ -11,26 +11,9 @@ use std::process::{Command, Output};
 const CLI: &str = env!("CARGO_BIN_EXE_istio-nftables");
 
 /// The CNI default sidecar flags, dual stack.
-const POD: [&str; 18] = [
-    "-p",
-    "15001",
-    "-z",
-    "15006",
-    "-u",
-    "1337",
-    "-m",
-    "REDIRECT",
-    "-i",
-    "*",
-    "-b",
-    "*",
-    "-d",
-    "15090,15021,15020",
-    "-o",
-    "15020",
-    "--ipv6",
-    "on",
-];
+fn pod() -> Vec<&'static str> {
+    integration::cni_default_flags_with_ipv6("on")
+}
 
 fn cli(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(CLI);
@@ -54,7 +37,7 @@ fn text(o: &Output) -> String {
 fn migrate(ns: &TestNetns, to: &str, extra: &[&str], env: &[(&str, &str)]) -> Output {
     let path = ns.path().to_str().unwrap();
     let mut args = vec!["migrate", "--to", to, "--network-namespace", path];
-    args.extend(POD);
+    args.extend(pod());
     args.extend(extra);
     cli(&args, env)
 }
@@ -63,7 +46,7 @@ fn migrate(ns: &TestNetns, to: &str, extra: &[&str], env: &[(&str, &str)]) -> Ou
 fn plain(ns: &TestNetns, backend: &str, extra: &[&str]) -> Output {
     let path = ns.path().to_str().unwrap();
     let mut args = vec!["--network-namespace", path, "--backend", backend];
-    args.extend(POD);
+    args.extend(pod());
     args.extend(extra);
     cli(&args, &[])
 }

@@ -90,28 +90,8 @@ fn main() {
         "../shared/golden/nftables/derived/cni-default-sidecar.DERIVED.nft",
     )
     .ok();
-    let cli_args = [
-        "-p",
-        "15001",
-        "-z",
-        "15006",
-        "-u",
-        "1337",
-        "-m",
-        "REDIRECT",
-        "-i",
-        "*",
-        "-b",
-        "*",
-        "-d",
-        "15090,15021,15020",
-        "-o",
-        "15020",
-        "--ipv6",
-        "off",
-        "--backend",
-        "nft",
-    ];
+    let mut cli_args = integration::cni_default_flags_with_ipv6("off");
+    cli_args.extend(["--backend", "nft"]);
 
     let mut rows: Vec<(String, Vec<Duration>)> = Vec::new();
     rows.push((
