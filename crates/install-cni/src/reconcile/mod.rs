@@ -32,6 +32,7 @@ use tracker::Tracker;
 pub const COMPONENT: &str = "cni-reconcile";
 pub const REASON_REPAIRED: &str = "RedirectRulesRepaired";
 pub const REASON_REPAIR_FAILED: &str = "RedirectRulesRepairFailed";
+pub const REASON_MIGRATED: &str = "RedirectRulesMigrated";
 /// Longest wait for a pod namespace's lock (an ADD or DEL in flight); a busy namespace is
 /// retried later rather than holding up the other pods.
 pub const LOCK_WAIT: Duration = Duration::from_secs(2);
@@ -226,6 +227,21 @@ async fn report(
                 summary(&drift)
             );
             emit(settings, client, pod, REASON_REPAIRED, &msg).await;
+        }
+        Outcome::Migrated { drift, from, to } => {
+            state.count_check("drift");
+            state.count_check("migrated");
+            let from = from
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("+");
+            tracing::warn!(pod = %key, drift = ?drift, from = %from, to = %to, "redirect rules on another backend than the node's; migrated in place");
+            let msg = format!(
+                "redirect rules were on the {from} backend, the node's is {to} ({}); migrated in place",
+                summary(&drift)
+            );
+            emit(settings, client, pod, REASON_MIGRATED, &msg).await;
         }
         Outcome::RepairFailed { drift, error } => {
             state.count_check("drift");
