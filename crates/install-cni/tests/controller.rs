@@ -171,7 +171,7 @@ fn opted_in_pods_are_programmed_at_first_sight_and_annotated_others_are_not() {
     let ns_pod = kube.add(mesh_pod("opted", "by-ns", &ip(&by_ns), json!({})));
     let ns_took = programmed(&d, &kube, &ns_pod, &by_ns, t0);
     eprintln!(
-        "controller mode: rules + annotation after: first list {early_took:?} (from daemon start), \
+        "controller mode: rules in place after: first list {early_took:?} (from daemon start), \
          pod opt-in {pod_took:?}, namespace opt-in {ns_took:?}"
     );
 

@@ -2,8 +2,10 @@
 //! to its plan. Mesh pods are the node pod cache's pods the plugin programs ([`podplan`]'s
 //! verdict: never host-network, excluded or non-mesh pods). Each is checked on its pod events
 //! and once per `RECONCILE_INTERVAL`, spread evenly ([`tracker`]); a drift is re-applied
-//! atomically ([`check`]), logged with the pod and the drift, counted in
-//! `istio_cni_pod_rules_checks_total{result}` and written as an Event on the pod.
+//! atomically ([`check`]; rules on the other backend than the node's are migrated in place),
+//! logged with the pod and the drift, counted in `istio_cni_pod_rules_checks_total{result}` and
+//! written as an Event on the pod. In controller mode ([`controller`]) only opted-in pods are
+//! reconciled, programmed on first sight and annotated `initialized`.
 //!
 //! Checks run one at a time on a blocking thread (namespace work is synchronous). Pods the
 //! repair controller owns (its filter matches: the plugin never ran) are left to it.
