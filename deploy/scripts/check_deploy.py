@@ -44,6 +44,7 @@ VARIANTS = {
                                   "reconcile": {"enabled": False}},
     "reconcile-interval": {"reconcile": {"interval": "1m30s"}},
     "taint": {"taint": {"enabled": True}},
+    "controller-mode": {"controllerMode": {"enabled": True}},
     "custom": {
         "hub": "registry.example.com/mesh",
         "tag": "1.2.3",
@@ -74,6 +75,7 @@ BAD_VALUES = {
     "reconcile.interval=5 minutes": {"reconcile": {"interval": "5 minutes"}},
     "reconcile.interval number": {"reconcile": {"interval": 300}},
     "reconcile unknown key": {"reconcile": {"period": "5m"}},
+    "controllerMode.enabled string": {"controllerMode": {"enabled": "yes"}},
     "taint.key with a space": {"taint": {"enabled": True, "key": "not ready"}},
 }
 
@@ -264,7 +266,7 @@ def main():
         out = set()
         for k, x in v.items():
             out.add(prefix + k)
-            if isinstance(x, dict) and k in ("repair", "reconcile", "taint"):
+            if isinstance(x, dict) and k in ("repair", "reconcile", "taint", "controllerMode"):
                 out |= value_keys(x, prefix + k + ".")
         return out
     check("values.schema.json describes exactly the keys of values.yaml",
@@ -311,8 +313,12 @@ def main():
         check(f"[{name}] every env var set ({len(set_env)}) is one install-cni reads", not bad, f"unknown: {bad}")
         check(f"[{name}] no env var set twice", len(env_names) == len(set(env_names)) and not set(data) & set(env_names))
         for b in [k for k, v in data.items() if k in ("CHAINED_CNI_PLUGIN", "REPAIR_ENABLED", "REPAIR_REPAIR_PODS",
-                                                      "REPAIR_DELETE_PODS", "REPAIR_LABEL_PODS", "RECONCILE_ENABLED")]:
+                                                      "REPAIR_DELETE_PODS", "REPAIR_LABEL_PODS", "RECONCILE_ENABLED",
+                                                      "CONTROLLER_MODE")]:
             check(f"[{name}] {b}={data[b]} is a bool the daemon parses", data[b] in ("true", "false"))
+        check(f"[{name}] CONTROLLER_MODE is set exactly when controllerMode.enabled",
+              data.get("CONTROLLER_MODE") == ("true" if vals["controllerMode"]["enabled"] else None),
+              str(data.get("CONTROLLER_MODE")))
         check(f"[{name}] NODE_TAINT_KEY is taint.key exactly when taint.enabled",
               data.get("NODE_TAINT_KEY") == (vals["taint"]["key"] if vals["taint"]["enabled"] else None)
               and "KUBERNETES_NODE_NAME" in env_names, str(data.get("NODE_TAINT_KEY")))
@@ -430,6 +436,8 @@ def main():
             want |= {("", "events", "create"), ("", "events", "patch")}
         if vals["taint"]["enabled"]:
             want |= {("", "nodes", "get"), ("", "nodes", "patch")}
+        if vals["controllerMode"]["enabled"]:  # initialized annotation, namespace opt-in
+            want |= {("", "pods", "patch"), ("", "namespaces", "get")}
         check(f"[{name}] ClusterRole least privilege (repair mode {repair_mode or 'off'}, "
               f"reconcile {reconcile}, taint {vals['taint']['enabled']})", perms == want,
               f"extra {sorted(perms - want)} missing {sorted(want - perms)}")

@@ -57,6 +57,7 @@ pub const ENV_VARS: &[&str] = &[
     "POD_WATCH_TIMEOUT_SECONDS",
     "RECONCILE_ENABLED",
     "RECONCILE_INTERVAL",
+    "CONTROLLER_MODE",
     "KUBECONFIG",
 ];
 
@@ -290,6 +291,13 @@ pub struct Args {
     #[arg(long, env = "RECONCILE_INTERVAL", default_value = "5m")]
     pub reconcile_interval: String,
 
+    /// Controller mode (for clusters where the CNI chain cannot be used): the reconciler
+    /// programs running pods opted in with the annotation
+    /// `istio-pod-network-controller/initialize: "true"` (on the pod or its namespace) on first
+    /// sight, and marks them `istio-pod-network-controller/initialized: "true"`.
+    #[arg(long, env = "CONTROLLER_MODE", default_value = "false", value_parser = parse_bool, action = ArgAction::Set)]
+    pub controller_mode: bool,
+
     /// Kubeconfig for the repair controller's API client (empty: in-cluster, from
     /// KUBERNETES_SERVICE_* and the service-account directory).
     #[arg(long, env = "KUBECONFIG", default_value = "")]
@@ -342,6 +350,8 @@ pub struct ReconcileConfig {
     pub enabled: bool,
     /// Each mesh pod is checked once per interval (and on its pod events).
     pub interval: Duration,
+    /// CONTROLLER_MODE: program opted-in pods on first sight and annotate them.
+    pub controller_mode: bool,
 }
 
 impl ReconcileConfig {
@@ -351,6 +361,7 @@ impl ReconcileConfig {
         ReconcileConfig {
             enabled: false,
             interval: Self::DEFAULT_INTERVAL,
+            controller_mode: false,
         }
     }
 }
@@ -406,9 +417,17 @@ fn reconcile_config(a: &Args) -> Result<ReconcileConfig, ConfigError> {
             "expected a duration between 100ms and 24h",
         ));
     }
+    if a.controller_mode && !a.reconcile_enabled {
+        return Err(bad(
+            "CONTROLLER_MODE",
+            "true",
+            "controller mode is part of the reconciler: it needs RECONCILE_ENABLED=true",
+        ));
+    }
     Ok(ReconcileConfig {
         enabled: a.reconcile_enabled,
         interval,
+        controller_mode: a.controller_mode,
     })
 }
 
@@ -1053,6 +1072,13 @@ mod tests {
         }
         let c = parse(&["--reconcile-enabled", "false"]).unwrap();
         assert!(!c.reconcile.enabled);
+        assert!(!c.reconcile.controller_mode);
+        let c = parse(&["--controller-mode", "true"]).unwrap();
+        assert!(c.reconcile.controller_mode);
+        let err = parse(&["--controller-mode", "true", "--reconcile-enabled", "false"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("CONTROLLER_MODE"), "{err}");
     }
 
     #[test]

@@ -20,8 +20,9 @@ pub const REPAIR_TYPES: [&str; 3] = ["repair", "delete", "label"];
 pub const REPAIR_RESULTS: [&str; 3] = ["success", "fail", "skip"];
 
 /// `result` label values of `istio_cni_pod_rules_checks_total`: a check finds the rules `ok`
-/// or in `drift` (or cannot be made: `failed`); a drift is then `repaired`, or counts `failed`.
-pub const CHECK_RESULTS: [&str; 4] = ["ok", "drift", "repaired", "failed"];
+/// or in `drift` (or cannot be made: `failed`); a drift is then `repaired`, `migrated` (the
+/// rules were on the other backend than the node's), or counts `failed`.
+pub const CHECK_RESULTS: [&str; 5] = ["ok", "drift", "repaired", "migrated", "failed"];
 
 /// Shared between the install loop and the HTTP servers.
 #[derive(Debug, Default)]
@@ -33,7 +34,7 @@ pub struct State {
     /// Indexed `type * 3 + result` (REPAIR_TYPES × REPAIR_RESULTS).
     repaired: [AtomicU64; 9],
     /// Reconcile outcomes, indexed like [`CHECK_RESULTS`].
-    checks: [AtomicU64; 4],
+    checks: [AtomicU64; CHECK_RESULTS.len()],
     /// Mesh pods the reconciler tracks.
     reconciled_pods: AtomicU64,
     /// The node pod cache, once started (its counters are exported).

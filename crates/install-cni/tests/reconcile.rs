@@ -285,6 +285,49 @@ fn iptables_legacy_rules_are_repaired_too() {
 }
 
 #[test]
+fn a_pod_on_the_other_backend_is_migrated_to_the_nodes() {
+    integration::require_root();
+    let env = Env::new();
+    let kube = FakeKube::start();
+    let mesh = RunningPod::new();
+    let _sidecar = Probe::sidecar(mesh.world.pod.path()).unwrap();
+    let _server = Probe::world(mesh.world.world.path()).unwrap();
+    let mesh_json = mesh_pod("web", "uid-mesh", &mesh.ip.to_string());
+    let plan = plan_for(&mesh_json, &mesh);
+    // Programmed when the node was on iptables-legacy; the node's backend is now nft.
+    redirect::apply(
+        &plan,
+        Some(mesh.world.pod.path()),
+        BackendChoice::Fixed(Backend::IptablesLegacy),
+    )
+    .unwrap();
+    assert_eq!(mesh.outbound(), Some(15001));
+    let d = start_with(&env, &kube, Backend::Nft);
+    kube.add(mesh_json);
+    assert!(
+        wait_until(REPAIR_BOUND, || checks(&d, "migrated") >= 1.0),
+        "not migrated\n{}",
+        d.log()
+    );
+    assert_eq!(drift(&plan, &mesh, Backend::Nft), Vec::<String>::new());
+    let legacy = mesh
+        .world
+        .pod
+        .exec_ok("iptables-legacy-save", &["-t", "nat"])
+        .unwrap();
+    assert!(!legacy.contains("ISTIO"), "legacy rules left:\n{legacy}");
+    assert_eq!(mesh.outbound(), Some(15001), "outbound lands on Envoy");
+    assert_eq!(mesh.inbound(), Some(15006), "inbound lands on Envoy");
+    assert!(wait_until(T, || !kube.events().is_empty()), "no event");
+    let ev = kube.events().pop().unwrap();
+    assert_eq!(ev["reason"], "RedirectRulesMigrated", "{ev}");
+    // Once migrated, the pod is fine: later checks are ok, nothing migrated twice.
+    assert!(wait_until(T, || checks(&d, "ok") >= 1.0), "{}", d.log());
+    assert_eq!(checks(&d, "migrated"), 1.0);
+    assert_eq!(checks(&d, "failed"), 0.0, "{}", d.log());
+}
+
+#[test]
 fn pods_the_plugin_skips_are_never_checked() {
     integration::require_root();
     let env = Env::new();

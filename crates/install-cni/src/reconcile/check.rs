@@ -32,6 +32,14 @@ pub enum Outcome {
         drift: Vec<String>,
         backend: Backend,
     },
+    /// They did not because the pod's rules were on another backend than the node's (`from`):
+    /// they were migrated in place (`redirect::migrate`: the new program first, then the old
+    /// rules removed, verified).
+    Migrated {
+        drift: Vec<String>,
+        from: Vec<Backend>,
+        to: Backend,
+    },
     /// They did not, and applying the plan failed or left a difference.
     RepairFailed { drift: Vec<String>, error: String },
     /// No comparison was possible (namespace not found, lock busy, netlink error).
@@ -62,6 +70,25 @@ pub fn run(
         drift: drift.clone(),
         error,
     };
+    // The node's backend is fixed and the pod holds the other one's rules: move them.
+    if let BackendChoice::Fixed(to) = backend {
+        match redirect::migrate(&plan, Some(&netns), to, deadline(lock_wait)) {
+            Ok(m) if m.changed && m.found.iter().any(|b| *b != to) => {
+                return Outcome::Migrated {
+                    drift,
+                    from: m.found,
+                    to,
+                };
+            }
+            // No rules of ours were there: `to`'s are now programmed and verified.
+            Ok(m) if m.changed => {
+                return Outcome::Repaired { drift, backend: to };
+            }
+            // Only `to`'s rules, drifted: the ordinary re-apply below.
+            Ok(_) => {}
+            Err(e) => return failed(format!("migrating {} to {to}: {e}", netns.display())),
+        }
+    }
     let applied = match redirect::apply_until(&plan, Some(&netns), backend, deadline(lock_wait)) {
         Ok(d) => d,
         Err(e) => return failed(format!("re-applying in {}: {e}", netns.display())),

@@ -2,8 +2,10 @@
 //! to its plan. Mesh pods are the node pod cache's pods the plugin programs ([`podplan`]'s
 //! verdict: never host-network, excluded or non-mesh pods). Each is checked on its pod events
 //! and once per `RECONCILE_INTERVAL`, spread evenly ([`tracker`]); a drift is re-applied
-//! atomically ([`check`]), logged with the pod and the drift, counted in
-//! `istio_cni_pod_rules_checks_total{result}` and written as an Event on the pod.
+//! atomically ([`check`]; rules on the other backend than the node's are migrated in place),
+//! logged with the pod and the drift, counted in `istio_cni_pod_rules_checks_total{result}` and
+//! written as an Event on the pod. In controller mode ([`controller`]) only opted-in pods are
+//! reconciled, programmed on first sight and annotated `initialized`.
 //!
 //! Checks run one at a time on a blocking thread (namespace work is synchronous). Pods the
 //! repair controller owns (its filter matches: the plugin never ran) are left to it.
@@ -11,11 +13,12 @@
 //! [`podplan`]: crate::podplan
 
 pub mod check;
+pub mod controller;
 pub mod tracker;
 
 use crate::config::{Config, RepairConfig};
 use crate::http::State;
-use crate::podcache::Subscription;
+use crate::podcache::{PodEvent, Subscription};
 use crate::podplan::{self, Verdict};
 use check::{Outcome, Target};
 use k8s_openapi::api::core::v1::Pod;
@@ -31,6 +34,7 @@ use tracker::Tracker;
 pub const COMPONENT: &str = "cni-reconcile";
 pub const REASON_REPAIRED: &str = "RedirectRulesRepaired";
 pub const REASON_REPAIR_FAILED: &str = "RedirectRulesRepairFailed";
+pub const REASON_MIGRATED: &str = "RedirectRulesMigrated";
 /// Longest wait for a pod namespace's lock (an ADD or DEL in flight); a busy namespace is
 /// retried later rather than holding up the other pods.
 pub const LOCK_WAIT: Duration = Duration::from_secs(2);
@@ -48,6 +52,8 @@ pub struct Settings {
     pub node_name: String,
     /// The repair controller's settings when it runs (its broken pods are its own).
     pub repair: Option<RepairConfig>,
+    /// Controller mode: only opted-in pods, programmed on first sight and annotated.
+    pub controller: Option<Arc<controller::Namespaces>>,
 }
 
 impl Settings {
@@ -60,6 +66,10 @@ impl Settings {
             backend: BackendChoice::Fixed(backend),
             node_name: cfg.repair.node_name.clone(),
             repair: cfg.repair.enabled.then(|| cfg.repair.clone()),
+            controller: cfg
+                .reconcile
+                .controller_mode
+                .then(|| Arc::new(controller::Namespaces::default())),
         }
     }
 
@@ -76,6 +86,11 @@ impl Settings {
             && crate::repair::filter::matches(r, pod)
         {
             return Err("broken pod: the repair controller's".into());
+        }
+        if let Some(c) = &self.controller
+            && !c.opted_in(pod)
+        {
+            return Err(format!("not opted in ({})", controller::INITIALIZE));
         }
         let config = match podplan::verdict(pod, &self.exclude_namespaces, &self.pod_namespace)? {
             Verdict::Skip(why) => return Err(why),
@@ -112,6 +127,7 @@ pub async fn run(
     tracing::info!(
         interval_ms = settings.interval.as_millis() as u64,
         proc_root = %settings.proc_root.display(),
+        controller_mode = settings.controller.is_some(),
         "continuous reconcile of mesh pods' redirect rules"
     );
     let s = settings.clone();
@@ -120,14 +136,18 @@ pub async fn run(
         Box::new(move |p: &Pod| s.eligible(p)),
         Instant::now(),
     );
+    if settings.controller.is_some() {
+        // Controller mode programs pods the plugin never saw: at once, even from the first list.
+        tracker.check_on_first_sight();
+    }
     loop {
         let wake = tracker.next_wake();
         tokio::select! {
             ev = pods.recv() => match ev {
                 Some(ev) => {
-                    tracker.on_event(ev);
+                    observe(&settings, &client, &mut tracker, ev).await;
                     while let Ok(ev) = pods.try_recv() {
-                        tracker.on_event(ev);
+                        observe(&settings, &client, &mut tracker, ev).await;
                     }
                     state.set_reconciled_pods(tracker.len());
                 }
@@ -140,6 +160,13 @@ pub async fn run(
             let (target, outcome) = check_blocking(&settings, due.target).await;
             let made = !matches!(outcome, Outcome::Failed(_));
             let failures = tracker.record(&due.key, target, made, Instant::now());
+            if made
+                && settings.controller.is_some()
+                && tracker.needs_mark(&due.key)
+                && controller::mark_initialized(&client, &due.pod, &due.key).await
+            {
+                tracker.set_marked(&due.key);
+            }
             report(
                 &settings, &state, &client, &due.pod, &due.key, outcome, failures,
             )
@@ -149,6 +176,15 @@ pub async fn run(
             }
         }
     }
+}
+
+/// Feeds one pod event to the tracker; in controller mode, the pod's namespace opt-in is read
+/// first (cached) so that the tracker's eligibility sees it.
+async fn observe(settings: &Settings, client: &Client, tracker: &mut Tracker, ev: PodEvent) {
+    if let (Some(c), PodEvent::Applied(pod)) = (&settings.controller, &ev) {
+        c.refresh(client, pod).await;
+    }
+    tracker.on_event(ev);
 }
 
 async fn sleep_until(t: Option<Instant>) {
@@ -193,6 +229,21 @@ async fn report(
                 summary(&drift)
             );
             emit(settings, client, pod, REASON_REPAIRED, &msg).await;
+        }
+        Outcome::Migrated { drift, from, to } => {
+            state.count_check("drift");
+            state.count_check("migrated");
+            let from = from
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("+");
+            tracing::warn!(pod = %key, drift = ?drift, from = %from, to = %to, "redirect rules on another backend than the node's; migrated in place");
+            let msg = format!(
+                "redirect rules were on the {from} backend, the node's is {to} ({}); migrated in place",
+                summary(&drift)
+            );
+            emit(settings, client, pod, REASON_MIGRATED, &msg).await;
         }
         Outcome::RepairFailed { drift, error } => {
             state.count_check("drift");

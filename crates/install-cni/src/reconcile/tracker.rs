@@ -26,6 +26,8 @@ struct Tracked {
     last: Option<Instant>,
     failures: u32,
     retry_at: Option<Instant>,
+    /// Controller mode: the `initialized` annotation was patched (once per pod).
+    marked: bool,
 }
 
 pub struct Tracker {
@@ -36,6 +38,8 @@ pub struct Tracker {
     urgent: VecDeque<String>,
     next_tick: Instant,
     synced: bool,
+    /// Check new pods at once even during the first list (controller mode).
+    first_sight: bool,
 }
 
 /// The next check to run.
@@ -54,7 +58,14 @@ impl Tracker {
             urgent: VecDeque::new(),
             next_tick: now,
             synced: false,
+            first_sight: false,
         }
+    }
+
+    /// Checks every newly tracked pod at once, also those of the first list (controller
+    /// mode: they may have no rules at all).
+    pub fn check_on_first_sight(&mut self) {
+        self.first_sight = true;
     }
 
     pub fn len(&self) -> usize {
@@ -102,6 +113,7 @@ impl Tracker {
             }
         };
         let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let mut fresh = false;
         match self.pods.get_mut(&key) {
             Some(t)
                 if t.uid == uid && t.target.ip == target.ip && t.target.config == target.config =>
@@ -110,6 +122,7 @@ impl Tracker {
             }
             _ => {
                 // New, or its identity or plan inputs changed: start over.
+                fresh = true;
                 self.pods.insert(
                     key.clone(),
                     Tracked {
@@ -119,12 +132,13 @@ impl Tracker {
                         last: None,
                         failures: 0,
                         retry_at: None,
+                        marked: false,
                     },
                 );
             }
         }
         // The initial list is left to the spread; later events are checked at once.
-        if self.synced && !self.urgent.contains(&key) {
+        if (self.synced || (fresh && self.first_sight)) && !self.urgent.contains(&key) {
             self.urgent.push_back(key);
         }
     }
@@ -178,6 +192,21 @@ impl Tracker {
             pod: t.pod.clone(),
             target: t.target.clone(),
         })
+    }
+
+    /// Whether `key` still needs its `initialized` annotation (controller mode): not yet
+    /// patched by us, and not carried by the pod as last seen.
+    pub fn needs_mark(&self, key: &str) -> bool {
+        self.pods
+            .get(key)
+            .is_some_and(|t| !t.marked && !super::controller::initialized(&t.pod))
+    }
+
+    /// Records that `key` was annotated.
+    pub fn set_marked(&mut self, key: &str) {
+        if let Some(t) = self.pods.get_mut(key) {
+            t.marked = true;
+        }
     }
 
     /// Records a finished check of `key` (its target carries the namespace found). `ok`: the
@@ -308,6 +337,20 @@ mod tests {
         assert_eq!(t.next_due(later).unwrap().key, "shop/b");
         let retry = now + crate::repair::retry_delay(1);
         assert_eq!(t.next_due(retry).unwrap().key, "shop/a");
+    }
+
+    #[test]
+    fn first_sight_checks_the_initial_list_at_once() {
+        let mut t = tracker(Duration::from_secs(300));
+        t.check_on_first_sight();
+        t.on_event(PodEvent::Applied(pod("a", "u1", "10.0.0.1", true)));
+        t.on_event(PodEvent::Applied(pod("b", "u2", "10.0.0.2", true)));
+        let now = Instant::now();
+        let a = t.next_due(now).unwrap();
+        t.record(&a.key, a.target, true, now);
+        let b = t.next_due(now).unwrap();
+        t.record(&b.key, b.target, true, now);
+        assert_eq!((a.key.as_str(), b.key.as_str()), ("shop/a", "shop/b"));
     }
 
     #[test]

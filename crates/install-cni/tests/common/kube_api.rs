@@ -55,6 +55,8 @@ struct Inner {
     /// How many more node GETs are followed by a concurrent change of the node (another
     /// writer), so the PATCH that follows carries a stale resourceVersion.
     race_node_gets: AtomicU64,
+    /// Namespaces by name (GET only).
+    namespaces: Mutex<HashMap<String, Value>>,
 }
 
 pub struct FakeKube {
@@ -102,14 +104,29 @@ impl FakeKube {
     /// Records the change and sends it to every open watch (under the watchers lock, so a
     /// watch being opened sees it either in its replay or live, never twice or not at all).
     fn push(&self, kind: &str, pod: &Value) {
-        let rv: u64 = pod["metadata"]["resourceVersion"]
-            .as_str()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        let line = format!("{}\n", json!({"type": kind, "object": pod}));
-        let mut ws = self.inner.watchers.lock().unwrap();
-        self.inner.history.lock().unwrap().push((rv, line.clone()));
-        ws.retain_mut(|s| s.write_all(chunked(&line).as_bytes()).is_ok());
+        push(&self.inner, kind, pod)
+    }
+
+    /// Stores namespace `name` with these annotations.
+    pub fn put_namespace(&self, name: &str, annotations: Value) {
+        let ns = json!({"apiVersion": "v1", "kind": "Namespace",
+                        "metadata": {"name": name, "annotations": annotations}});
+        self.inner
+            .namespaces
+            .lock()
+            .unwrap()
+            .insert(name.to_string(), ns);
+    }
+
+    /// The stored pod `namespace/name` (with the patches applied to it).
+    pub fn pod(&self, ns: &str, name: &str) -> Option<Value> {
+        self.inner
+            .pods
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|p| p["metadata"]["namespace"] == ns && p["metadata"]["name"] == name)
+            .cloned()
     }
 
     /// Sends a raw line (not recorded) to every open watch.
@@ -285,6 +302,19 @@ impl FakeKube {
 
 /// A pod on `node` whose istio-validation init container last exited with `code` and is now
 /// waiting in CrashLoopBackOff; a sidecar pod in every other respect.
+/// Records the change and sends it to every open watch (under the watchers lock, so a watch
+/// being opened sees it either in its replay or live, never twice or not at all).
+fn push(inner: &Inner, kind: &str, pod: &Value) {
+    let rv: u64 = pod["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let line = format!("{}\n", json!({"type": kind, "object": pod}));
+    let mut ws = inner.watchers.lock().unwrap();
+    inner.history.lock().unwrap().push((rv, line.clone()));
+    ws.retain_mut(|s| s.write_all(chunked(&line).as_bytes()).is_ok());
+}
+
 fn chunked(line: &str) -> String {
     format!("{:x}\r\n{line}\r\n", line.len())
 }
@@ -470,6 +500,43 @@ fn serve(mut conn: TcpStream, inner: &Inner) {
                     p["metadata"]["labels"][k] = v;
                 }
             }
+            reply(&mut conn, "200 OK", &p);
+        }
+        ("GET", ["api", "v1", "namespaces", name]) => {
+            match inner.namespaces.lock().unwrap().get(*name).cloned() {
+                Some(ns) => reply(&mut conn, "200 OK", &ns),
+                None => reply(
+                    &mut conn,
+                    "404 Not Found",
+                    &status(404, "NotFound", "namespace not found"),
+                ),
+            }
+        }
+        ("PATCH", ["api", "v1", "namespaces", ns, "pods", name]) => {
+            // Merge patch of annotations: stored, and sent to the watches as MODIFIED.
+            let patch: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+            let mut pods = inner.pods.lock().unwrap();
+            let Some(p) = pods
+                .iter_mut()
+                .find(|p| p["metadata"]["namespace"] == *ns && p["metadata"]["name"] == *name)
+            else {
+                drop(pods);
+                return reply(
+                    &mut conn,
+                    "404 Not Found",
+                    &status(404, "NotFound", "pod not found"),
+                );
+            };
+            if let Some(a) = patch["metadata"]["annotations"].as_object() {
+                for (k, v) in a {
+                    p["metadata"]["annotations"][k] = v.clone();
+                }
+            }
+            p["metadata"]["resourceVersion"] =
+                inner.rv.fetch_add(1, Ordering::SeqCst).to_string().into();
+            let p = p.clone();
+            drop(pods);
+            push(inner, "MODIFIED", &p);
             reply(&mut conn, "200 OK", &p);
         }
         ("GET", ["api", "v1", "nodes", name]) => {

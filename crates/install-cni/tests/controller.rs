@@ -1,0 +1,224 @@
+//! Controller mode end to end (CONTROLLER_MODE=true): the real install-cni binary, a local API
+//! server, real pod network namespaces with no rules (no CNI entry ran). Pods opted in with
+//! `istio-pod-network-controller/initialize: "true"` (on the pod, or on its namespace) get
+//! their rules at first sight, long before the 5-minute reconcile interval, real connections
+//! land on Envoy, and the pod is annotated `initialized`; a pod without the opt-in gets nothing.
+
+mod common;
+
+use common::kube_api::{FakeKube, broken_pod};
+use common::running::{RunningPod, proc_root};
+use common::*;
+use install_cni::podplan::{self, Verdict};
+use integration::Probe;
+use k8s_openapi::api::core::v1::Pod;
+use redirect::capture::Plan;
+use redirect::{Backend, BackendChoice};
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+/// Hang guard for "programmed within 1 s" (the target; timings are printed), generous for a
+/// loaded machine.
+const BOUND: Duration = Duration::from_secs(10);
+const T: Duration = Duration::from_secs(20);
+const NODE: &str = "node-c";
+const INITIALIZE: &str = "istio-pod-network-controller/initialize";
+const INITIALIZED: &str = "istio-pod-network-controller/initialized";
+
+/// A running sidecar pod in `ns` whose istio-validation init container succeeded.
+fn mesh_pod(ns: &str, name: &str, ip: &str, annotations: Value) -> Value {
+    let uid = format!("uid-{name}");
+    let mut p = broken_pod(ns, name, &uid, ip, NODE, 126);
+    p["status"]["phase"] = json!("Running");
+    p["status"]["initContainerStatuses"][0]["state"] =
+        json!({"terminated": {"exitCode": 0, "reason": "Completed"}});
+    p["status"]["initContainerStatuses"][0]["lastState"] = json!({});
+    for (k, v) in annotations.as_object().unwrap() {
+        p["metadata"]["annotations"][k] = v.clone();
+    }
+    p
+}
+
+fn plan_for(pod: &Value, running: &RunningPod) -> Plan {
+    let pod: Pod = serde_json::from_value(pod.clone()).unwrap();
+    let Verdict::Mesh(pc) = podplan::verdict(&pod, &[], "istio-system").unwrap() else {
+        panic!("not a mesh pod")
+    };
+    podplan::plan_in(&pc.config, running.world.pod.path())
+        .unwrap()
+        .0
+}
+
+fn drift(plan: &Plan, p: &RunningPod) -> Vec<String> {
+    redirect::check(
+        plan,
+        Some(p.world.pod.path()),
+        BackendChoice::Fixed(Backend::Nft),
+    )
+    .unwrap()
+}
+
+fn annotated(kube: &FakeKube, ns: &str, name: &str) -> bool {
+    kube.pod(ns, name)
+        .is_some_and(|p| p["metadata"]["annotations"][INITIALIZED] == "true")
+}
+
+/// Waits until `pod` (in `running`) has exactly its plan and the `initialized` annotation;
+/// returns how long the rules took.
+fn programmed(
+    d: &Daemon,
+    kube: &FakeKube,
+    pod: &Value,
+    running: &RunningPod,
+    t0: Instant,
+) -> Duration {
+    let plan = plan_for(pod, running);
+    let (ns, name) = (
+        pod["metadata"]["namespace"].as_str().unwrap(),
+        pod["metadata"]["name"].as_str().unwrap(),
+    );
+    assert!(
+        wait_until(BOUND, || drift(&plan, running).is_empty()),
+        "{ns}/{name}: not programmed within {BOUND:?}: {:?}\n{}",
+        drift(&plan, running),
+        d.log()
+    );
+    let took = t0.elapsed();
+    assert_eq!(
+        running.outbound(),
+        Some(15001),
+        "{name}: outbound lands on Envoy"
+    );
+    assert_eq!(
+        running.inbound(),
+        Some(15006),
+        "{name}: inbound lands on Envoy"
+    );
+    assert!(
+        wait_until(BOUND, || annotated(kube, ns, name)),
+        "{ns}/{name}: never annotated\n{}",
+        d.log()
+    );
+    took
+}
+
+#[test]
+fn opted_in_pods_are_programmed_at_first_sight_and_annotated_others_are_not() {
+    integration::require_root();
+    let env = Env::new();
+    let kube = FakeKube::start();
+    kube.put_namespace("opted", json!({INITIALIZE: "true"}));
+    kube.put_namespace("shop", json!({}));
+    let (early, by_pod, by_ns, plain) = (
+        RunningPod::new(),
+        RunningPod::new(),
+        RunningPod::new(),
+        RunningPod::new(),
+    );
+    let ip = |r: &RunningPod| r.ip.to_string();
+    // Envoy's listeners in each pod, a server in each world.
+    let _probes: Vec<Probe> = [&early, &by_pod, &by_ns, &plain]
+        .into_iter()
+        .flat_map(|r| {
+            [
+                Probe::sidecar(r.world.pod.path()).unwrap(),
+                Probe::world(r.world.world.path()).unwrap(),
+            ]
+        })
+        .collect();
+    assert_eq!(
+        early.outbound(),
+        Some(80),
+        "no rules yet: straight to the server"
+    );
+    // Already running when the daemon starts (in its first list).
+    let early_pod = kube.add(mesh_pod(
+        "shop",
+        "early",
+        &ip(&early),
+        json!({INITIALIZE: "true"}),
+    ));
+    let kc = kube.kubeconfig(env.tmp.path());
+    let proc = proc_root(&env);
+    let t_start = Instant::now();
+    let d = env.start(&[
+        ("KUBECONFIG", kc.to_str().unwrap()),
+        ("REPAIR_NODE_NAME", NODE),
+        ("REPAIR_PROC_ROOT", proc.to_str().unwrap()),
+        ("REDIRECT_BACKEND", "nft"),
+        // Far longer than the test: programming must not wait for the periodic check.
+        ("RECONCILE_INTERVAL", "5m"),
+        ("CONTROLLER_MODE", "true"),
+    ]);
+    assert!(
+        wait_until(T, || kube.watchers() > 0),
+        "no pod watch\n{}",
+        d.log()
+    );
+    let early_took = programmed(&d, &kube, &early_pod, &early, t_start);
+
+    // Pods started later, without the opt-in first (the others are added after it).
+    let plain_pod = kube.add(mesh_pod("shop", "plain", &ip(&plain), json!({})));
+    let t0 = Instant::now();
+    let pod_pod = kube.add(mesh_pod(
+        "shop",
+        "by-pod",
+        &ip(&by_pod),
+        json!({INITIALIZE: "true"}),
+    ));
+    let pod_took = programmed(&d, &kube, &pod_pod, &by_pod, t0);
+    let t0 = Instant::now();
+    let ns_pod = kube.add(mesh_pod("opted", "by-ns", &ip(&by_ns), json!({})));
+    let ns_took = programmed(&d, &kube, &ns_pod, &by_ns, t0);
+    eprintln!(
+        "controller mode: rules in place after: first list {early_took:?} (from daemon start), \
+         pod opt-in {pod_took:?}, namespace opt-in {ns_took:?}"
+    );
+
+    // The pod without opt-in: no rules, no annotation, never patched.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(plain.outbound(), Some(80));
+    let rules = plain
+        .world
+        .pod
+        .exec_ok("nft", &["list", "ruleset"])
+        .unwrap();
+    assert!(rules.trim().is_empty(), "{rules}");
+    assert!(!annotated(&kube, "shop", "plain"));
+    let patches: Vec<String> = kube
+        .actions()
+        .into_iter()
+        .filter(|r| r.method == "PATCH")
+        .map(|r| r.path)
+        .collect();
+    assert_eq!(patches.len(), 3, "{patches:?}");
+    assert!(
+        !patches.iter().any(|p| p.ends_with("/plain")),
+        "{patches:?}"
+    );
+    let _ = plain_pod;
+    // Each patch is a merge patch of the annotation alone.
+    let r = kube
+        .actions()
+        .into_iter()
+        .find(|r| r.method == "PATCH")
+        .unwrap();
+    assert!(r.content_type.contains("merge-patch"), "{}", r.content_type);
+    assert_eq!(
+        r.json(),
+        json!({"metadata": {"annotations": {INITIALIZED: "true"}}})
+    );
+    // The namespace was read once (cached) for the namespace-opt-in pod's namespace.
+    let gets = kube
+        .actions()
+        .into_iter()
+        .filter(|r| r.method == "GET" && r.path == "/api/v1/namespaces/opted")
+        .count();
+    assert_eq!(gets, 1);
+    assert_eq!(
+        d.metric("istio_cni_pod_rules_checks_total{result=\"failed\"}"),
+        0.0,
+        "{}",
+        d.log()
+    );
+}
