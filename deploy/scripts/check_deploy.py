@@ -75,6 +75,9 @@ VARIANTS = {
     "taint": {"taint": {"enabled": True}},
     "controller-mode": {"controllerMode": {"enabled": True}},
     "ambient": {"ambient": {"enabled": True}},
+    # With "ambient" and "custom", every ambient bool has its own pattern across the three, so two
+    # settings swapped in the ConfigMap are caught.
+    "ambient-ipv4": {"ambient": {"enabled": True, "ipv6": False, "reconcileIptablesOnStartup": False}},
     # ambient alone: list/watch pods, the pod-netns capabilities and /proc come from ambient only.
     "ambient-only": {"ambient": {"enabled": True}, "repair": {"enabled": False}, "reconcile": {"enabled": False},
                      "redirectBackend": "nft"},
@@ -98,7 +101,7 @@ VARIANTS = {
                    "labelSelectors": "app=x", "fieldSelectors": "status.phase=Running",
                    "initContainerExitCode": 0},
         "cniNetnsDir": "/var/run/docker/netns",
-        "ambient": {"enabled": True, "dnsCapture": False, "ipv6": False, "reconcileIptablesOnStartup": False,
+        "ambient": {"enabled": True, "dnsCapture": False, "ipv6": True, "reconcileIptablesOnStartup": False,
                     "enableAmbientDetectionRetry": True,
                     "enablementSelectors": [
                         {"namespaceSelector": {"matchLabels": {"mesh": "ambient"}},
