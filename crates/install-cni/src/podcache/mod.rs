@@ -23,8 +23,8 @@ pub mod selector;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Api;
-use serde::de::DeserializeOwned;
 use kube::api::{ListParams, WatchEvent, WatchParams};
+use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex};
@@ -52,7 +52,13 @@ pub type NamespaceCache = ObjectCache<Namespace>;
 
 /// What the cache can hold: a Kubernetes object kube can list and watch.
 pub trait Cached:
-    kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static
+    kube::Resource<DynamicType = ()>
+    + Clone
+    + DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
 {
 }
 impl<K> Cached for K where
@@ -258,11 +264,7 @@ impl<K: Cached> ObjectCache<K> {
         let gone: Vec<Arc<K>> = g
             .pods
             .iter()
-            .filter(|(k, old)| {
-                fresh
-                    .get(*k)
-                    .is_none_or(|n| n.meta().uid != old.meta().uid)
-            })
+            .filter(|(k, old)| fresh.get(*k).is_none_or(|n| n.meta().uid != old.meta().uid))
             .map(|(_, p)| p.clone())
             .collect();
         for p in gone {
@@ -271,7 +273,9 @@ impl<K: Cached> ObjectCache<K> {
         let old = std::mem::take(&mut g.pods);
         for (k, p) in &fresh {
             let unchanged = old.get(k).is_some_and(|o| {
-                o.meta().uid == p.meta().uid && rv(o.as_ref()) == rv(p.as_ref()) && rv(p.as_ref()).is_some()
+                o.meta().uid == p.meta().uid
+                    && rv(o.as_ref()) == rv(p.as_ref())
+                    && rv(p.as_ref()).is_some()
             });
             if !unchanged {
                 g.emit(CacheEvent::Applied(p.clone()));
@@ -399,8 +403,7 @@ impl<K: Cached> ObjectCache<K> {
         if !selector.is_empty() {
             wp = wp.fields(selector);
         }
-        let wp = wp
-            .timeout(timeout.as_secs().clamp(1, 3600) as u32);
+        let wp = wp.timeout(timeout.as_secs().clamp(1, 3600) as u32);
         let deadline = Instant::now() + timeout + HANG_GRACE;
         let stream = match tokio::time::timeout_at(deadline, api.watch(&wp, version)).await {
             Ok(Ok(s)) => s,
@@ -506,8 +509,8 @@ mod tests {
         let mut out = Vec::new();
         while let Ok(ev) = s.try_recv() {
             out.push(match ev {
-                CacheEvent::Applied(p) => format!("+{}", key(&p)),
-                CacheEvent::Deleted(p) => format!("-{}", key(&p)),
+                CacheEvent::Applied(p) => format!("+{}", key(p.as_ref())),
+                CacheEvent::Deleted(p) => format!("-{}", key(p.as_ref())),
                 CacheEvent::Synced => "synced".into(),
             });
         }
