@@ -10,6 +10,7 @@
 
 pub mod agent;
 pub mod plugin_server;
+pub mod upgrade;
 
 use crate::config::Config;
 use crate::http::State;
