@@ -180,6 +180,16 @@ impl Agent {
     /// rules and re-sends it (idempotent), e.g. a sandbox re-ADDed by the runtime.
     pub async fn enroll(&self, pod: AmbientPodRef, netns: OwnedFd) -> Result<(), AgentError> {
         let started = Instant::now();
+        // Without ztunnel the enroll cannot finish: fail before touching anything.
+        if !self.zds.is_ready() {
+            return Err(AgentError::Ztunnel {
+                pod: pod.label(),
+                source: zds::ZdsError::NotConnected {
+                    socket: self.zds.socket_path().to_path_buf(),
+                    pod: pod.label(),
+                },
+            });
+        }
         let mut g = self.inner.lock().await;
         let plan = self.plan_for(&pod)?;
         let netns = Arc::new(netns);
