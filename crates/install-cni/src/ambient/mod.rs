@@ -251,8 +251,13 @@ impl Runner {
         if let Some(dir) = self.ztunnel_socket.parent() {
             std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         }
-        let found = self.running_ambient_pods().await;
+        let (found, unlocated) = self.running_ambient_pods().await;
         let mut builder = zds::ZdsServer::builder(&self.ztunnel_socket);
+        // Ambient pods whose namespace was not found: ztunnel keeps what it has for them
+        // (KeepWorkload) rather than dropping pods it may be serving.
+        for uid in unlocated {
+            builder = builder.keep(uid);
+        }
         let mut adopted: Vec<(AmbientPodRef, OwnedFd)> = Vec::new();
         for (pod, netns) in found {
             let info = zds::WorkloadInfo {
@@ -285,21 +290,25 @@ impl Runner {
         Ok(agent)
     }
 
-    /// Running ambient pods of the node with their namespaces (found through /proc by IP).
-    async fn running_ambient_pods(&self) -> Vec<(AmbientPodRef, OwnedFd)> {
-        let mut out = Vec::new();
+    /// Running ambient pods of the node with their namespaces (found through /proc by IP),
+    /// and the uids of ambient pods with an IP whose namespace was not found.
+    async fn running_ambient_pods(&self) -> (Vec<(AmbientPodRef, OwnedFd)>, Vec<String>) {
+        let (mut found, mut unlocated) = (Vec::new(), Vec::new());
         for pod in self.pods.snapshot() {
             if !self.wants(&pod) {
                 continue;
             }
             match self.locate(&pod).await {
-                Ok(found) => out.push(found),
+                Ok(f) => found.push(f),
                 Err(e) => {
-                    tracing::debug!(pod = %crate::podcache::key(pod.as_ref()), error = %e, "startup: not serving yet")
+                    tracing::warn!(pod = %crate::podcache::key(pod.as_ref()), error = %e, "startup: ambient pod's namespace not found; ztunnel keeps what it has for it");
+                    if !status_ips(&pod).is_empty() {
+                        unlocated.extend(pod.metadata.uid.clone());
+                    }
                 }
             }
         }
-        out
+        (found, unlocated)
     }
 
     fn wants(&self, pod: &Pod) -> bool {
