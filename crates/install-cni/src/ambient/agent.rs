@@ -271,6 +271,10 @@ impl Agent {
     pub async fn release(&self, uid: &str, why: &str) -> bool {
         let mut g = self.inner.lock().await;
         let Some(e) = g.pods.remove(uid) else {
+            // A pod kept in the snapshot (its namespace not found at startup) leaves it too.
+            if self.zds.known_workloads().iter().any(|k| k == uid) {
+                let _ = self.zds.del_workload(uid).await;
+            }
             return false;
         };
         let pod = e.pod.label();
