@@ -12,6 +12,7 @@
 //!   (only its own thread changes identity) and reports where the connection landed.
 //!
 //! * [`cni`]: the CNI client side (`cnitool`, a local Kubernetes API server serving Pod JSON).
+//! * [`dns`]: one DNS A query from inside a namespace (who answers: ztunnel's DNS proxy?).
 //! * [`ztunnel`]: a real ztunnel (built by `scripts/build-ztunnel.sh`) in its own namespace,
 //!   the peer of the ambient node agent's ZDS socket.
 //! * [`node`]: the whole product on one machine — a node namespace with a host layout,
@@ -34,6 +35,7 @@
 
 pub mod cni;
 pub mod cri;
+pub mod dns;
 pub mod golden;
 pub mod node;
 mod ns;
