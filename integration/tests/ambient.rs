@@ -1,0 +1,322 @@
+//! Ambient mode end to end, on one node, with real traffic: the node agent (install-cni with
+//! `AMBIENT_ENABLED=true`), the plugin in the real CNI chain (cnitool), a REAL ztunnel on the
+//! agent's ZDS socket, the full fake Kubernetes API (the only thing not real), a fake kubelet
+//! process for the host probe rule. See `integration::ambient` for the rig.
+//!
+//! Needs root, cnitool, the product's binaries (`cargo build --bins`) and the ztunnel binary
+//! (`integration/scripts/build-ztunnel.sh`); under `CI=true` nothing skips.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use capture::ambient_constants::HOST_PROBE_SNAT_V4;
+use integration::ambient::{
+    AmbientNode, AmbientOptions, BOUND, KUBELET_UID, Mode, OTHER_UID, Pod, PodPlan, tables,
+};
+use integration::cni::require_cni_tools;
+use integration::dns::query_a;
+use integration::node::{GATEWAY_V4, wait_until};
+use integration::ztunnel::{LocalService, metric_sum, ztunnel_binary};
+use integration::{Outcome, Probe};
+
+const APP: u16 = integration::ambient::APP_PORT;
+const OPENED: &str = "istio_tcp_connections_opened_total";
+
+fn prerequisites() -> Option<PathBuf> {
+    require_cni_tools();
+    ztunnel_binary()
+}
+
+fn a() -> PodPlan {
+    PodPlan::new("a", [10, 88, 1, 10], Mode::Ambient)
+}
+fn b() -> PodPlan {
+    PodPlan::new("b", [10, 88, 1, 11], Mode::Ambient)
+}
+fn plain() -> PodPlan {
+    PodPlan::new("plain", [10, 88, 1, 12], Mode::Plain)
+}
+fn sidecar() -> PodPlan {
+    PodPlan::new("side", [10, 88, 1, 13], Mode::Sidecar)
+}
+
+/// B behind a service VIP, whose name ztunnel's DNS proxy answers.
+fn service_b() -> LocalService {
+    LocalService {
+        name: "b".into(),
+        namespace: "default".into(),
+        vip: "10.96.0.20".parse().unwrap(),
+        port: 80,
+        target_port: APP,
+        endpoints: vec!["b".into()],
+    }
+}
+
+#[track_caller]
+fn lands(n: &AmbientNode, o: &Outcome, probe: &str, port: u16) {
+    match o.landed() {
+        Some(l) if l.probe == probe && l.port == port => {}
+        _ => panic!("expected to land on {probe}:{port}, got {o}\n{}", n.logs()),
+    }
+}
+
+/// The peer address the app of `pod` saw on its last connection.
+fn last_peer(pod: &Pod) -> IpAddr {
+    pod.app
+        .accepted()
+        .last()
+        .map(|a| a.peer.ip())
+        .expect("the app accepted a connection")
+}
+
+fn opened(n: &AmbientNode, labels: &[(&str, &str)]) -> f64 {
+    metric_sum(&n.zt.metrics(), OPENED, labels)
+}
+
+fn readyz(n: &AmbientNode) -> u16 {
+    n.node.daemon_get("/readyz").0
+}
+
+#[test]
+fn ambient_pods_through_the_chain_talk_hbone_and_others_are_left_alone() {
+    let Some(bin) = prerequisites() else { return };
+    let opts = AmbientOptions {
+        services: vec![service_b()],
+        ..AmbientOptions::default()
+    };
+    let n = AmbientNode::start(&bin, &opts, &[a(), b()]).unwrap();
+    let (pa, pb) = (n.start_pod(&a()), n.start_pod(&b()));
+    let (pp, ps) = (n.start_pod(&plain()), n.start_pod(&sidecar()));
+    let outside = Probe::world(n.node.ns.path()).unwrap();
+    let gateway: IpAddr = GATEWAY_V4.parse().unwrap();
+
+    // The ADD returned after ztunnel acknowledged the pods: its listeners are there.
+    assert!(n.served(&pa) && n.served(&pb), "{}", n.logs());
+    assert!(n.not_served(&pp) && n.not_served(&ps));
+    // In-pod rules: ambient's three tables in ambient pods, none in the plain pod, the
+    // sidecar tables (and nothing of ambient) in the sidecar pod.
+    for p in [&pa, &pb] {
+        let t = n.ambient_tables(p);
+        assert_eq!(t.len(), 3, "{}: {t:?}", p.name());
+    }
+    assert!(n.tables(&pp).is_empty(), "{:?}", n.tables(&pp));
+    let sidecar_tables = n.tables(&ps);
+    assert!(!sidecar_tables.is_empty());
+    assert!(n.ambient_tables(&ps).is_empty(), "{sidecar_tables:?}");
+    // The node's probe set holds exactly the ambient pods.
+    let mut set = n.probe_set();
+    set.sort();
+    assert_eq!(set, [pa.ip(), pb.ip()], "{}", n.logs());
+
+    // A -> B:8080: carried by ztunnel over HBONE (mutual TLS on B's side) to B's app, which
+    // sees A's own address: the original destination survived both hops.
+    let o = n.from_pod(&pa, pb.ip(), APP);
+    lands(&n, &o, "b", APP);
+    assert_eq!(last_peer(&pb), pa.ip());
+    let hop = [("source_workload", "a"), ("destination_workload", "b")];
+    n.eventually(
+        "A -> B counted by ztunnel's outbound and (mTLS) inbound",
+        || {
+            opened(&n, &[&hop[..], &[("reporter", "source")]].concat()) >= 1.0
+                && opened(
+                    &n,
+                    &[
+                        &hop[..],
+                        &[
+                            ("reporter", "destination"),
+                            ("connection_security_policy", "mutual_tls"),
+                        ],
+                    ]
+                    .concat(),
+                ) >= 1.0
+        },
+    );
+
+    // The plain pod is untouched: its own traffic goes straight out (ztunnel never sees it
+    // as a source), and it reaches B's app through B's inbound capture.
+    let o = n.from_pod(&pp, gateway, 80);
+    lands(&n, &o, "world", 80);
+    let o = n.from_pod(&pp, pb.ip(), APP);
+    lands(&n, &o, "b", APP);
+    assert_eq!(last_peer(&pb), pp.ip());
+    assert_eq!(
+        opened(&n, &[("reporter", "source"), ("source_workload", "plain")]),
+        0.0
+    );
+
+    // A -> a non-mesh address: through ztunnel's outbound (15001), passed through to the
+    // original destination, counted with an unknown destination.
+    let unknown = [
+        ("reporter", "source"),
+        ("source_workload", "a"),
+        ("destination_workload", "unknown"),
+    ];
+    let before = opened(&n, &unknown);
+    let o = n.from_pod(&pa, gateway, 80);
+    lands(&n, &o, "world", 80);
+    assert_eq!(outside.accepted().last().unwrap().peer.ip(), pa.ip());
+    n.eventually("A -> outside counted by ztunnel", || {
+        opened(&n, &unknown) > before
+    });
+
+    // DNS capture (AMBIENT_DNS_CAPTURE=true): ztunnel's DNS proxy (15053) answers a query
+    // sent to a server that does not exist with the VIP only ztunnel knows.
+    let reply = query_a(
+        pa.ns.path(),
+        SocketAddr::new(gateway, 53),
+        "b.default.svc.cluster.local",
+        Duration::from_secs(5),
+    )
+    .unwrap_or_else(|e| panic!("DNS from A: {e}\n{}", n.logs()));
+    assert_eq!(reply.addresses, [service_b().vip], "{reply:?}");
+    // The plain pod's DNS is not captured: nobody answers.
+    assert!(
+        query_a(
+            pp.ns.path(),
+            SocketAddr::new(gateway, 53),
+            "b.default.svc.cluster.local",
+            Duration::from_millis(500),
+        )
+        .is_err()
+    );
+
+    // kubelet's probe (its uid, from the node) reaches A's app directly, SNATed to the
+    // probe address; another uid's connection is captured by ztunnel's inbound.
+    let o = n.from_node(KUBELET_UID, pa.ip(), APP);
+    lands(&n, &o, "a", APP);
+    assert_eq!(last_peer(&pa), IpAddr::V4(HOST_PROBE_SNAT_V4));
+    let inbound = [("reporter", "destination"), ("destination_workload", "a")];
+    let before = opened(&n, &inbound);
+    let o = n.from_node(OTHER_UID, pa.ip(), APP);
+    lands(&n, &o, "a", APP);
+    assert_eq!(last_peer(&pa), gateway, "ztunnel keeps the node's address");
+    n.eventually(
+        "the node's non-probe connection counted by A's ztunnel inbound",
+        || opened(&n, &inbound) > before,
+    );
+
+    // DEL B: ztunnel stops serving it (DelWorkload), its rules and its probe-set entry go.
+    n.del(&pb).assert_ok();
+    n.eventually("ztunnel gone from B after DEL", || n.not_served(&pb));
+    assert!(n.ambient_tables(&pb).is_empty(), "{:?}", n.tables(&pb));
+    assert_eq!(n.probe_set(), [pa.ip()]);
+    assert!(n.served(&pa), "A still served\n{}", n.logs());
+    // The sidecar pod was never touched.
+    assert_eq!(n.tables(&ps), sidecar_tables);
+    assert!(n.not_served(&ps));
+}
+
+#[test]
+fn restarts_keep_pods_served_and_labels_enroll_and_unenroll_running_pods() {
+    let Some(bin) = prerequisites() else { return };
+    let late = PodPlan::new("late", [10, 88, 2, 14], Mode::Plain);
+    let a = PodPlan::new("a", [10, 88, 2, 10], Mode::Ambient);
+    let mut n =
+        AmbientNode::start(&bin, &AmbientOptions::default(), &[a.clone(), late.clone()]).unwrap();
+    let pa = n.start_pod(&a);
+    let pl = n.start_pod(&late);
+    assert!(n.served(&pa), "{}", n.logs());
+    assert!(n.not_served(&pl));
+    let snapshots = |n: &AmbientNode| n.zt.log().matches("received snapshot sent").count();
+
+    // Agent restart: ztunnel keeps serving A meanwhile; the new agent finds A (its netns
+    // through /proc), sends it in the snapshot, so ztunnel does not drop it.
+    let (status, _log) = n.node.stop_daemon().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(n.served(&pa));
+    let o = n.from_node(OTHER_UID, pa.ip(), APP);
+    lands(&n, &o, "a", APP);
+    let before = snapshots(&n);
+    n.node.start_daemon().unwrap();
+    n.eventually("ztunnel took the new agent's snapshot", || {
+        snapshots(&n) > before
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        n.served(&pa),
+        "A dropped after the agent restart\n{}",
+        n.logs()
+    );
+    assert_eq!(n.ambient_tables(&pa).len(), 3);
+    assert_eq!(n.probe_set(), [pa.ip()]);
+
+    // ztunnel restart: its listeners die with it; the agent sends the snapshot again.
+    n.zt.restart().unwrap();
+    n.eventually("A served again after ztunnel's restart", || n.served(&pa));
+    assert!(wait_until(BOUND, || readyz(&n) == 200), "{}", n.logs());
+
+    // A label on the running plain pod enrolls it (watch MODIFIED): rules, probe set,
+    // ztunnel; A reaches it over HBONE.
+    n.label(&pl, Some("ambient"));
+    n.eventually("the labelled pod enrolled", || {
+        n.served(&pl) && n.ambient_tables(&pl).len() == 3
+    });
+    n.eventually("the labelled pod in the probe set", || {
+        n.probe_set().contains(&pl.ip())
+    });
+    let o = n.from_pod(&pa, pl.ip(), APP);
+    lands(&n, &o, "late", APP);
+    n.eventually("A -> late over mTLS", || {
+        opened(
+            &n,
+            &[
+                ("reporter", "destination"),
+                ("source_workload", "a"),
+                ("destination_workload", "late"),
+                ("connection_security_policy", "mutual_tls"),
+            ],
+        ) >= 1.0
+    });
+    // Removing the label unenrolls it: ztunnel gone, rules and probe-set entry removed.
+    n.label(&pl, None);
+    n.eventually("the unlabelled pod unenrolled", || {
+        n.not_served(&pl) && n.ambient_tables(&pl).is_empty()
+    });
+    assert_eq!(n.probe_set(), [pa.ip()]);
+    assert!(n.served(&pa));
+}
+
+#[test]
+fn with_ztunnel_down_an_ambient_add_fails_closed_and_sidecar_pods_still_work() {
+    let Some(bin) = prerequisites() else { return };
+    let a = PodPlan::new("a", [10, 88, 3, 10], Mode::Ambient);
+    let side = PodPlan::new("side", [10, 88, 3, 13], Mode::Sidecar);
+    let mut n =
+        AmbientNode::start(&bin, &AmbientOptions::default(), std::slice::from_ref(&a)).unwrap();
+    n.zt.kill();
+    assert!(
+        wait_until(BOUND, || readyz(&n) != 200),
+        "the agent stays ready without ztunnel\n{}",
+        n.logs()
+    );
+
+    // The ambient ADD fails with a CNI error naming the socket, and leaves nothing behind.
+    let pa = n.create_pod(&a).unwrap();
+    let run = n.add(&pa);
+    assert!(!run.ok, "ADD succeeded without ztunnel\n{}", n.logs());
+    let err = format!("{}{}", run.stdout, run.stderr);
+    assert!(
+        err.contains(&n.zds_socket.display().to_string()),
+        "the error names ztunnel's socket {}: {err}",
+        n.zds_socket.display()
+    );
+    assert!(tables(&pa.ns).is_empty(), "{:?}", tables(&pa.ns));
+    let rules = pa.ns.exec_ok("ip", &["rule", "show"]).unwrap();
+    assert!(!rules.contains("0x111/0xfff"), "{rules}");
+    assert!(n.probe_set().is_empty(), "{:?}", n.probe_set());
+
+    // Sidecar pods are unaffected by ztunnel's absence.
+    let ps = n.start_pod(&side);
+    assert!(!n.tables(&ps).is_empty());
+    assert!(n.ambient_tables(&ps).is_empty());
+
+    // ztunnel back: the runtime retries (DEL, then ADD) and the pod is served.
+    n.zt.restart().unwrap();
+    assert!(wait_until(BOUND, || readyz(&n) == 200), "{}", n.logs());
+    n.del(&pa).assert_ok();
+    let run = n.add(&pa);
+    assert!(run.ok, "{}{}\n{}", run.stdout, run.stderr, n.logs());
+    assert!(n.served(&pa), "{}", n.logs());
+    assert_eq!(n.probe_set(), [pa.ip()]);
+}
