@@ -22,9 +22,38 @@ import yaml
 # kubernetes-validate and the chart's minimum (Chart.yaml kubeVersion).
 KUBE_VERSIONS = [kubernetes_validate.latest_version(), "1.25.0"]
 RELEASE, NAMESPACE = "istio-cni", "istio-system"
-# Env vars the chart sets ahead of the daemon (the repair controller is being added to
-# install-cni): tolerated with a warning while `install-cni --list-env` does not print them.
-PENDING_ENV = re.compile(r"^(REPAIR_[A-Z_]+|KUBERNETES_NODE_NAME)$")
+# Env vars the chart sets ahead of the daemon (the repair controller and the ambient node agent
+# are being added to install-cni): tolerated with a warning while `install-cni --list-env` does
+# not print them.
+PENDING_ENV = re.compile(r"^(REPAIR_[A-Z_]+|KUBERNETES_NODE_NAME|AMBIENT_[A-Z0-9_]+|ENABLE_AMBIENT_DETECTION_RETRY"
+                         r"|ZTUNNEL_UDS_ADDRESS)$")
+# Istio's istio-cni chart (manifests/charts/istio-cni/values.yaml, `ambient:` and `cniNetnsDir`):
+# the same names and defaults here.
+ISTIO_AMBIENT_DEFAULTS = {
+    "enabled": False,
+    "enablementSelectors": [
+        {"podSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}},
+        {"podSelector": {"matchExpressions": [{"key": "istio.io/dataplane-mode", "operator": "NotIn",
+                                               "values": ["none"]}]},
+         "namespaceSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}},
+    ],
+    "dnsCapture": True,
+    "ipv6": True,
+    "reconcileIptablesOnStartup": True,
+    "enableAmbientDetectionRetry": False,
+}
+ISTIO_NETNS_DIR = "/var/run/netns"
+# ambient.enabled: the ConfigMap key of each ambient value (Istio's configmap-cni.yaml).
+AMBIENT_ENV = {
+    "enabled": "AMBIENT_ENABLED",
+    "dnsCapture": "AMBIENT_DNS_CAPTURE",
+    "ipv6": "AMBIENT_IPV6",
+    "reconcileIptablesOnStartup": "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP",
+    "enableAmbientDetectionRetry": "ENABLE_AMBIENT_DETECTION_RETRY",
+}
+# The socket the node agent serves for ztunnel (Istio's default; ztunnel's chart mounts the same
+# host directory).
+ZTUNNEL_UDS = "/var/run/ztunnel/ztunnel.sock"
 # Plugin self-bypass prefix (crates/cni-plugin/src/pod.rs SELF_POD_PREFIX).
 SELF_POD_PREFIX = "istio-cni-node-"
 
@@ -45,6 +74,17 @@ VARIANTS = {
     "reconcile-interval": {"reconcile": {"interval": "1m30s"}},
     "taint": {"taint": {"enabled": True}},
     "controller-mode": {"controllerMode": {"enabled": True}},
+    "ambient": {"ambient": {"enabled": True}},
+    # With "ambient" and "custom", every ambient bool has its own pattern across the three, so two
+    # settings swapped in the ConfigMap are caught.
+    "ambient-ipv4": {"ambient": {"enabled": True, "ipv6": False, "reconcileIptablesOnStartup": False}},
+    # ambient alone: list/watch pods, the pod-netns capabilities and /proc come from ambient only.
+    "ambient-only": {"ambient": {"enabled": True}, "repair": {"enabled": False}, "reconcile": {"enabled": False},
+                     "redirectBackend": "nft"},
+    # ambient values changed but ambient off: nothing of ambient may be rendered.
+    "ambient-off-customised": {"cniNetnsDir": "/var/run/docker/netns",
+                               "ambient": {"dnsCapture": False, "enableAmbientDetectionRetry": True,
+                                           "enablementSelectors": []}},
     "custom": {
         "hub": "registry.example.com/mesh",
         "tag": "1.2.3",
@@ -60,6 +100,15 @@ VARIANTS = {
         "repair": {"repairPods": False, "deletePods": True, "labelPods": True,
                    "labelSelectors": "app=x", "fieldSelectors": "status.phase=Running",
                    "initContainerExitCode": 0},
+        "cniNetnsDir": "/var/run/docker/netns",
+        "ambient": {"enabled": True, "dnsCapture": False, "ipv6": True, "reconcileIptablesOnStartup": False,
+                    "enableAmbientDetectionRetry": True,
+                    "enablementSelectors": [
+                        {"namespaceSelector": {"matchLabels": {"mesh": "ambient"}},
+                         "podSelector": {"matchExpressions": [{"key": "kubevirt.io", "operator": "DoesNotExist"},
+                                                              {"key": "tier", "operator": "In",
+                                                               "values": ["web", "api"]}]}},
+                        {"podSelector": {}}]},
         "monitoringPort": 9090,
         "resources": {"limits": {"memory": "64Mi"}},
         "nodeSelector": {"mesh.example.com/pool": "a"},
@@ -77,6 +126,25 @@ BAD_VALUES = {
     "reconcile unknown key": {"reconcile": {"period": "5m"}},
     "controllerMode.enabled string": {"controllerMode": {"enabled": "yes"}},
     "taint.key with a space": {"taint": {"enabled": True, "key": "not ready"}},
+    "ambient.enabled string": {"ambient": {"enabled": "true"}},
+    "ambient.dnsCapture string": {"ambient": {"dnsCapture": "false"}},
+    "ambient.ipv6 number": {"ambient": {"ipv6": 1}},
+    "ambient.reconcileIptablesOnStartup string": {"ambient": {"reconcileIptablesOnStartup": "yes"}},
+    "ambient.enableAmbientDetectionRetry string": {"ambient": {"enableAmbientDetectionRetry": "no"}},
+    "ambient unknown key (Istio's removed redirectMode)": {"ambient": {"redirectMode": "iptables"}},
+    "ambient.enablementSelectors not a list": {"ambient": {"enablementSelectors": {"podSelector": {}}}},
+    "ambient.enablementSelectors unknown selector key": {"ambient": {"enablementSelectors": [{"nodeSelector": {}}]}},
+    "ambient.enablementSelectors matchExpression (typo)": {"ambient": {"enablementSelectors": [
+        {"podSelector": {"matchExpression": [{"key": "a", "operator": "Exists"}]}}]}},
+    "ambient.enablementSelectors operator Equals": {"ambient": {"enablementSelectors": [
+        {"podSelector": {"matchExpressions": [{"key": "a", "operator": "Equals", "values": ["b"]}]}}]}},
+    "ambient.enablementSelectors NotIn without values": {"ambient": {"enablementSelectors": [
+        {"podSelector": {"matchExpressions": [{"key": "a", "operator": "NotIn"}]}}]}},
+    "ambient.enablementSelectors Exists with values": {"ambient": {"enablementSelectors": [
+        {"podSelector": {"matchExpressions": [{"key": "a", "operator": "Exists", "values": ["b"]}]}}]}},
+    "ambient.enablementSelectors matchLabels value a number": {"ambient": {"enablementSelectors": [
+        {"namespaceSelector": {"matchLabels": {"a": 1}}}]}},
+    "cniNetnsDir relative": {"cniNetnsDir": "var/run/netns"},
 }
 
 results = []
@@ -266,7 +334,7 @@ def main():
         out = set()
         for k, x in v.items():
             out.add(prefix + k)
-            if isinstance(x, dict) and k in ("repair", "reconcile", "taint", "controllerMode"):
+            if isinstance(x, dict) and k in ("repair", "reconcile", "taint", "controllerMode", "ambient"):
                 out |= value_keys(x, prefix + k + ".")
         return out
     check("values.schema.json describes exactly the keys of values.yaml",
@@ -281,6 +349,9 @@ def main():
           str(values["reconcile"]["enabled"]).lower() == daemon_defaults.get("RECONCILE_ENABLED")
           and values["reconcile"]["interval"] == daemon_defaults.get("RECONCILE_INTERVAL"),
           f"{values['reconcile']} vs {daemon_defaults.get('RECONCILE_ENABLED')} {daemon_defaults.get('RECONCILE_INTERVAL')}")
+    check("ambient values: Istio's names and defaults (ambient.*, cniNetnsDir)",
+          values.get("ambient") == ISTIO_AMBIENT_DEFAULTS and values.get("cniNetnsDir") == ISTIO_NETNS_DIR,
+          f"{values.get('ambient')} {values.get('cniNetnsDir')}")
     seeds = {"logLevel": "warn", "excludeNamespaces": ["istio-system", "kube-system"], "cniBinDir": "/opt/cni/bin",
              "cniConfDir": "/etc/cni/net.d", "cniConfFileName": "", "chained": True, "redirectBackend": "auto"}
     check("seed defaults kept", all(values.get(k) == v for k, v in seeds.items()),
@@ -308,13 +379,13 @@ def main():
         unknown = sorted(e for e in set_env if e not in daemon_env)
         pending = [e for e in unknown if PENDING_ENV.match(e)]
         if pending:
-            warn(f"[{name}] not read by this install-cni build yet (repair controller pending): {pending}")
+            warn(f"[{name}] not read by this install-cni build yet (repair controller / ambient agent pending): {pending}")
         bad = [e for e in unknown if not PENDING_ENV.match(e)]
         check(f"[{name}] every env var set ({len(set_env)}) is one install-cni reads", not bad, f"unknown: {bad}")
         check(f"[{name}] no env var set twice", len(env_names) == len(set(env_names)) and not set(data) & set(env_names))
         for b in [k for k, v in data.items() if k in ("CHAINED_CNI_PLUGIN", "REPAIR_ENABLED", "REPAIR_REPAIR_PODS",
                                                       "REPAIR_DELETE_PODS", "REPAIR_LABEL_PODS", "RECONCILE_ENABLED",
-                                                      "CONTROLLER_MODE")]:
+                                                      "CONTROLLER_MODE", *AMBIENT_ENV.values())]:
             check(f"[{name}] {b}={data[b]} is a bool the daemon parses", data[b] in ("true", "false"))
         check(f"[{name}] CONTROLLER_MODE is set exactly when controllerMode.enabled",
               data.get("CONTROLLER_MODE") == ("true" if vals["controllerMode"]["enabled"] else None),
@@ -331,11 +402,32 @@ def main():
               and data.get("REPAIR_ENABLED") == str(vals["repair"]["enabled"]).lower()
               and data.get("RECONCILE_ENABLED") == str(vals["reconcile"]["enabled"]).lower()
               and data.get("RECONCILE_INTERVAL", vals["reconcile"]["interval"]) == vals["reconcile"]["interval"], str(data))
+        ambient = vals["ambient"]["enabled"]
+        amb = vals["ambient"]
+        if ambient:
+            want_env = {AMBIENT_ENV[k]: str(amb[k]).lower() for k in AMBIENT_ENV}
+            want_env["ZTUNNEL_UDS_ADDRESS"] = ZTUNNEL_UDS
+            got_env = {k: data.get(k) for k in want_env}
+            check(f"[{name}] ambient values reach the daemon (AMBIENT_*, ENABLE_AMBIENT_DETECTION_RETRY, "
+                  f"ZTUNNEL_UDS_ADDRESS)", got_env == want_env, f"got {got_env} want {want_env}")
+            sel_text = data.get("AMBIENT_ENABLEMENT_SELECTOR")
+            try:
+                sel = yaml.safe_load(sel_text) if isinstance(sel_text, str) else None
+            except yaml.YAMLError as e:
+                sel = f"unparsable: {e}"
+            check(f"[{name}] AMBIENT_ENABLEMENT_SELECTOR is YAML text of ambient.enablementSelectors "
+                  f"({len(amb['enablementSelectors'])} selectors)",
+                  sel == amb["enablementSelectors"], f"{sel_text!r} -> {sel!r}")
+        else:
+            leaked = sorted(k for k in data if k != "AMBIENT_ENABLED"
+                            and (k.startswith("AMBIENT_") or k in ("ENABLE_AMBIENT_DETECTION_RETRY", "ZTUNNEL_UDS_ADDRESS")))
+            check(f"[{name}] AMBIENT_ENABLED=false and no other ambient setting",
+                  data.get("AMBIENT_ENABLED") == "false" and not leaked, f"{data.get('AMBIENT_ENABLED')} {leaked}")
         fields = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in ctr.get("env", [])}
         check(f"[{name}] POD_NAMESPACE/KUBERNETES_NODE_NAME from the downward API",
               fields.get("POD_NAMESPACE") == "metadata.namespace" and fields.get("KUBERNETES_NODE_NAME") == "spec.nodeName")
         reconcile = vals["reconcile"]["enabled"]
-        if vals["repair"]["enabled"] or reconcile:
+        if vals["repair"]["enabled"] or reconcile or ambient:
             check(f"[{name}] REPAIR_NODE_NAME from spec.nodeName", fields.get("REPAIR_NODE_NAME") == "spec.nodeName")
 
         eff = dict(daemon_defaults)
@@ -361,10 +453,27 @@ def main():
         if vals["repair"]["enabled"]:
             repair_mode = next((m for m, k in (("repair", "repairPods"), ("delete", "deletePods"), ("label", "labelPods"))
                                 if vals["repair"][k]), "")
-        # repairPods and the reconcile enter pods' network namespaces through the host's /proc.
-        enter_pod_netns = repair_mode == "repair" or reconcile
+        # repairPods, the reconcile and the ambient agent enter pods' network namespaces through
+        # the host's /proc.
+        enter_pod_netns = repair_mode == "repair" or reconcile or ambient
         if enter_pod_netns:
             mounted("repair proc root", eff.get("REPAIR_PROC_ROOT", "/host/proc"), "/proc", ro=True)
+        if ambient:
+            # The plugin hands the agent the netns path as the runtime gave it: same path inside.
+            netns = vals["cniNetnsDir"]
+            mounted("pod netns dir (same path as on the host, cniNetnsDir)", netns, netns, ro=True)
+            uds_dir = os.path.dirname(eff["ZTUNNEL_UDS_ADDRESS"])
+            mounted("ZTUNNEL_UDS_ADDRESS dir (same path as on the host)", uds_dir, "/var/run/ztunnel", ro=False)
+            nm = mounts.get(netns.rstrip("/"), {})
+            check(f"[{name}] pod netns dir mountPropagation HostToContainer (netns created after start are seen)",
+                  nm.get("mountPropagation") == "HostToContainer", str(nm))
+            types = {p: vols[mounts[p]["name"]]["hostPath"].get("type") for p in (netns.rstrip("/"), uds_dir)
+                     if p in mounts}
+            check(f"[{name}] netns and ztunnel dirs are hostPath DirectoryOrCreate", list(types.values()) ==
+                  ["DirectoryOrCreate"] * 2, str(types))
+            # pluginevent.sock (plugin -> agent) lives in the run dir the plugin reads on the host.
+            check(f"[{name}] pluginevent.sock dir CNI_AGENT_RUN_DIR is mounted read-write",
+                  not mounts.get(eff["CNI_AGENT_RUN_DIR"].rstrip("/"), {}).get("readOnly"))
         check(f"[{name}] no mount beyond those", set(mounts) == used_mounts, f"extra: {set(mounts) - used_mounts}")
         check(f"[{name}] hostPath volumes only for the mounts", set(vols) == {m["name"] for m in mounts.values()})
         check(f"[{name}] SERVICE_ACCOUNT_DIR is the automounted token dir",
@@ -424,9 +533,10 @@ def main():
             for g in r["apiGroups"]:
                 for res in r["resources"]:
                     for v in r["verbs"]:
-                        perms.add((g, res, v))
+                        # a rule limited by resourceNames is a different (narrower) permission
+                        perms.add((g, res, v) + ((",".join(sorted(r["resourceNames"])),) if r.get("resourceNames") else ()))
         want = {("", "pods", "get")}
-        if vals["repair"]["enabled"] or reconcile:
+        if vals["repair"]["enabled"] or reconcile or ambient:
             want |= {("", "pods", "list"), ("", "pods", "watch")}
         if repair_mode == "delete":
             want |= {("", "pods", "delete"), ("", "events", "create"), ("", "events", "patch")}
@@ -438,8 +548,11 @@ def main():
             want |= {("", "nodes", "get"), ("", "nodes", "patch")}
         if vals["controllerMode"]["enabled"]:  # initialized annotation, namespace opt-in
             want |= {("", "pods", "patch"), ("", "namespaces", "get")}
+        if ambient:  # redirection annotation (pods/status, as Istio), namespace selectors, safe upgrade
+            want |= {("", "pods/status", "patch"), ("", "namespaces", "get"), ("", "namespaces", "list"),
+                     ("", "namespaces", "watch"), ("apps", "daemonsets", "get", ds["metadata"]["name"])}
         check(f"[{name}] ClusterRole least privilege (repair mode {repair_mode or 'off'}, "
-              f"reconcile {reconcile}, taint {vals['taint']['enabled']})", perms == want,
+              f"reconcile {reconcile}, taint {vals['taint']['enabled']}, ambient {ambient})", perms == want,
               f"extra {sorted(perms - want)} missing {sorted(want - perms)}")
         crbs = {b["metadata"]["name"]: b for b in by_kind(docs, "ClusterRoleBinding")}
         sa_subject = [{"kind": "ServiceAccount", "name": "istio-cni", "namespace": NAMESPACE}]

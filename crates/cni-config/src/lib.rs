@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod ambient;
 pub mod ready;
 
 /// Plugin type and name as installed.
@@ -38,7 +39,21 @@ pub struct PluginSettings {
     /// The whole pod lookup (kubeconfig, DNS, connect, TLS, body, every attempt and pause), in
     /// milliseconds: ADD fails when it is reached. See [`DEFAULT_POD_LOOKUP_DEADLINE_MS`].
     pub pod_lookup_deadline_ms: u64,
+    /// Ambient mode: pods the selectors enroll are handed to the node agent on ADD.
+    pub ambient_enabled: bool,
+    /// Which pods are ambient (Istio's `enablement_selectors`); empty: Istio's defaults.
+    pub enablement_selectors: Vec<ambient::EnablementSelector>,
+    /// Istio's `enable_ambient_detection_retry`: a failed ambient lookup fails the ADD (after
+    /// the lookup's retries) instead of treating the pod as not ambient.
+    pub enable_ambient_detection_retry: bool,
+    /// How long ADD waits for the node agent to program an ambient pod and ztunnel to
+    /// acknowledge it, in milliseconds.
+    pub ambient_handoff_timeout_ms: u64,
 }
+
+/// The agent bounds its own work on a pod (namespace lock, rules, ztunnel's Ack) well inside
+/// this, so a slow agent answers with its reason instead of the plugin timing out.
+pub const DEFAULT_AMBIENT_HANDOFF_TIMEOUT_MS: u64 = 20_000;
 
 /// 30 s, well inside what the runtimes give the whole CNI chain: kubelet calls RunPodSandbox
 /// with twice its `runtimeRequestTimeout` (2 min by default, so 4 min); CRI-O gives the network
@@ -61,6 +76,10 @@ impl Default for PluginSettings {
             pod_lookup_interval_ms: 1000,
             pod_lookup_timeout_ms: 5000,
             pod_lookup_deadline_ms: DEFAULT_POD_LOOKUP_DEADLINE_MS,
+            ambient_enabled: false,
+            enablement_selectors: Vec::new(),
+            enable_ambient_detection_retry: false,
+            ambient_handoff_timeout_ms: DEFAULT_AMBIENT_HANDOFF_TIMEOUT_MS,
         }
     }
 }
@@ -85,6 +104,20 @@ impl PluginSettings {
 
     pub fn run_dir(&self) -> &std::path::Path {
         std::path::Path::new(&self.cni_agent_run_dir)
+    }
+
+    /// The node agent's socket for plugin events.
+    pub fn plugin_event_socket(&self) -> std::path::PathBuf {
+        self.run_dir().join(ambient::PLUGIN_EVENT_SOCKET)
+    }
+
+    /// The selectors in force: the configured ones, or Istio's defaults when none are.
+    pub fn effective_selectors(&self) -> Vec<ambient::EnablementSelector> {
+        if self.enablement_selectors.is_empty() {
+            ambient::default_selectors()
+        } else {
+            self.enablement_selectors.clone()
+        }
     }
 }
 

@@ -1,13 +1,18 @@
 //! ADD, DEL, CHECK, STATUS, GC: the I/O around the pure decisions in `pod` and `settings`.
 
+use crate::ambient::{self, AmbientDecision};
 use crate::cni::{self, CniEnv, CniError, ErrorCode};
 use crate::k8s::{self, LookupError};
 use crate::pod::{self, Decision};
 use crate::settings::{K8sArgs, NetConf, parse_cni_args};
 use capture::{Facts, Plan};
+use cni_config::ambient::{AddPodRequest, DelPodRequest};
+use k8s_openapi::api::core::v1::Pod;
 use redirect::RedirectError;
 use serde_json::Value;
+use std::net::IpAddr;
 use std::path::Path;
+use std::time::Duration;
 
 /// What ADD does before touching the API server (pure; §4.3 steps 3 and 5).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,21 +47,42 @@ fn pod_ref(args: &K8sArgs) -> String {
     format!("{}/{}", args.pod_namespace, args.pod_name)
 }
 
-/// Looks the pod up and decides. `Ok(None)`: pass through.
-fn pod_plan(conf: &NetConf, env: &CniEnv, args: &K8sArgs) -> Result<Option<Plan>, CniError> {
+/// What ADD does with a pod.
+enum PodAction {
+    PassThrough,
+    /// A sidecar pod: program these rules.
+    Sidecar(Plan),
+    /// An ambient pod: hand it to the node agent.
+    Ambient(Box<Pod>),
+}
+
+/// Looks the pod up (with its namespace in ambient mode) and decides.
+fn pod_action(conf: &NetConf, env: &CniEnv, args: &K8sArgs) -> Result<PodAction, CniError> {
     if let Route::PassThrough(reason) = route(conf, args) {
         tracing::info!(%reason, "passing through, no rules");
-        return Ok(None);
+        return Ok(PodAction::PassThrough);
     }
     let kubeconfig = conf.settings.kubeconfig_path();
-    let pod = k8s::get_pod(
-        &kubeconfig,
-        &args.pod_namespace,
-        &args.pod_name,
-        conf.lookup,
-    )
-    .map_err(|e| lookup_error(e, args))?;
-    let decision = pod::decide(&pod).map_err(|e| {
+    let (ns, name) = (&args.pod_namespace, &args.pod_name);
+    let pod = if conf.settings.ambient_enabled {
+        // Fail closed: a namespace we cannot read may be the one that enrolls the pod.
+        let (pod, namespace) = k8s::get_pod_and_namespace(&kubeconfig, ns, name, conf.lookup)
+            .map_err(|e| lookup_error(e, args))?;
+        let labels = namespace.metadata.labels.unwrap_or_default();
+        match ambient::decide(&pod, &labels, &conf.settings.effective_selectors()) {
+            AmbientDecision::Ambient => return Ok(PodAction::Ambient(Box::new(pod))),
+            AmbientDecision::NotAmbient(why) => tracing::debug!(%why, "not an ambient pod"),
+        }
+        pod
+    } else {
+        k8s::get_pod(&kubeconfig, ns, name, conf.lookup).map_err(|e| lookup_error(e, args))?
+    };
+    sidecar_plan(&pod, env, args).map(|p| p.map_or(PodAction::PassThrough, PodAction::Sidecar))
+}
+
+/// The sidecar decision and its rules. `Ok(None)`: not a sidecar pod.
+fn sidecar_plan(pod: &Pod, env: &CniEnv, args: &K8sArgs) -> Result<Option<Plan>, CniError> {
+    let decision = pod::decide(pod).map_err(|e| {
         CniError::new(
             ErrorCode::InvalidPodSpec,
             format!("pod {}: {e}; no rules were programmed", pod_ref(args)),
@@ -156,19 +182,104 @@ pub fn add(conf: &NetConf, env: &CniEnv) -> Result<Value, CniError> {
     let result = cni::convert_result(conf.prev_result.as_ref(), &conf.cni_version)?;
     pod_netns(env)?;
     let args = parse_cni_args(&env.args)?;
-    if let Some(plan) = pod_plan(conf, env, &args)? {
-        let detection = redirect::apply(&plan, env.netns.as_deref(), conf.backend)
-            .map_err(|e| redirect_error(e, &format!("programming pod {}", pod_ref(&args))))?;
-        tracing::info!(backend = %detection.backend, reason = %detection.reason, "redirect rules programmed");
+    match pod_action(conf, env, &args)? {
+        PodAction::PassThrough => {}
+        PodAction::Sidecar(plan) => {
+            let detection = redirect::apply(&plan, env.netns.as_deref(), conf.backend)
+                .map_err(|e| redirect_error(e, &format!("programming pod {}", pod_ref(&args))))?;
+            tracing::info!(backend = %detection.backend, reason = %detection.reason, "redirect rules programmed");
+        }
+        PodAction::Ambient(pod) => hand_off(conf, env, &args, &pod, &result)?,
     }
     Ok(result)
+}
+
+/// Gives an ambient pod to the node agent and waits until its rules are in and ztunnel has
+/// acknowledged it. Fails closed: no agent, no ztunnel, no pod (the runtime retries the
+/// sandbox; the agent has rolled back whatever it had started).
+fn hand_off(
+    conf: &NetConf,
+    env: &CniEnv,
+    args: &K8sArgs,
+    pod: &Pod,
+    result: &Value,
+) -> Result<(), CniError> {
+    let req = AddPodRequest {
+        netns: env
+            .netns
+            .as_deref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        pod_name: args.pod_name.clone(),
+        pod_namespace: args.pod_namespace.clone(),
+        pod_uid: if args.pod_uid.is_empty() {
+            pod.metadata.uid.clone().unwrap_or_default()
+        } else {
+            args.pod_uid.clone()
+        },
+        ips: result_ips(result),
+    };
+    let socket = conf.settings.plugin_event_socket();
+    let timeout = Duration::from_millis(conf.settings.ambient_handoff_timeout_ms);
+    crate::agent::add(&socket, &req, timeout).map_err(|e| {
+        let code = if e.is_unavailable() {
+            ErrorCode::TryAgainLater
+        } else {
+            ErrorCode::Redirect
+        };
+        CniError::new(
+            code,
+            format!(
+                "ambient pod {}: {e}; refusing to start the pod without ztunnel",
+                pod_ref(args)
+            ),
+        )
+    })?;
+    tracing::info!(ips = ?req.ips, "ambient pod handed to the node agent; ztunnel serves it");
+    Ok(())
+}
+
+/// The pod's addresses from the (converted) result: `ips[].address` without the prefix.
+fn result_ips(result: &Value) -> Vec<IpAddr> {
+    result
+        .get("ips")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|ip| ip.get("address")?.as_str()?.split('/').next()?.parse().ok())
+        .collect()
+}
+
+/// Ambient mode: tell the agent the pod is going (best effort: DEL must not wedge a teardown;
+/// an agent that misses it learns from its pod watch).
+fn tell_agent_del(conf: &NetConf, env: &CniEnv, args: &K8sArgs) {
+    if !conf.settings.ambient_enabled || route(conf, args) != Route::Lookup {
+        return;
+    }
+    let req = DelPodRequest {
+        netns: env
+            .netns
+            .as_deref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        pod_name: args.pod_name.clone(),
+        pod_namespace: args.pod_namespace.clone(),
+        pod_uid: args.pod_uid.clone(),
+    };
+    let socket = conf.settings.plugin_event_socket();
+    match crate::agent::del(&socket, &req, Duration::from_secs(5)) {
+        Ok(()) => tracing::info!("node agent told the pod is gone"),
+        Err(e) => tracing::warn!(error = %e, "could not tell the node agent; its pod watch will"),
+    }
 }
 
 pub fn check(conf: &NetConf, env: &CniEnv) -> Result<(), CniError> {
     pod_netns(env)?;
     let args = parse_cni_args(&env.args)?;
-    let Some(plan) = pod_plan(conf, env, &args)? else {
-        return Ok(());
+    let plan = match pod_action(conf, env, &args)? {
+        PodAction::Sidecar(plan) => plan,
+        // The agent keeps ambient pods' rules true (its reconcile); nothing to compare here.
+        PodAction::PassThrough | PodAction::Ambient(_) => return Ok(()),
     };
     let diff = redirect::check(&plan, env.netns.as_deref(), conf.backend)
         .map_err(|e| redirect_error(e, &format!("checking pod {}", pod_ref(&args))))?;
@@ -193,10 +304,11 @@ pub fn check(conf: &NetConf, env: &CniEnv) -> Result<(), CniError> {
     .with_details(diff.join("\n")))
 }
 
-pub fn del(_conf: &NetConf, env: &CniEnv) -> Result<(), CniError> {
+pub fn del(conf: &NetConf, env: &CniEnv) -> Result<(), CniError> {
     // DEL must succeed as far as possible: a bad CNI_ARGS only costs us the log fields.
-    if let Err(e) = parse_cni_args(&env.args) {
-        tracing::warn!(error = %e, "ignoring CNI_ARGS on DEL");
+    match parse_cni_args(&env.args) {
+        Ok(args) => tell_agent_del(conf, env, &args),
+        Err(e) => tracing::warn!(error = %e, "ignoring CNI_ARGS on DEL"),
     }
     let Some(netns) = env.netns.as_deref() else {
         tracing::info!("no network namespace, nothing to remove");

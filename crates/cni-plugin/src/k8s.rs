@@ -1,8 +1,9 @@
-//! The one Kubernetes call the plugin makes: GET the pod, bounded by ONE deadline that covers
-//! everything (kubeconfig, name resolution, connect, TLS, body, retries and the pauses between).
+//! The Kubernetes calls the plugin makes: GET the pod (and, in ambient mode, its namespace, for
+//! the enablement selectors), bounded by ONE deadline that covers everything (kubeconfig, name
+//! resolution, connect, TLS, bodies, retries and the pauses between).
 
 use crate::settings::LookupSettings;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
@@ -68,6 +69,28 @@ pub fn get_pod(
     name: &str,
     lookup: LookupSettings,
 ) -> Result<Pod, LookupError> {
+    get(kubeconfig, namespace, name, false, lookup).map(|(pod, _)| pod)
+}
+
+/// [`get_pod`] plus GET /api/v1/namespaces/{namespace} in each attempt (ambient detection
+/// needs the namespace's labels); both within the same deadline.
+pub fn get_pod_and_namespace(
+    kubeconfig: &Path,
+    namespace: &str,
+    name: &str,
+    lookup: LookupSettings,
+) -> Result<(Pod, Namespace), LookupError> {
+    let (pod, ns) = get(kubeconfig, namespace, name, true, lookup)?;
+    Ok((pod, ns.expect("asked for the namespace")))
+}
+
+fn get(
+    kubeconfig: &Path,
+    namespace: &str,
+    name: &str,
+    with_namespace: bool,
+    lookup: LookupSettings,
+) -> Result<(Pod, Option<Namespace>), LookupError> {
     let start = Instant::now();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -78,7 +101,13 @@ pub fn get_pod(
     let outcome = rt.block_on(async {
         tokio::time::timeout(
             lookup.deadline,
-            get_pod_async(kubeconfig, namespace, name, lookup, start, &progress),
+            get_async(
+                kubeconfig,
+                (namespace, name, with_namespace),
+                lookup,
+                start,
+                &progress,
+            ),
         )
         .await
     });
@@ -129,40 +158,43 @@ enum AttemptError {
     Permanent { reason: String, status: Option<u16> },
 }
 
-async fn get_pod_async(
+async fn get_async(
     kubeconfig: &Path,
-    namespace: &str,
-    name: &str,
+    (namespace, name, with_namespace): (&str, &str, bool),
     lookup: LookupSettings,
     start: Instant,
     progress: &RefCell<Progress>,
-) -> Result<Pod, LookupError> {
+) -> Result<(Pod, Option<Namespace>), LookupError> {
     let client = client(kubeconfig, lookup.timeout).await?;
     tracing::debug!(elapsed_ms = ms(start), "client ready");
     let pod_ref = format!("{namespace}/{name}");
     for attempt in 1..=lookup.attempts {
         progress.borrow_mut().attempts = attempt;
-        let last =
-            match tokio::time::timeout(lookup.timeout, get_once(&client, namespace, name)).await {
-                Ok(Ok(pod)) => {
-                    tracing::debug!(attempt, elapsed_ms = ms(start), "pod retrieved");
-                    return Ok(pod);
-                }
-                Ok(Err(AttemptError::Permanent { reason, status })) => {
-                    return Err(LookupError::Permanent {
-                        pod: pod_ref,
-                        attempts: attempt,
-                        elapsed: start.elapsed(),
-                        reason,
-                        status,
-                    });
-                }
-                Ok(Err(AttemptError::Retry(msg))) => msg,
-                Err(_) => format!(
-                    "no answer within pod_lookup_timeout_ms ({:?})",
-                    lookup.timeout
-                ),
-            };
+        let last = match tokio::time::timeout(
+            lookup.timeout,
+            attempt_once(&client, namespace, name, with_namespace),
+        )
+        .await
+        {
+            Ok(Ok(found)) => {
+                tracing::debug!(attempt, elapsed_ms = ms(start), "pod retrieved");
+                return Ok(found);
+            }
+            Ok(Err(AttemptError::Permanent { reason, status })) => {
+                return Err(LookupError::Permanent {
+                    pod: pod_ref,
+                    attempts: attempt,
+                    elapsed: start.elapsed(),
+                    reason,
+                    status,
+                });
+            }
+            Ok(Err(AttemptError::Retry(msg))) => msg,
+            Err(_) => format!(
+                "no answer within pod_lookup_timeout_ms ({:?})",
+                lookup.timeout
+            ),
+        };
         tracing::warn!(attempt, attempts = lookup.attempts, elapsed_ms = ms(start), error = %last, "pod lookup failed");
         progress.borrow_mut().last = last;
         if attempt < lookup.attempts {
@@ -179,28 +211,73 @@ async fn get_pod_async(
     })
 }
 
-/// One GET. The body is decoded here (not by kube) so that a bad Pod names the JSON path.
-async fn get_once(client: &kube::Client, namespace: &str, name: &str) -> Result<Pod, AttemptError> {
-    let request = kube::core::Request::new(format!("/api/v1/namespaces/{namespace}/pods"))
-        .get(name, &Default::default())
-        .map_err(|e| AttemptError::Permanent {
-            reason: format!("building the request: {e}"),
-            status: None,
-        })?;
-    let text = client.request_text(request).await.map_err(classify)?;
-    decode_pod(&text).map_err(|reason| AttemptError::Permanent {
+/// One attempt: the pod, then (when asked) its namespace.
+async fn attempt_once(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    with_namespace: bool,
+) -> Result<(Pod, Option<Namespace>), AttemptError> {
+    let pod_text = get_text(
+        client,
+        &format!("/api/v1/namespaces/{namespace}/pods"),
+        name,
+    )
+    .await?;
+    let pod = decode_pod(&pod_text).map_err(permanent)?;
+    if !with_namespace {
+        return Ok((pod, None));
+    }
+    let ns_text = get_text(client, "/api/v1/namespaces", namespace)
+        .await
+        .map_err(|e| e.context(&format!("namespace {namespace}")))?;
+    let ns = decode(&ns_text, "Namespace").map_err(permanent)?;
+    Ok((pod, Some(ns)))
+}
+
+fn permanent(reason: String) -> AttemptError {
+    AttemptError::Permanent {
         reason,
         status: None,
-    })
+    }
+}
+
+impl AttemptError {
+    fn context(self, what: &str) -> AttemptError {
+        match self {
+            AttemptError::Retry(m) => AttemptError::Retry(format!("{what}: {m}")),
+            AttemptError::Permanent { reason, status } => AttemptError::Permanent {
+                reason: format!("{what}: {reason}"),
+                status,
+            },
+        }
+    }
+}
+
+/// One GET. The body is decoded by the caller (not by kube) so that a bad object names the
+/// JSON path.
+async fn get_text(
+    client: &kube::Client,
+    collection: &str,
+    name: &str,
+) -> Result<String, AttemptError> {
+    let request = kube::core::Request::new(collection)
+        .get(name, &Default::default())
+        .map_err(|e| permanent(format!("building the request: {e}")))?;
+    client.request_text(request).await.map_err(classify)
 }
 
 /// The Pod JSON the API returned, or an error naming the JSON path that did not decode.
 pub fn decode_pod(text: &str) -> Result<Pod, String> {
+    decode(text, "Pod")
+}
+
+fn decode<T: serde::de::DeserializeOwned>(text: &str, kind: &str) -> Result<T, String> {
     let de = &mut serde_json::Deserializer::from_str(text);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         format!(
-            "the Pod JSON does not decode at {}: {}",
+            "the {kind} JSON does not decode at {}: {}",
             if path == "." { "the top level" } else { &path },
             e.inner()
         )

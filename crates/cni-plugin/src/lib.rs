@@ -4,6 +4,8 @@
 //! The binary is a thin shell around [`run`]: the parsers and decisions are public so tests and
 //! the fuzz targets can drive them without a process.
 
+pub mod agent;
+pub mod ambient;
 pub mod cni;
 pub mod commands;
 pub mod k8s;

@@ -80,6 +80,7 @@ pub fn parse_netconf(stdin: &[u8]) -> Result<NetConf, CniError> {
     run_dir(&settings.cni_agent_run_dir)?;
     let backend = backend_choice(&settings)?;
     let lookup = lookup_settings(&settings)?;
+    ambient_settings(&settings)?;
     Ok(NetConf {
         cni_version,
         name,
@@ -107,6 +108,23 @@ fn run_dir(dir: &str) -> Result<(), CniError> {
     if dir.is_empty() || !std::path::Path::new(dir).is_absolute() {
         return Err(invalid(format!(
             "cni_agent_run_dir {dir:?} must be an absolute path"
+        )));
+    }
+    Ok(())
+}
+
+/// The selectors must be valid Kubernetes selectors, and the handoff bounded like the lookup.
+fn ambient_settings(s: &PluginSettings) -> Result<(), CniError> {
+    for (i, sel) in s.enablement_selectors.iter().enumerate() {
+        sel.validate()
+            .map_err(|e| invalid(format!("enablement_selectors[{i}]: {e}")))?;
+    }
+    let t = Duration::from_millis(s.ambient_handoff_timeout_ms);
+    if t.is_zero() || t > MAX_DEADLINE {
+        return Err(invalid(format!(
+            "ambient_handoff_timeout_ms {} must be between 1 and {}",
+            s.ambient_handoff_timeout_ms,
+            MAX_DEADLINE.as_millis()
         )));
     }
     Ok(())
@@ -310,6 +328,31 @@ mod tests {
         let e =
             parse_netconf(br#"{"cniVersion":"1.0.0","exclude_namespaces":["a",7]}"#).unwrap_err();
         assert!(e.msg.contains("exclude_namespaces[1]"), "{e}");
+    }
+
+    #[test]
+    fn ambient_settings_are_validated_by_field() {
+        let e = parse_netconf(
+            br#"{"cniVersion":"1.0.0","enablement_selectors":[{"podSelector":{"matchExpressions":[{"key":"k","operator":"In"}]}}]}"#,
+        )
+        .unwrap_err();
+        assert!(
+            e.msg.contains("enablement_selectors[0]") && e.msg.contains("\"k\""),
+            "{}",
+            e.msg
+        );
+        let e = parse_netconf(
+            br#"{"cniVersion":"1.0.0","enablement_selectors":[{"podSelector":{"matchLabel":{}}}]}"#,
+        )
+        .unwrap_err();
+        assert!(
+            e.msg.contains("enablement_selectors[0].podSelector") && e.msg.contains("matchLabel"),
+            "{}",
+            e.msg
+        );
+        let e =
+            parse_netconf(br#"{"cniVersion":"1.0.0","ambient_handoff_timeout_ms":0}"#).unwrap_err();
+        assert!(e.msg.contains("ambient_handoff_timeout_ms 0"), "{}", e.msg);
     }
 
     #[test]

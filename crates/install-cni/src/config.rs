@@ -37,6 +37,12 @@ pub const ENV_VARS: &[&str] = &[
     "CNI_BINARIES",
     "SERVICE_ACCOUNT_DIR",
     "AMBIENT_ENABLED",
+    "AMBIENT_ENABLEMENT_SELECTOR",
+    "AMBIENT_DNS_CAPTURE",
+    "AMBIENT_IPV6",
+    "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP",
+    "ENABLE_AMBIENT_DETECTION_RETRY",
+    "ZTUNNEL_UDS_ADDRESS",
     "REPAIR_ENABLED",
     "REPAIR_REPAIR_PODS",
     "REPAIR_DELETE_PODS",
@@ -184,9 +190,39 @@ pub struct Args {
     )]
     pub service_account_dir: PathBuf,
 
-    /// Istio's ambient mode is not implemented here; true is refused rather than ignored.
+    /// Ambient mode: this daemon is also the node agent that hands ambient pods to ztunnel.
     #[arg(long, env = "AMBIENT_ENABLED", default_value = "false", value_parser = parse_bool, action = ArgAction::Set)]
     pub ambient_enabled: bool,
+
+    /// Which pods are ambient: a YAML or JSON list of {podSelector, namespaceSelector}
+    /// (Kubernetes label selectors); empty: Istio's defaults (istio.io/dataplane-mode=ambient on
+    /// the pod, or on its namespace with the pod not "none").
+    #[arg(long, env = "AMBIENT_ENABLEMENT_SELECTOR", default_value = "")]
+    pub ambient_enablement_selector: String,
+
+    /// DNS of ambient pods to ztunnel's DNS proxy (15053), unless a pod says otherwise.
+    #[arg(long, env = "AMBIENT_DNS_CAPTURE", default_value = "true", value_parser = parse_bool, action = ArgAction::Set)]
+    pub ambient_dns_capture: bool,
+
+    /// IPv6 rules in ambient pods and the host probe rule (else IPv6 is left untouched).
+    #[arg(long, env = "AMBIENT_IPV6", default_value = "true", value_parser = parse_bool, action = ArgAction::Set)]
+    pub ambient_ipv6: bool,
+
+    /// At startup, re-program the in-pod rules of every ambient pod found on the node.
+    #[arg(long, env = "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP", default_value = "true", value_parser = parse_bool, action = ArgAction::Set)]
+    pub ambient_reconcile_pod_rules_on_startup: bool,
+
+    /// Written into the plugin's entry (`enable_ambient_detection_retry`).
+    #[arg(long, env = "ENABLE_AMBIENT_DETECTION_RETRY", default_value = "false", value_parser = parse_bool, action = ArgAction::Set)]
+    pub enable_ambient_detection_retry: bool,
+
+    /// The ZDS socket this agent serves; ztunnel connects to it.
+    #[arg(
+        long,
+        env = "ZTUNNEL_UDS_ADDRESS",
+        default_value = "/var/run/ztunnel/ztunnel.sock"
+    )]
+    pub ztunnel_uds_address: PathBuf,
 
     /// Repair controller (istio-reference §6): watch this node's pods and fix those that started
     /// without the plugin (their istio-validation init container fails with 126).
@@ -342,6 +378,78 @@ pub struct Config {
     pub reconcile: ReconcileConfig,
     /// NODE_TAINT_KEY: the taint removed from this node (`repair.node_name`) once ready.
     pub node_taint_key: Option<String>,
+    pub ambient: AmbientSettings,
+}
+
+/// Ambient mode (the node agent).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AmbientSettings {
+    pub enabled: bool,
+    /// The configured selectors; empty: Istio's defaults (see `effective_selectors`).
+    pub selectors: Vec<cni_config::ambient::EnablementSelector>,
+    pub dns_capture: bool,
+    pub ipv6: bool,
+    pub reconcile_on_startup: bool,
+    pub detection_retry: bool,
+    pub ztunnel_socket: PathBuf,
+}
+
+impl AmbientSettings {
+    pub fn disabled() -> AmbientSettings {
+        AmbientSettings {
+            enabled: false,
+            selectors: Vec::new(),
+            dns_capture: true,
+            ipv6: true,
+            reconcile_on_startup: true,
+            detection_retry: false,
+            ztunnel_socket: PathBuf::from("/var/run/ztunnel/ztunnel.sock"),
+        }
+    }
+
+    pub fn effective_selectors(&self) -> Vec<cni_config::ambient::EnablementSelector> {
+        if self.selectors.is_empty() {
+            cni_config::ambient::default_selectors()
+        } else {
+            self.selectors.clone()
+        }
+    }
+}
+
+/// `AMBIENT_ENABLEMENT_SELECTOR`: YAML (Istio's chart renders `toYaml`) or JSON.
+fn ambient_settings(a: &Args) -> Result<AmbientSettings, ConfigError> {
+    let text = a.ambient_enablement_selector.trim();
+    let selectors: Vec<cni_config::ambient::EnablementSelector> = if text.is_empty() {
+        Vec::new()
+    } else {
+        serde_saphyr::from_str(text)
+            .map_err(|e| bad("AMBIENT_ENABLEMENT_SELECTOR", text, e.to_string()))?
+    };
+    for (i, s) in selectors.iter().enumerate() {
+        s.validate().map_err(|e| {
+            bad(
+                "AMBIENT_ENABLEMENT_SELECTOR",
+                text,
+                format!("selector {i}: {e}"),
+            )
+        })?;
+    }
+    if !a.ztunnel_uds_address.is_absolute() {
+        return Err(bad(
+            "ZTUNNEL_UDS_ADDRESS",
+            a.ztunnel_uds_address.display().to_string(),
+            "expected an absolute path",
+        ));
+    }
+    Ok(AmbientSettings {
+        enabled: a.ambient_enabled,
+        selectors,
+        dns_capture: a.ambient_dns_capture,
+        ipv6: a.ambient_ipv6,
+        reconcile_on_startup: a.ambient_reconcile_pod_rules_on_startup,
+        detection_retry: a.enable_ambient_detection_retry,
+        ztunnel_socket: a.ztunnel_uds_address.clone(),
+    })
 }
 
 /// Continuous reconcile settings (RECONCILE_*).
@@ -587,7 +695,7 @@ fn repair_config(a: &Args) -> Result<RepairConfig, ConfigError> {
         .map(|s| s.trim().to_string())
         .find(|s| !s.is_empty())
         .unwrap_or_else(hostname);
-    if (a.repair_enabled || a.reconcile_enabled) && node_name.is_empty() {
+    if (a.repair_enabled || a.reconcile_enabled || a.ambient_enabled) && node_name.is_empty() {
         return Err(bad(
             "REPAIR_NODE_NAME",
             "",
@@ -699,13 +807,6 @@ fn node_taint_key(raw: &str, node_name: &str) -> Result<Option<String>, ConfigEr
 
 impl Config {
     pub fn from_args(a: Args) -> Result<Config, ConfigError> {
-        if a.ambient_enabled {
-            return Err(bad(
-                "AMBIENT_ENABLED",
-                "true",
-                "ambient mode is not supported by this installer (sidecar mode only)",
-            ));
-        }
         if a.native_nftables
             && a.redirect_backend == BackendChoice::Fixed(redirect::Backend::IptablesLegacy)
         {
@@ -793,6 +894,7 @@ impl Config {
         let repair = repair_config(&a)?;
         let reconcile = reconcile_config(&a)?;
         let node_taint_key = node_taint_key(&a.node_taint_key, &repair.node_name)?;
+        let ambient = ambient_settings(&a)?;
         Ok(Config {
             cni_conf_name: (!conf_name.is_empty()).then_some(conf_name),
             chained: a.chained_cni_plugin,
@@ -822,6 +924,7 @@ impl Config {
             pod_watch_timeout: std::time::Duration::from_secs(a.pod_watch_timeout_seconds),
             reconcile,
             node_taint_key,
+            ambient,
         })
     }
 
@@ -862,6 +965,7 @@ impl Config {
             pod_watch_timeout: crate::podcache::DEFAULT_WATCH_TIMEOUT,
             reconcile: ReconcileConfig::disabled(),
             node_taint_key: None,
+            ambient: AmbientSettings::disabled(),
         }
     }
 
@@ -1008,7 +1112,20 @@ mod tests {
                 vec!["--kubernetes-service-host=https://x"],
                 "KUBERNETES_SERVICE_HOST",
             ),
-            (vec!["--ambient-enabled=true"], "AMBIENT_ENABLED"),
+            (
+                vec!["--ambient-enablement-selector=[{podSelectr: {}}]"],
+                "AMBIENT_ENABLEMENT_SELECTOR",
+            ),
+            (
+                vec![
+                    "--ambient-enablement-selector=[{podSelector: {matchExpressions: [{key: k, operator: In}]}}]",
+                ],
+                "AMBIENT_ENABLEMENT_SELECTOR",
+            ),
+            (
+                vec!["--ztunnel-uds-address=ztunnel.sock"],
+                "ZTUNNEL_UDS_ADDRESS",
+            ),
             (vec!["--log-level=chatty"], "LOG_LEVEL"),
             (vec!["--repair-enabled=yes"], "REPAIR_ENABLED"),
             (

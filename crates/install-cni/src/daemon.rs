@@ -47,6 +47,13 @@ pub fn plugin_settings(cfg: &Config, decision: &backend::Decision) -> PluginSett
         pod_namespace: cfg.pod_namespace.clone(),
         native_nftables: decision.backend == redirect::Backend::Nft,
         redirect_backend: decision.backend.to_string(),
+        ambient_enabled: cfg.ambient.enabled,
+        enablement_selectors: if cfg.ambient.enabled {
+            cfg.ambient.effective_selectors()
+        } else {
+            Vec::new()
+        },
+        enable_ambient_detection_retry: cfg.ambient.detection_retry,
         ..PluginSettings::default()
     }
 }
@@ -165,8 +172,9 @@ pub async fn main(cfg: Config) -> Result<(), StartError> {
     Ok(())
 }
 
-/// The node pod cache (ONE list + watch) and its consumers, the repair controller and the
-/// continuous reconciler, each when enabled; no watch when neither is. Returns the cache.
+/// The node pod cache (ONE list + watch) and its consumers, the repair controller, the
+/// continuous reconciler and the ambient node agent, each when enabled; no watch when none
+/// is. Returns the cache.
 async fn start_pod_consumers(
     cfg: &Config,
     backend: redirect::Backend,
@@ -178,13 +186,13 @@ async fn start_pod_consumers(
     if !cfg.reconcile.enabled {
         tracing::info!("continuous reconcile disabled (RECONCILE_ENABLED=false)");
     }
-    if !cfg.repair.enabled && !cfg.reconcile.enabled {
+    if !cfg.repair.enabled && !cfg.reconcile.enabled && !cfg.ambient.enabled {
         return None;
     }
     let client = match crate::repair::client(cfg).await {
         Ok(c) => c,
         Err(e) => {
-            tracing::warn!(error = %e, "repair controller and reconcile not started: no Kubernetes client");
+            tracing::warn!(error = %e, "repair controller, reconcile and the ambient agent not started: no Kubernetes client");
             return None;
         }
     };
@@ -201,7 +209,16 @@ async fn start_pod_consumers(
         );
     }
     if cfg.reconcile.enabled {
-        crate::reconcile::start(cfg, backend, state, client.clone(), cache.subscribe());
+        crate::reconcile::start(
+            cfg,
+            backend,
+            state.clone(),
+            client.clone(),
+            cache.subscribe(),
+        );
+    }
+    if cfg.ambient.enabled {
+        crate::ambient::start(cfg, backend, state, client.clone(), &cache);
     }
     tokio::spawn(cache.clone().run(
         kube::Api::all(client),

@@ -43,6 +43,8 @@ pub struct State {
     publisher: std::sync::OnceLock<crate::readiness::Publisher>,
     /// Readiness transitions, for tasks that act on them (node taint removal).
     ready_tx: tokio::sync::watch::Sender<bool>,
+    /// Ambient mode: whether ztunnel is connected (`None`: not in ambient mode).
+    ztunnel: Mutex<Option<bool>>,
 }
 
 impl State {
@@ -60,18 +62,37 @@ impl State {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
-        self.publish(&crate::readiness::Conditions::installed());
+        self.publish(&self.conditions());
     }
 
     pub fn set_not_ready(&self, reason: &str) {
         self.ready.store(false, Ordering::SeqCst);
         *self.reason.lock().unwrap_or_else(|e| e.into_inner()) = reason.to_string();
-        self.publish(&crate::readiness::Conditions::default());
+        self.publish(&self.conditions());
+    }
+
+    /// Ambient mode: ztunnel's connection is a readiness condition (`None`: not ambient).
+    pub fn set_ztunnel_connected(&self, connected: Option<bool>) {
+        *self.ztunnel.lock().unwrap_or_else(|e| e.into_inner()) = connected;
+        self.publish(&self.conditions());
+    }
+
+    fn conditions(&self) -> crate::readiness::Conditions {
+        crate::readiness::Conditions {
+            installed: self.ready.load(Ordering::SeqCst),
+            ztunnel_connected: *self.ztunnel.lock().unwrap_or_else(|e| e.into_inner()),
+        }
     }
 
     fn publish(&self, c: &crate::readiness::Conditions) {
         if let Some(p) = self.publisher.get() {
-            p.set(c);
+            // The runtime's network readiness (CNI STATUS) must not wait for ztunnel: ztunnel
+            // is itself a pod that needs the network. Ambient pods are safe without it: their
+            // ADD fails closed while ztunnel is away.
+            p.set(&crate::readiness::Conditions {
+                ztunnel_connected: None,
+                ..c.clone()
+            });
         }
         let ready = c.ready();
         self.ready_tx
@@ -95,8 +116,9 @@ impl State {
         self.ready_tx.subscribe()
     }
 
+    /// Installed, and (ambient mode) ztunnel connected.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::SeqCst)
+        self.conditions().ready()
     }
 
     pub fn count(&self, result: &str) {
@@ -243,6 +265,9 @@ impl State {
     }
 
     fn reason(&self) -> String {
+        if self.ready.load(Ordering::SeqCst) && !self.conditions().ready() {
+            return "ztunnel is not connected to the node agent".into();
+        }
         self.reason
             .lock()
             .unwrap_or_else(|e| e.into_inner())

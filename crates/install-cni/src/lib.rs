@@ -4,6 +4,7 @@
 //! Pure logic (config validation, CNI config discovery/merge, kubeconfig building, backend
 //! decision, throttle) is separate from I/O (`install`, `watch`, `http`, `daemon`).
 
+pub mod ambient;
 pub mod backend;
 pub mod config;
 pub mod daemon;

@@ -19,8 +19,9 @@ use std::time::Duration;
 pub struct Conditions {
     /// The install pass is valid: binaries, kubeconfig and the CNI config entry are in place.
     pub installed: bool,
-    /// Ambient mode: ztunnel is connected to the daemon. `None` while ambient is not in use
-    /// (today always: AMBIENT_ENABLED=true is refused); the ambient work sets it.
+    /// Ambient mode: ztunnel is connected to the daemon. `None` while ambient is not in use.
+    /// Part of `/readyz` and of the node taint's removal, not of the plugin's STATUS (see
+    /// `http::State::publish`).
     pub ztunnel_connected: Option<bool>,
 }
 

@@ -205,6 +205,9 @@ pub fn apply_until(
             }
             Backend::IptablesLegacy => {
                 nft_backend::cleanup()?;
+                if is_ambient(plan) {
+                    nft_backend::cleanup_ambient()?;
+                }
                 iptables_legacy::apply(plan, held)?;
             }
         }
@@ -249,6 +252,24 @@ pub fn cleanup(netns: Option<&Path>) -> Result<(), RedirectError> {
 pub fn cleanup_until(netns: Option<&Path>, deadline: Instant) -> Result<(), RedirectError> {
     locked(netns, deadline, |held| {
         nft_backend::cleanup()?;
+        if iptables_legacy::has_our_chains().unwrap_or(false) {
+            iptables_legacy::cleanup(held)?;
+        }
+        Ok(())
+    })
+}
+
+fn is_ambient(plan: &Plan) -> bool {
+    plan.owned_tables()
+        .iter()
+        .any(|t| capture::Table::AMBIENT.contains(t))
+}
+
+/// Removes ambient's in-pod rules (nft tables or iptables-legacy chains) and its policy
+/// routing from the namespace, under its lock: the pod left ambient (or is going away).
+pub fn cleanup_ambient_until(netns: Option<&Path>, deadline: Instant) -> Result<(), RedirectError> {
+    locked(netns, deadline, |held| {
+        nft_backend::cleanup_ambient()?;
         if iptables_legacy::has_our_chains().unwrap_or(false) {
             iptables_legacy::cleanup(held)?;
         }

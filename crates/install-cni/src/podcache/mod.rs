@@ -11,6 +11,9 @@
 //! abandoned. A re-list emits `Deleted` for pods that vanished while the watch was down and
 //! `Applied` only for pods that are new or changed (by resourceVersion).
 //!
+//! The mechanism is generic ([`ObjectCache`]): the ambient node agent also keeps the cluster's
+//! namespaces (their labels enroll pods) in one, with the same fault handling.
+//!
 //! Consumers call [`PodCache::subscribe`] and receive [`PodEvent`]s on an unbounded channel of
 //! their own: first the current pods (`Applied` each) and, if the cache has listed, `Synced`;
 //! then every change. Nothing is dropped for a slow consumer (a node holds at most a few
@@ -18,9 +21,10 @@
 
 pub mod selector;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Api;
 use kube::api::{ListParams, WatchEvent, WatchParams};
+use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex};
@@ -30,16 +34,43 @@ use tokio::time::Instant;
 
 /// Notification to a consumer.
 #[derive(Clone, Debug)]
-pub enum PodEvent {
-    /// A pod is new or changed (or is part of the replay at subscription).
-    Applied(Arc<Pod>),
-    /// A pod is gone (a DELETED event, or absent from a re-list).
-    Deleted(Arc<Pod>),
+pub enum CacheEvent<K> {
+    /// An object is new or changed (or is part of the replay at subscription).
+    Applied(Arc<K>),
+    /// An object is gone (a DELETED event, or absent from a re-list).
+    Deleted(Arc<K>),
     /// The cache holds a complete list (after the first list and after every re-list).
     Synced,
 }
 
+pub type PodEvent = CacheEvent<Pod>;
 pub type Subscription = mpsc::UnboundedReceiver<PodEvent>;
+/// The node's pods (`spec.nodeName=<node>`).
+pub type PodCache = ObjectCache<Pod>;
+/// The cluster's namespaces.
+pub type NamespaceCache = ObjectCache<Namespace>;
+
+/// What the cache can hold: a Kubernetes object kube can list and watch.
+pub trait Cached:
+    kube::Resource<DynamicType = ()>
+    + Clone
+    + DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+}
+impl<K> Cached for K where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
 
 pub const BACKOFF_FIRST: Duration = Duration::from_millis(200);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -55,17 +86,18 @@ const HANG_GRACE: Duration = Duration::from_secs(2);
 /// back off exponentially up to [`BACKOFF_MAX`].
 const HEALTHY: Duration = Duration::from_secs(1);
 
-/// `namespace/name`: the cache key.
-pub fn key(pod: &Pod) -> String {
+/// `namespace/name`: the cache key (`/name` for cluster-scoped objects).
+pub fn key<K: kube::Resource>(obj: &K) -> String {
+    let m = obj.meta();
     format!(
         "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or(""),
-        pod.metadata.name.as_deref().unwrap_or("")
+        m.namespace.as_deref().unwrap_or(""),
+        m.name.as_deref().unwrap_or("")
     )
 }
 
-fn rv(pod: &Pod) -> Option<&str> {
-    pod.metadata.resource_version.as_deref()
+fn rv<K: kube::Resource>(obj: &K) -> Option<&str> {
+    obj.meta().resource_version.as_deref()
 }
 
 /// Counters for logs, tests and the README's figures.
@@ -81,27 +113,52 @@ pub struct Stats {
     pub hangs: u64,
 }
 
-#[derive(Default)]
-struct Inner {
-    pods: HashMap<String, Arc<Pod>>,
+struct Inner<K> {
+    pods: HashMap<String, Arc<K>>,
     synced: bool,
-    subscribers: Vec<mpsc::UnboundedSender<PodEvent>>,
+    subscribers: Vec<mpsc::UnboundedSender<CacheEvent<K>>>,
     stats: Stats,
 }
 
-impl Inner {
-    fn emit(&mut self, ev: PodEvent) {
+impl<K> Default for Inner<K> {
+    fn default() -> Self {
+        Inner {
+            pods: HashMap::new(),
+            synced: false,
+            subscribers: Vec::new(),
+            stats: Stats::default(),
+        }
+    }
+}
+
+impl<K: Cached> Inner<K> {
+    fn emit(&mut self, ev: CacheEvent<K>) {
         self.subscribers.retain(|s| s.send(ev.clone()).is_ok());
     }
 }
 
 /// The cache; cheap to clone (all clones share one state).
-#[derive(Clone, Default)]
-pub struct PodCache {
-    inner: Arc<Mutex<Inner>>,
+pub struct ObjectCache<K> {
+    inner: Arc<Mutex<Inner<K>>>,
 }
 
-impl std::fmt::Debug for PodCache {
+impl<K> Clone for ObjectCache<K> {
+    fn clone(&self) -> Self {
+        ObjectCache {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<K> Default for ObjectCache<K> {
+    fn default() -> Self {
+        ObjectCache {
+            inner: Arc::new(Mutex::new(Inner::default())),
+        }
+    }
+}
+
+impl<K: Cached> std::fmt::Debug for ObjectCache<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PodCache")
             .field("pods", &self.len())
@@ -111,35 +168,52 @@ impl std::fmt::Debug for PodCache {
 }
 
 impl PodCache {
-    pub fn new() -> PodCache {
-        PodCache::default()
+    /// Lists and watches `spec.nodeName=<node>` until the task is dropped.
+    pub async fn run(self, api: Api<Pod>, node: String, watch_timeout: Duration) {
+        let selector = format!("spec.nodeName={node}");
+        tracing::info!(field_selector = %selector, "pod cache: watching this node's pods");
+        self.run_selected(api, Some(selector), watch_timeout).await
+    }
+}
+
+impl NamespaceCache {
+    /// Lists and watches every namespace until the task is dropped.
+    pub async fn run(self, api: Api<Namespace>, watch_timeout: Duration) {
+        tracing::info!("namespace cache: watching namespaces");
+        self.run_selected(api, None, watch_timeout).await
+    }
+}
+
+impl<K: Cached> ObjectCache<K> {
+    pub fn new() -> Self {
+        Self::default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner<K>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A new consumer: the current pods are replayed as `Applied` (then `Synced` once listed),
     /// and every later change follows, in order.
-    pub fn subscribe(&self) -> Subscription {
+    pub fn subscribe(&self) -> mpsc::UnboundedReceiver<CacheEvent<K>> {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut g = self.lock();
         for p in g.pods.values() {
-            let _ = tx.send(PodEvent::Applied(p.clone()));
+            let _ = tx.send(CacheEvent::Applied(p.clone()));
         }
         if g.synced {
-            let _ = tx.send(PodEvent::Synced);
+            let _ = tx.send(CacheEvent::Synced);
         }
         g.subscribers.push(tx);
         rx
     }
 
     /// Every pod currently known.
-    pub fn snapshot(&self) -> Vec<Arc<Pod>> {
+    pub fn snapshot(&self) -> Vec<Arc<K>> {
         self.lock().pods.values().cloned().collect()
     }
 
-    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<K>> {
         self.lock()
             .pods
             .get(&format!("{namespace}/{name}"))
@@ -164,65 +238,62 @@ impl PodCache {
     }
 
     /// An ADDED/MODIFIED event.
-    pub fn apply(&self, pod: Pod) {
+    pub fn apply(&self, pod: K) {
         let mut g = self.lock();
         let p = Arc::new(pod);
-        g.pods.insert(key(&p), p.clone());
-        g.emit(PodEvent::Applied(p));
+        g.pods.insert(key(p.as_ref()), p.clone());
+        g.emit(CacheEvent::Applied(p));
     }
 
     /// A DELETED event.
-    pub fn delete(&self, pod: Pod) {
+    pub fn delete(&self, pod: K) {
         let mut g = self.lock();
         let k = key(&pod);
         let p = g.pods.remove(&k).unwrap_or_else(|| Arc::new(pod));
-        g.emit(PodEvent::Deleted(p));
+        g.emit(CacheEvent::Deleted(p));
     }
 
     /// A complete list: vanished pods are `Deleted`, new or changed ones `Applied`, then
     /// `Synced`; all under one lock, so a subscriber sees the list whole.
-    pub fn replace(&self, pods: Vec<Pod>) {
+    pub fn replace(&self, pods: Vec<K>) {
         let mut g = self.lock();
-        let mut fresh: HashMap<String, Arc<Pod>> = HashMap::with_capacity(pods.len());
+        let mut fresh: HashMap<String, Arc<K>> = HashMap::with_capacity(pods.len());
         for p in pods {
             fresh.insert(key(&p), Arc::new(p));
         }
-        let gone: Vec<Arc<Pod>> = g
+        let gone: Vec<Arc<K>> = g
             .pods
             .iter()
-            .filter(|(k, old)| {
-                fresh
-                    .get(*k)
-                    .is_none_or(|n| n.metadata.uid != old.metadata.uid)
-            })
+            .filter(|(k, old)| fresh.get(*k).is_none_or(|n| n.meta().uid != old.meta().uid))
             .map(|(_, p)| p.clone())
             .collect();
         for p in gone {
-            g.emit(PodEvent::Deleted(p));
+            g.emit(CacheEvent::Deleted(p));
         }
         let old = std::mem::take(&mut g.pods);
         for (k, p) in &fresh {
             let unchanged = old.get(k).is_some_and(|o| {
-                o.metadata.uid == p.metadata.uid && rv(o) == rv(p) && rv(p).is_some()
+                o.meta().uid == p.meta().uid
+                    && rv(o.as_ref()) == rv(p.as_ref())
+                    && rv(p.as_ref()).is_some()
             });
             if !unchanged {
-                g.emit(PodEvent::Applied(p.clone()));
+                g.emit(CacheEvent::Applied(p.clone()));
             }
         }
         g.pods = fresh;
         g.synced = true;
         g.stats.lists += 1;
-        g.emit(PodEvent::Synced);
+        g.emit(CacheEvent::Synced);
     }
 
     fn count(&self, f: impl FnOnce(&mut Stats)) {
         f(&mut self.lock().stats)
     }
 
-    /// Lists and watches `spec.nodeName=<node>` until the task is dropped.
-    pub async fn run(self, api: Api<Pod>, node: String, watch_timeout: Duration) {
-        let selector = format!("spec.nodeName={node}");
-        tracing::info!(field_selector = %selector, "pod cache: watching this node's pods");
+    /// Lists and watches (with the field selector, if any) until the task is dropped.
+    async fn run_selected(self, api: Api<K>, selector: Option<String>, watch_timeout: Duration) {
+        let selector = selector.unwrap_or_default();
         let mut backoff = Backoff::default();
         let mut recovering: Option<String> = None;
         loop {
@@ -256,12 +327,15 @@ impl PodCache {
     /// One complete list, applied with [`PodCache::replace`]: (resourceVersion, pod count).
     async fn list(
         &self,
-        api: &Api<Pod>,
+        api: &Api<K>,
         selector: &str,
         watch_timeout: Duration,
     ) -> Result<(String, usize), String> {
         let timeout = LIST_TIMEOUT.min(watch_timeout + HANG_GRACE);
-        let lp = ListParams::default().fields(selector);
+        let mut lp = ListParams::default();
+        if !selector.is_empty() {
+            lp = lp.fields(selector);
+        }
         let listed = match tokio::time::timeout(timeout, api.list(&lp)).await {
             Ok(Ok(list)) => list,
             Ok(Err(e)) => return Err(e.to_string()),
@@ -277,7 +351,7 @@ impl PodCache {
     /// at once (410 Gone); `Some(why)`: re-list after a backoff.
     async fn watch_until_failure(
         &self,
-        api: &Api<Pod>,
+        api: &Api<K>,
         selector: &str,
         version: &mut String,
         timeout: Duration,
@@ -318,16 +392,18 @@ impl PodCache {
     /// One watch from `version`; returns why it ended.
     async fn watch_once(
         &self,
-        api: &Api<Pod>,
+        api: &Api<K>,
         selector: &str,
         version: &mut String,
         timeout: Duration,
     ) -> WatchEnd {
         use futures::StreamExt;
         self.count(|s| s.watches += 1);
-        let wp = WatchParams::default()
-            .fields(selector)
-            .timeout(timeout.as_secs().clamp(1, 3600) as u32);
+        let mut wp = WatchParams::default();
+        if !selector.is_empty() {
+            wp = wp.fields(selector);
+        }
+        let wp = wp.timeout(timeout.as_secs().clamp(1, 3600) as u32);
         let deadline = Instant::now() + timeout + HANG_GRACE;
         let stream = match tokio::time::timeout_at(deadline, api.watch(&wp, version)).await {
             Ok(Ok(s)) => s,
@@ -433,9 +509,9 @@ mod tests {
         let mut out = Vec::new();
         while let Ok(ev) = s.try_recv() {
             out.push(match ev {
-                PodEvent::Applied(p) => format!("+{}", key(&p)),
-                PodEvent::Deleted(p) => format!("-{}", key(&p)),
-                PodEvent::Synced => "synced".into(),
+                CacheEvent::Applied(p) => format!("+{}", key(p.as_ref())),
+                CacheEvent::Deleted(p) => format!("-{}", key(p.as_ref())),
+                CacheEvent::Synced => "synced".into(),
             });
         }
         out

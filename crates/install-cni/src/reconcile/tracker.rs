@@ -88,7 +88,7 @@ impl Tracker {
     pub fn on_event(&mut self, ev: PodEvent) {
         match ev {
             PodEvent::Applied(p) => self.applied(p),
-            PodEvent::Deleted(p) => self.forget(&crate::podcache::key(&p)),
+            PodEvent::Deleted(p) => self.forget(&crate::podcache::key(p.as_ref())),
             PodEvent::Synced => self.synced = true,
         }
     }
@@ -101,7 +101,7 @@ impl Tracker {
     }
 
     fn applied(&mut self, pod: Arc<Pod>) {
-        let key = crate::podcache::key(&pod);
+        let key = crate::podcache::key(pod.as_ref());
         let target = match (self.eligible)(&pod) {
             Ok(t) => t,
             Err(why) => {

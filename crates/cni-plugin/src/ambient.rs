@@ -1,0 +1,156 @@
+//! Ambient mode: which pods ztunnel serves, and each pod's own settings. Pure; shared by the
+//! plugin (ADD) and the node agent (its pod watch), so both decide the same way.
+
+use crate::pod::{go_parse_bool, keys};
+use capture::{AmbientPod, PodDns, parse_interface_list};
+use cni_config::ambient::{
+    DATAPLANE_MODE_LABEL, DATAPLANE_MODE_NONE, EnablementSelector, selected,
+};
+use k8s_openapi::api::core::v1::Pod;
+use std::collections::BTreeMap;
+
+/// Pod annotations ambient reads (Istio's names).
+pub mod annotations {
+    /// `enabled` on pods the agent has handed to ztunnel (written by the agent).
+    pub const REDIRECTION: &str = "ambient.istio.io/redirection";
+    pub const REDIRECTION_ENABLED: &str = "enabled";
+    pub const DNS_CAPTURE: &str = "ambient.istio.io/dns-capture";
+    pub const BYPASS_INBOUND_CAPTURE: &str = "ambient.istio.io/bypass-inbound-capture";
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AmbientDecision {
+    /// ztunnel serves the pod.
+    Ambient,
+    /// Not an ambient pod (why).
+    NotAmbient(String),
+}
+
+/// Istio's `PodRedirectionEnabled`: the selectors enroll the pod, and it is neither a sidecar
+/// pod (it carries `sidecar.istio.io/status`), nor on the host network, nor labelled
+/// `istio.io/dataplane-mode=none` (an explicit opt-out wins over any selector).
+pub fn decide(
+    pod: &Pod,
+    namespace_labels: &BTreeMap<String, String>,
+    selectors: &[EnablementSelector],
+) -> AmbientDecision {
+    let empty = BTreeMap::new();
+    let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+    let annotations = pod.metadata.annotations.as_ref().unwrap_or(&empty);
+    let not = |why: &str| AmbientDecision::NotAmbient(why.to_string());
+    if labels.get(DATAPLANE_MODE_LABEL).map(String::as_str) == Some(DATAPLANE_MODE_NONE) {
+        return not("the pod is labelled istio.io/dataplane-mode=none");
+    }
+    if !selected(selectors, labels, namespace_labels) {
+        return not("no enablement selector matches the pod and its namespace");
+    }
+    if annotations.contains_key(keys::STATUS) {
+        return not("the pod has a sidecar (sidecar.istio.io/status)");
+    }
+    if pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false)
+    {
+        return not("host-network pod");
+    }
+    AmbientDecision::Ambient
+}
+
+/// The pod's own ambient settings (Istio's `PodOverrides`) from its annotations. An invalid
+/// value is an error naming the annotation and the value.
+pub fn pod_settings(pod: &Pod) -> Result<AmbientPod, String> {
+    let empty = BTreeMap::new();
+    let a = pod.metadata.annotations.as_ref().unwrap_or(&empty);
+    let bool_of = |key: &str| -> Result<Option<bool>, String> {
+        a.get(key)
+            .map(|v| {
+                go_parse_bool(v).ok_or_else(|| {
+                    format!("annotation {key}: {v:?} is not a boolean (true or false)")
+                })
+            })
+            .transpose()
+    };
+    let dns = match bool_of(annotations::DNS_CAPTURE)? {
+        None => PodDns::Unset,
+        Some(true) => PodDns::Enabled,
+        Some(false) => PodDns::Disabled,
+    };
+    let ingress_mode = bool_of(annotations::BYPASS_INBOUND_CAPTURE)?.unwrap_or(false);
+    let virtual_interfaces = match a.get(keys::REROUTE_VIRTUAL_INTERFACES) {
+        Some(v) => parse_interface_list(keys::REROUTE_VIRTUAL_INTERFACES, v)
+            .map_err(|e| format!("annotation {}: {e}", keys::REROUTE_VIRTUAL_INTERFACES))?,
+        None => Vec::new(),
+    };
+    Ok(AmbientPod {
+        dns,
+        ingress_mode,
+        virtual_interfaces,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cni_config::ambient::default_selectors;
+    use serde_json::json;
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn ns(mode: Option<&str>) -> BTreeMap<String, String> {
+        mode.map(|m| BTreeMap::from([(DATAPLANE_MODE_LABEL.to_string(), m.to_string())]))
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn istio_decisions() {
+        let sel = default_selectors();
+        let labelled = pod(json!({"metadata": {"labels": {DATAPLANE_MODE_LABEL: "ambient"}}}));
+        let plain = pod(json!({"metadata": {"name": "p"}}));
+        let opted_out = pod(json!({"metadata": {"labels": {DATAPLANE_MODE_LABEL: "none"}}}));
+        let sidecar = pod(json!({"metadata": {"annotations": {keys::STATUS: "{}"}}}));
+        let host = pod(json!({"metadata": {}, "spec": {"containers": [], "hostNetwork": true}}));
+        assert_eq!(decide(&labelled, &ns(None), &sel), AmbientDecision::Ambient);
+        assert_eq!(
+            decide(&plain, &ns(Some("ambient")), &sel),
+            AmbientDecision::Ambient
+        );
+        for (p, why) in [
+            (&plain, "no enablement selector"),
+            (&opted_out, "dataplane-mode=none"),
+        ] {
+            match decide(p, &ns(None), &sel) {
+                AmbientDecision::NotAmbient(r) => assert!(r.contains(why), "{r}"),
+                d => panic!("{d:?}"),
+            }
+        }
+        for p in [&opted_out, &sidecar, &host] {
+            assert!(matches!(
+                decide(p, &ns(Some("ambient")), &sel),
+                AmbientDecision::NotAmbient(_)
+            ));
+        }
+    }
+
+    #[test]
+    fn pod_settings_from_annotations() {
+        let p = pod(json!({"metadata": {"annotations": {
+            annotations::DNS_CAPTURE: "false",
+            annotations::BYPASS_INBOUND_CAPTURE: "true",
+            keys::REROUTE_VIRTUAL_INTERFACES: "tap0,tap1",
+        }}}));
+        let s = pod_settings(&p).unwrap();
+        assert_eq!(s.dns, PodDns::Disabled);
+        assert!(s.ingress_mode);
+        assert_eq!(s.virtual_interfaces, ["tap0", "tap1"]);
+        let bad = pod(json!({"metadata": {"annotations": {annotations::DNS_CAPTURE: "maybe"}}}));
+        let e = pod_settings(&bad).unwrap_err();
+        assert!(
+            e.contains(annotations::DNS_CAPTURE) && e.contains("maybe"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,415 @@
+//! The one place that enrolls an ambient pod and releases it, in named steps: in-pod rules
+//! (one atomic batch under the namespace's lock) → the pod's IPs in the host probe sets →
+//! ztunnel's Ack over ZDS. A failed step undoes the ones before it, so a pod is either fully
+//! served or left as it was. Calls are serialized: the plugin's ADD/DEL, the pod watch and the
+//! reconciler never interleave on the agent's state.
+
+use capture::{AmbientConfig, AmbientPod, Plan};
+use redirect::BackendChoice;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Mutex;
+use zds::{WorkloadInfo, ZdsServer};
+
+/// The agent bounds each pod operation well inside the plugin's handoff timeout (20 s), so the
+/// plugin gets the agent's reason rather than its own timeout.
+pub const LOCK_WAIT: Duration = Duration::from_secs(10);
+
+/// What the agent needs to know about a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AmbientPodRef {
+    pub uid: String,
+    pub name: String,
+    pub namespace: String,
+    pub service_account: String,
+    pub ips: Vec<IpAddr>,
+    pub settings: AmbientPod,
+}
+
+impl AmbientPodRef {
+    pub fn label(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The node's settings for every ambient pod.
+#[derive(Clone, Debug)]
+pub struct AgentSettings {
+    pub backend: BackendChoice,
+    pub dns_capture: bool,
+    pub ipv6: bool,
+    /// The host probe rule (`Plan::ambient_host`), installed with the first pod.
+    pub host_plan: Plan,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("pod {pod}: its ambient rules: {reason}")]
+    Plan { pod: String, reason: String },
+    #[error("pod {pod}: programming its ambient rules: {source}")]
+    Rules {
+        pod: String,
+        source: redirect::RedirectError,
+    },
+    #[error("pod {pod}: the host probe rule: {source}")]
+    Host {
+        pod: String,
+        source: nft_backend::NftError,
+    },
+    #[error("pod {pod}: {source}")]
+    Ztunnel { pod: String, source: zds::ZdsError },
+    #[error("pod {pod}: the agent's worker failed: {reason}")]
+    Worker { pod: String, reason: String },
+}
+
+impl AgentError {
+    /// ztunnel is not there (or gone mid-way): the plugin may retry later (CNI code 11).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            AgentError::Ztunnel {
+                source: zds::ZdsError::NotConnected { .. } | zds::ZdsError::Link { .. },
+                ..
+            }
+        ) || matches!(
+            self,
+            AgentError::Rules {
+                source: redirect::RedirectError::Lock(_),
+                ..
+            }
+        )
+    }
+}
+
+struct Enrolled {
+    pod: AmbientPodRef,
+    /// Our own handle on the pod's namespace (ZDS holds another for snapshots).
+    netns: Arc<OwnedFd>,
+}
+
+#[derive(Default)]
+struct Inner {
+    pods: HashMap<String, Enrolled>,
+    host_installed: bool,
+}
+
+pub struct Agent {
+    zds: ZdsServer,
+    settings: AgentSettings,
+    inner: Mutex<Inner>,
+}
+
+/// How an enrolled pod's namespace is reached for rule work: through our fd.
+fn fd_path(fd: &OwnedFd) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+impl Agent {
+    /// `enrolled`: pods the startup snapshot already handed to ztunnel (their rules are in).
+    pub fn new(zds: ZdsServer, settings: AgentSettings) -> Agent {
+        Agent {
+            zds,
+            settings,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    pub fn zds(&self) -> &ZdsServer {
+        &self.zds
+    }
+
+    pub fn settings(&self) -> &AgentSettings {
+        &self.settings
+    }
+
+    /// The in-pod plan for a pod.
+    pub fn plan_for(&self, pod: &AmbientPodRef) -> Result<Plan, AgentError> {
+        Plan::ambient(&AmbientConfig {
+            redirect_dns: self.settings.dns_capture,
+            ipv6: self.settings.ipv6,
+            pod: pod.settings.clone(),
+            ..AmbientConfig::default()
+        })
+        .map_err(|e| AgentError::Plan {
+            pod: pod.label(),
+            reason: e.to_string(),
+        })
+    }
+
+    pub async fn is_enrolled(&self, uid: &str) -> bool {
+        self.inner.lock().await.pods.contains_key(uid)
+    }
+
+    pub async fn enrolled(&self) -> Vec<(AmbientPodRef, Arc<OwnedFd>)> {
+        let g = self.inner.lock().await;
+        g.pods
+            .values()
+            .map(|e| (e.pod.clone(), e.netns.clone()))
+            .collect()
+    }
+
+    pub async fn count(&self) -> usize {
+        self.inner.lock().await.pods.len()
+    }
+
+    /// Records a pod the startup snapshot handed to ztunnel (rules already reconciled).
+    pub async fn adopt(&self, pod: AmbientPodRef, netns: OwnedFd) -> Result<(), AgentError> {
+        let mut g = self.inner.lock().await;
+        self.ensure_host(&mut g, &pod).await?;
+        add_probe_ips(&self.settings.host_plan, &pod)
+            .await
+            .map_err(|source| AgentError::Host {
+                pod: pod.label(),
+                source,
+            })?;
+        g.pods.insert(
+            pod.uid.clone(),
+            Enrolled {
+                pod,
+                netns: Arc::new(netns),
+            },
+        );
+        Ok(())
+    }
+
+    /// Serves a pod: rules, probe IPs, ztunnel. Enrolling an enrolled pod again re-applies its
+    /// rules and re-sends it (idempotent), e.g. a sandbox re-ADDed by the runtime.
+    pub async fn enroll(&self, pod: AmbientPodRef, netns: OwnedFd) -> Result<(), AgentError> {
+        let started = Instant::now();
+        let mut g = self.inner.lock().await;
+        let plan = self.plan_for(&pod)?;
+        let netns = Arc::new(netns);
+        program(&plan, &netns, self.settings.backend, &pod).await?;
+        if let Err(e) = self.serve(&mut g, &pod, &netns).await {
+            self.undo(&mut g, &pod, &netns).await;
+            return Err(e);
+        }
+        g.pods.insert(
+            pod.uid.clone(),
+            Enrolled {
+                pod: pod.clone(),
+                netns,
+            },
+        );
+        tracing::info!(pod = %pod.label(), uid = %pod.uid, ips = ?pod.ips, took_us = started.elapsed().as_micros() as u64, "ambient pod enrolled: ztunnel serves it");
+        Ok(())
+    }
+
+    /// The host rule and probe IPs, then ztunnel's Ack.
+    async fn serve(
+        &self,
+        g: &mut Inner,
+        pod: &AmbientPodRef,
+        netns: &Arc<OwnedFd>,
+    ) -> Result<(), AgentError> {
+        self.ensure_host(g, pod).await?;
+        add_probe_ips(&self.settings.host_plan, pod)
+            .await
+            .map_err(|source| AgentError::Host {
+                pod: pod.label(),
+                source,
+            })?;
+        let fd = netns.try_clone().map_err(|e| AgentError::Worker {
+            pod: pod.label(),
+            reason: format!("duplicating the netns fd: {e}"),
+        })?;
+        let info = WorkloadInfo {
+            name: pod.name.clone(),
+            namespace: pod.namespace.clone(),
+            service_account: pod.service_account.clone(),
+        };
+        self.zds
+            .add_workload(&pod.uid, info, fd)
+            .await
+            .map_err(|source| AgentError::Ztunnel {
+                pod: pod.label(),
+                source,
+            })
+    }
+
+    /// Rolls a failed enroll back: no rules, no probe IPs (ZDS withdrew the pod itself).
+    async fn undo(&self, g: &mut Inner, pod: &AmbientPodRef, netns: &Arc<OwnedFd>) {
+        if let Err(e) = unprogram(netns).await {
+            tracing::error!(pod = %pod.label(), error = %e, "rolling back: removing the ambient rules failed");
+        }
+        if let Err(e) = remove_probe_ips(&self.settings.host_plan, &pod.ips).await {
+            tracing::error!(pod = %pod.label(), error = %e, "rolling back: removing the probe IPs failed");
+        }
+        g.pods.remove(&pod.uid);
+        self.drop_host_if_idle(g).await;
+    }
+
+    /// Stops serving a pod: ztunnel told, rules removed from its namespace if it still exists
+    /// (`keep_rules`: the namespace is going away anyway), probe IPs removed. Returns whether
+    /// the pod was enrolled.
+    pub async fn release(&self, uid: &str, why: &str) -> bool {
+        let mut g = self.inner.lock().await;
+        let Some(e) = g.pods.remove(uid) else {
+            return false;
+        };
+        let pod = e.pod.label();
+        match self.zds.del_workload(uid).await {
+            Ok(outcome) => tracing::debug!(%pod, ?outcome, "ztunnel told"),
+            Err(err) => tracing::warn!(%pod, error = %err, "telling ztunnel failed"),
+        }
+        if let Err(err) = unprogram(&e.netns).await {
+            tracing::warn!(%pod, error = %err, "removing the ambient rules failed");
+        }
+        if let Err(err) = remove_probe_ips(&self.settings.host_plan, &e.pod.ips).await {
+            tracing::warn!(%pod, error = %err, "removing the probe IPs failed");
+        }
+        self.drop_host_if_idle(&mut g).await;
+        tracing::info!(%pod, uid, reason = why, "ambient pod released");
+        true
+    }
+
+    pub async fn uid_of(&self, namespace: &str, name: &str) -> Option<String> {
+        let g = self.inner.lock().await;
+        g.pods
+            .values()
+            .find(|e| e.pod.namespace == namespace && e.pod.name == name)
+            .map(|e| e.pod.uid.clone())
+    }
+
+    async fn ensure_host(&self, g: &mut Inner, pod: &AmbientPodRef) -> Result<(), AgentError> {
+        if g.host_installed {
+            return Ok(());
+        }
+        let plan = self.settings.host_plan.clone();
+        blocking(move || nft_backend::ambient_host::ensure(&plan))
+            .await
+            .map_err(|reason| AgentError::Worker {
+                pod: pod.label(),
+                reason,
+            })?
+            .map_err(|source| AgentError::Host {
+                pod: pod.label(),
+                source,
+            })?;
+        g.host_installed = true;
+        tracing::info!("host probe rule installed (inet istio-ambient-nat)");
+        Ok(())
+    }
+
+    /// The host rule goes with the last ambient pod.
+    async fn drop_host_if_idle(&self, g: &mut Inner) {
+        if !g.pods.is_empty() || !g.host_installed {
+            return;
+        }
+        match blocking(nft_backend::ambient_host::remove_all).await {
+            Ok(Ok(_)) => {
+                g.host_installed = false;
+                tracing::info!("last ambient pod gone: host probe rule removed");
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "removing the host probe rule failed"),
+            Err(e) => tracing::warn!(error = %e, "removing the host probe rule failed"),
+        }
+    }
+
+    /// Checks an enrolled pod's rules against its plan; re-applies on drift. Returns the
+    /// differences found (empty: in sync).
+    pub async fn reconcile(&self, uid: &str) -> Result<Vec<String>, AgentError> {
+        let g = self.inner.lock().await;
+        let Some(e) = g.pods.get(uid) else {
+            return Ok(Vec::new());
+        };
+        let plan = self.plan_for(&e.pod)?;
+        let (netns, backend, pod) = (e.netns.clone(), self.settings.backend, e.pod.clone());
+        let path = fd_path(&netns);
+        let check_plan = plan.clone();
+        let drift = blocking(move || {
+            redirect::check_until(
+                &check_plan,
+                Some(&path),
+                backend,
+                Instant::now() + LOCK_WAIT,
+            )
+        })
+        .await
+        .map_err(|reason| AgentError::Worker {
+            pod: pod.label(),
+            reason,
+        })?
+        .map_err(|source| AgentError::Rules {
+            pod: pod.label(),
+            source,
+        })?;
+        if !drift.is_empty() {
+            program(&plan, &netns, backend, &pod).await?;
+        }
+        Ok(drift)
+    }
+
+    /// Uninstall: every pod released, host rule removed.
+    pub async fn release_all(&self, why: &str) {
+        let uids: Vec<String> = self.inner.lock().await.pods.keys().cloned().collect();
+        for uid in uids {
+            self.release(&uid, why).await;
+        }
+        let _ = blocking(nft_backend::ambient_host::remove_all).await;
+    }
+}
+
+/// The pod's in-pod rules, one batch under its namespace's lock.
+pub async fn program(
+    plan: &Plan,
+    netns: &Arc<OwnedFd>,
+    backend: BackendChoice,
+    pod: &AmbientPodRef,
+) -> Result<(), AgentError> {
+    let (plan, netns) = (plan.clone(), netns.clone());
+    blocking(move || {
+        let path = fd_path(&netns);
+        redirect::apply_until(&plan, Some(&path), backend, Instant::now() + LOCK_WAIT)
+    })
+    .await
+    .map_err(|reason| AgentError::Worker {
+        pod: pod.label(),
+        reason,
+    })?
+    .map(|_| ())
+    .map_err(|source| AgentError::Rules {
+        pod: pod.label(),
+        source,
+    })
+}
+
+async fn unprogram(netns: &Arc<OwnedFd>) -> Result<(), String> {
+    let netns = netns.clone();
+    blocking(move || {
+        let path = fd_path(&netns);
+        redirect::cleanup_ambient_until(Some(&path), Instant::now() + LOCK_WAIT)
+    })
+    .await?
+    .map_err(|e| e.to_string())
+}
+
+async fn add_probe_ips(host: &Plan, pod: &AmbientPodRef) -> Result<(), nft_backend::NftError> {
+    let (plan, ips, uid) = (host.clone(), pod.ips.clone(), pod.uid.clone());
+    blocking(move || nft_backend::ambient_host::add_pod_ips(&plan, &ips, &uid))
+        .await
+        .unwrap_or_else(|reason| {
+            Err(nft_backend::NftError::Io {
+                context: "the agent's worker",
+                source: std::io::Error::other(reason),
+            })
+        })
+}
+
+async fn remove_probe_ips(host: &Plan, ips: &[IpAddr]) -> Result<(), String> {
+    let (plan, ips) = (host.clone(), ips.to_vec());
+    blocking(move || nft_backend::ambient_host::remove_pod_ips(&plan, &ips))
+        .await?
+        .map_err(|e| e.to_string())
+}
+
+/// Kernel work (netlink, setns) runs off the async thread.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| format!("worker task failed: {e}"))
+}

@@ -1,0 +1,408 @@
+//! The ambient node agent (`AMBIENT_ENABLED=true`): decides which pods of the node are ambient,
+//! programs their in-pod rules and hands their network namespaces to ztunnel over ZDS.
+//!
+//! Inputs: the node's pod cache (one list + watch, shared with repair and reconcile), a
+//! namespace cache (their labels enroll pods), and the plugin's events on
+//! `<run_dir>/pluginevent.sock` (ADD waits for the agent; DEL tells it). Startup: once both
+//! caches have listed, every ambient pod already running is found through the host's /proc (the
+//! repair controller's netns discovery), its rules reconciled, and it is put into the ZDS
+//! snapshot BEFORE the socket opens, so the first ztunnel to connect never drops a pod.
+
+pub mod agent;
+pub mod plugin_server;
+
+use crate::config::Config;
+use crate::http::State;
+use crate::podcache::{CacheEvent, NamespaceCache, PodCache};
+use agent::{Agent, AgentSettings, AmbientPodRef};
+use capture::{HostProbeConfig, Plan, ProbeSource};
+use istio_cni::ambient::{AmbientDecision, decide, pod_settings};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// Pods that should be served but are not (ztunnel was down, the netns not found yet) are
+/// retried this often.
+const RETRY: Duration = Duration::from_secs(5);
+
+/// Everything the agent decides with.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    pub selectors: Vec<cni_config::ambient::EnablementSelector>,
+    pub exclude_namespaces: Vec<String>,
+    pub cni_namespace: String,
+}
+
+impl Policy {
+    fn from_config(cfg: &Config) -> Policy {
+        Policy {
+            selectors: cfg.ambient.effective_selectors(),
+            exclude_namespaces: cfg.exclude_namespaces.clone(),
+            cni_namespace: cfg.pod_namespace.clone(),
+        }
+    }
+
+    /// Whether ztunnel should serve the pod now (the plugin's decision plus the routing it
+    /// does first: its own pods, excluded namespaces; and a pod that has finished is not).
+    pub fn wants(&self, pod: &Pod, namespace_labels: &BTreeMap<String, String>) -> bool {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or("");
+        let name = pod.metadata.name.as_deref().unwrap_or("");
+        if istio_cni::pod::is_self(name, ns, &self.cni_namespace)
+            || self.exclude_namespaces.iter().any(|n| n == ns)
+        {
+            return false;
+        }
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed"))
+            || pod.metadata.deletion_timestamp.is_some()
+        {
+            return false;
+        }
+        decide(pod, namespace_labels, &self.selectors) == AmbientDecision::Ambient
+    }
+}
+
+/// The pod as the agent needs it (`ips`: given by the plugin, else the pod's status).
+pub fn pod_ref(pod: &Pod, ips: Vec<IpAddr>) -> Result<AmbientPodRef, String> {
+    let ips = if ips.is_empty() { status_ips(pod) } else { ips };
+    Ok(AmbientPodRef {
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        service_account: pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.service_account_name.clone())
+            .unwrap_or_else(|| "default".into()),
+        ips,
+        settings: pod_settings(pod)?,
+    })
+}
+
+fn status_ips(pod: &Pod) -> Vec<IpAddr> {
+    let st = pod.status.as_ref();
+    let mut ips: Vec<IpAddr> = st
+        .and_then(|s| s.pod_ips.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p.ip.parse().ok())
+        .collect();
+    if ips.is_empty() {
+        ips.extend(st.and_then(|s| s.pod_ip.as_deref()?.parse::<IpAddr>().ok()));
+    }
+    ips
+}
+
+/// The host probe rule: kubelet's sockets (its uid found through the host's /proc, as Istio's
+/// nft mode), or any local socket when no kubelet process is found (Istio's iptables mode).
+fn host_plan(proc_root: &Path, ipv6: bool) -> Result<Plan, String> {
+    let source = match nft_backend::ambient_host::kubelet_uid(proc_root) {
+        Ok(uid) => {
+            tracing::info!(uid, "kubelet found: probes are its sockets' traffic");
+            ProbeSource::KubeletUid(uid)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "no kubelet uid: every local socket's traffic to ambient pods counts as a probe");
+            ProbeSource::AnyLocalSocket
+        }
+    };
+    Plan::ambient_host(&HostProbeConfig::new(source, ipv6)).map_err(|e| e.to_string())
+}
+
+/// Subscribes now (so the first list is seen whole) and starts the agent in the background.
+pub fn start(
+    cfg: &Config,
+    backend: redirect::Backend,
+    state: Arc<State>,
+    client: kube::Client,
+    pods: &PodCache,
+) {
+    let pod_events = pods.subscribe();
+    let namespaces = NamespaceCache::new();
+    let ns_events = namespaces.subscribe();
+    tokio::spawn(
+        namespaces
+            .clone()
+            .run(kube::Api::all(client.clone()), cfg.pod_watch_timeout),
+    );
+    let run = Runner {
+        policy: Policy::from_config(cfg),
+        proc_root: cfg.repair.proc_root.clone(),
+        run_dir: cfg.run_dir.clone(),
+        ztunnel_socket: cfg.ambient.ztunnel_socket.clone(),
+        reconcile_on_startup: cfg.ambient.reconcile_on_startup,
+        reconcile_interval: cfg.reconcile.enabled.then_some(cfg.reconcile.interval),
+        settings: (
+            redirect::BackendChoice::Fixed(backend),
+            cfg.ambient.dns_capture,
+            cfg.ambient.ipv6,
+        ),
+        pods: pods.clone(),
+        namespaces,
+        state,
+        client,
+    };
+    tokio::spawn(run.run(pod_events, ns_events));
+}
+
+struct Runner {
+    policy: Policy,
+    proc_root: PathBuf,
+    run_dir: PathBuf,
+    ztunnel_socket: PathBuf,
+    reconcile_on_startup: bool,
+    reconcile_interval: Option<Duration>,
+    /// (backend, dns capture, ipv6)
+    settings: (redirect::BackendChoice, bool, bool),
+    pods: PodCache,
+    namespaces: NamespaceCache,
+    state: Arc<State>,
+    client: kube::Client,
+}
+
+type Events<K> = UnboundedReceiver<CacheEvent<K>>;
+
+async fn synced<K>(events: &mut Events<K>) {
+    while let Some(ev) = events.recv().await {
+        if matches!(ev, CacheEvent::Synced) {
+            return;
+        }
+    }
+}
+
+impl Runner {
+    async fn run(self, mut pod_events: Events<Pod>, mut ns_events: Events<Namespace>) {
+        self.state.set_ztunnel_connected(Some(false));
+        tracing::info!("ambient: waiting for the pod and namespace lists");
+        synced(&mut pod_events).await;
+        synced(&mut ns_events).await;
+        let agent = match self.start_agent().await {
+            Ok(a) => Arc::new(a),
+            Err(e) => {
+                tracing::error!(error = %e, "ambient node agent not started; ambient pods cannot start on this node");
+                return;
+            }
+        };
+        self.follow_ztunnel(&agent);
+        let handler = plugin_server::Handler::new(
+            agent.clone(),
+            self.pods.clone(),
+            self.client.clone(),
+            self.proc_root.clone(),
+        );
+        if let Err(e) = plugin_server::start(&self.run_dir, handler) {
+            tracing::error!(error = %e, "plugin event socket not started; ambient pods cannot start on this node");
+            return;
+        }
+        self.follow(agent, pod_events, ns_events).await;
+    }
+
+    /// The ZDS server with every ambient pod already running in its first snapshot.
+    async fn start_agent(&self) -> Result<Agent, String> {
+        let (backend, dns_capture, ipv6) = self.settings;
+        let settings = AgentSettings {
+            backend,
+            dns_capture,
+            ipv6,
+            host_plan: host_plan(&self.proc_root, ipv6)?,
+        };
+        if let Some(dir) = self.ztunnel_socket.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        }
+        let found = self.running_ambient_pods().await;
+        let mut builder = zds::ZdsServer::builder(&self.ztunnel_socket);
+        let mut adopted: Vec<(AmbientPodRef, OwnedFd)> = Vec::new();
+        for (pod, netns) in found {
+            let info = zds::WorkloadInfo {
+                name: pod.name.clone(),
+                namespace: pod.namespace.clone(),
+                service_account: pod.service_account.clone(),
+            };
+            let Ok(copy) = netns.try_clone() else {
+                continue;
+            };
+            builder = builder.workload(pod.uid.clone(), info, copy);
+            adopted.push((pod, netns));
+        }
+        let zds = builder.bind().map_err(|e| e.to_string())?;
+        let agent = Agent::new(zds, settings);
+        let n = adopted.len();
+        for (pod, netns) in adopted {
+            if self.reconcile_on_startup {
+                let plan = agent.plan_for(&pod).map_err(|e| e.to_string())?;
+                let fd = Arc::new(netns.try_clone().map_err(|e| e.to_string())?);
+                if let Err(e) = agent::program(&plan, &fd, backend, &pod).await {
+                    tracing::warn!(error = %e, "startup: reconciling the pod's rules failed");
+                }
+            }
+            if let Err(e) = agent.adopt(pod, netns).await {
+                tracing::warn!(error = %e, "startup: adopting the pod failed");
+            }
+        }
+        tracing::info!(pods = n, socket = %self.ztunnel_socket.display(), reconciled = self.reconcile_on_startup, "ambient node agent started");
+        Ok(agent)
+    }
+
+    /// Running ambient pods of the node with their namespaces (found through /proc by IP).
+    async fn running_ambient_pods(&self) -> Vec<(AmbientPodRef, OwnedFd)> {
+        let mut out = Vec::new();
+        for pod in self.pods.snapshot() {
+            if !self.wants(&pod) {
+                continue;
+            }
+            match self.locate(&pod).await {
+                Ok(found) => out.push(found),
+                Err(e) => {
+                    tracing::debug!(pod = %crate::podcache::key(pod.as_ref()), error = %e, "startup: not serving yet")
+                }
+            }
+        }
+        out
+    }
+
+    fn wants(&self, pod: &Pod) -> bool {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or("");
+        let labels = self
+            .namespaces
+            .get("", ns)
+            .and_then(|n| n.metadata.labels.clone())
+            .unwrap_or_default();
+        self.policy.wants(pod, &labels)
+    }
+
+    /// The pod's namespace through the host's /proc (the repair controller's discovery).
+    async fn locate(&self, pod: &Pod) -> Result<(AmbientPodRef, OwnedFd), String> {
+        let r = pod_ref(pod, Vec::new())?;
+        let Some(ip) = r.ips.first().copied() else {
+            return Err("no pod IP yet".into());
+        };
+        let proc_root = self.proc_root.clone();
+        let fd = tokio::task::spawn_blocking(move || -> Result<OwnedFd, String> {
+            let path = crate::podplan::locate(&proc_root, ip)?;
+            std::fs::File::open(&path)
+                .map(OwnedFd::from)
+                .map_err(|e| format!("opening {}: {e}", path.display()))
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        Ok((r, fd))
+    }
+
+    /// `/readyz` and the plugin's STATUS follow ztunnel's connection.
+    fn follow_ztunnel(&self, agent: &Arc<Agent>) {
+        let mut ready = agent.zds().ready();
+        let state = self.state.clone();
+        tokio::spawn(async move {
+            loop {
+                let connected = *ready.borrow_and_update();
+                state.set_ztunnel_connected(Some(connected));
+                tracing::info!(connected, "ztunnel connection");
+                if ready.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    async fn follow(self, agent: Arc<Agent>, mut pods: Events<Pod>, mut nss: Events<Namespace>) {
+        let mut retry = tokio::time::interval(RETRY);
+        let mut check = tokio::time::interval(self.reconcile_interval.unwrap_or(Duration::MAX / 4));
+        check.tick().await;
+        loop {
+            tokio::select! {
+                Some(ev) = pods.recv() => match ev {
+                    CacheEvent::Applied(p) => self.on_pod(&agent, &p).await,
+                    CacheEvent::Deleted(p) => {
+                        let uid = p.metadata.uid.clone().unwrap_or_default();
+                        agent.release(&uid, "pod deleted").await;
+                    }
+                    CacheEvent::Synced => self.resync(&agent).await,
+                },
+                Some(ev) = nss.recv() => match ev {
+                    CacheEvent::Applied(ns) => self.on_namespace(&agent, ns.metadata.name.as_deref().unwrap_or("")).await,
+                    CacheEvent::Deleted(_) => {}
+                    CacheEvent::Synced => self.resync(&agent).await,
+                },
+                _ = retry.tick() => self.retry_pending(&agent).await,
+                _ = check.tick() => self.reconcile(&agent).await,
+            }
+        }
+    }
+
+    /// Enrolls or releases the pod as its labels (and its namespace's) now say.
+    async fn on_pod(&self, agent: &Agent, pod: &Pod) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let key = crate::podcache::key(pod);
+        match (self.wants(pod), agent.is_enrolled(&uid).await) {
+            (true, false) => match self.locate(pod).await {
+                Ok((r, fd)) => {
+                    if let Err(e) = agent.enroll(r, fd).await {
+                        tracing::warn!(pod = %key, error = %e, "enrolling the running pod failed; will retry");
+                    }
+                }
+                Err(e) => tracing::debug!(pod = %key, error = %e, "ambient pod not running yet"),
+            },
+            (false, true) => {
+                agent.release(&uid, "no longer ambient").await;
+            }
+            _ => {}
+        }
+    }
+
+    async fn on_namespace(&self, agent: &Agent, name: &str) {
+        for pod in self.pods.snapshot() {
+            if pod.metadata.namespace.as_deref() == Some(name) {
+                self.on_pod(agent, &pod).await;
+            }
+        }
+    }
+
+    /// After a re-list: enrolled pods that vanished are released; the rest re-evaluated.
+    async fn resync(&self, agent: &Agent) {
+        let live: std::collections::HashSet<String> = self
+            .pods
+            .snapshot()
+            .iter()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect();
+        for (pod, _) in agent.enrolled().await {
+            if !live.contains(&pod.uid) {
+                agent.release(&pod.uid, "pod gone").await;
+            }
+        }
+        self.retry_pending(agent).await;
+    }
+
+    async fn retry_pending(&self, agent: &Agent) {
+        for pod in self.pods.snapshot() {
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let has_ip = !status_ips(&pod).is_empty();
+            if has_ip && self.wants(&pod) && !agent.is_enrolled(&uid).await {
+                self.on_pod(agent, &pod).await;
+            }
+        }
+    }
+
+    /// Keeps every ambient pod's rules true (the continuous reconcile, for ambient pods).
+    async fn reconcile(&self, agent: &Agent) {
+        for (pod, _) in agent.enrolled().await {
+            match agent.reconcile(&pod.uid).await {
+                Ok(drift) if drift.is_empty() => self.state.count_check("ok"),
+                Ok(drift) => {
+                    self.state.count_check("drift");
+                    self.state.count_check("repaired");
+                    tracing::warn!(pod = %pod.label(), differences = ?drift, "ambient rules drifted; re-applied");
+                }
+                Err(e) => {
+                    self.state.count_check("failed");
+                    tracing::warn!(error = %e, "checking the ambient rules failed");
+                }
+            }
+        }
+    }
+}

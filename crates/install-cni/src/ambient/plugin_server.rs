@@ -1,0 +1,233 @@
+//! `<run_dir>/pluginevent.sock`: the plugin's ADD and DEL of ambient pods (HTTP/1.1 POST of
+//! JSON, Istio's `/cmdadd`, plus `/cmddel`). The socket is root-only (0600).
+//!
+//! An ADD is answered 200 only once the pod's rules are in and ztunnel acknowledged it; 503
+//! when ztunnel is not connected (the plugin fails closed, the runtime retries); 400 for a bad
+//! request (field and value named); 500 otherwise. The work runs in its own task: a plugin
+//! that gives up mid-way cannot cut an enroll in half (the agent finishes or rolls back).
+
+use super::agent::Agent;
+use crate::podcache::PodCache;
+use cni_config::ambient::{AddPodRequest, CMD_ADD_PATH, CMD_DEL_PATH, DelPodRequest};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response, StatusCode};
+use k8s_openapi::api::core::v1::Pod;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::UnixListener;
+
+/// A plugin event is a few hundred bytes.
+const MAX_BODY: usize = 64 * 1024;
+/// A pod the cache has not seen yet is fetched from the API server, this long at most.
+const POD_GET_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub struct Handler {
+    agent: Arc<Agent>,
+    pods: PodCache,
+    client: kube::Client,
+    proc_root: PathBuf,
+}
+
+type Reply = Response<Full<Bytes>>;
+
+fn reply(status: StatusCode, text: impl Into<String>) -> Reply {
+    let mut r = Response::new(Full::new(Bytes::from(text.into())));
+    *r.status_mut() = status;
+    r
+}
+
+impl Handler {
+    pub fn new(
+        agent: Arc<Agent>,
+        pods: PodCache,
+        client: kube::Client,
+        proc_root: PathBuf,
+    ) -> Arc<Handler> {
+        Arc::new(Handler {
+            agent,
+            pods,
+            client,
+            proc_root,
+        })
+    }
+
+    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Reply {
+        let path = req.uri().path().to_string();
+        if req.method() != hyper::Method::POST {
+            return reply(StatusCode::METHOD_NOT_ALLOWED, "POST only");
+        }
+        let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) => return reply(StatusCode::BAD_REQUEST, format!("reading the body: {e}")),
+        };
+        // Own task: finishes (or rolls back) even if the plugin hangs up.
+        let task = tokio::spawn(async move {
+            match path.as_str() {
+                CMD_ADD_PATH => self.add(&body).await,
+                CMD_DEL_PATH => self.del(&body).await,
+                other => reply(StatusCode::NOT_FOUND, format!("no such path {other}")),
+            }
+        });
+        task.await.unwrap_or_else(|e| {
+            reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the agent's worker failed: {e}"),
+            )
+        })
+    }
+
+    async fn add(&self, body: &[u8]) -> Reply {
+        let req: AddPodRequest = match decode(body) {
+            Ok(r) => r,
+            Err(e) => return reply(StatusCode::BAD_REQUEST, e),
+        };
+        let pod_label = format!("{}/{}", req.pod_namespace, req.pod_name);
+        let pod = match self
+            .pod(&req.pod_namespace, &req.pod_name, &req.pod_uid)
+            .await
+        {
+            Ok(p) => p,
+            Err(e) => return reply(StatusCode::SERVICE_UNAVAILABLE, e),
+        };
+        let mut r = match super::pod_ref(&pod, req.ips.clone()) {
+            Ok(r) => r,
+            Err(e) => return reply(StatusCode::BAD_REQUEST, format!("pod {pod_label}: {e}")),
+        };
+        if !req.pod_uid.is_empty() {
+            r.uid = req.pod_uid.clone();
+        }
+        if r.ips.is_empty() {
+            return reply(
+                StatusCode::BAD_REQUEST,
+                format!("pod {pod_label}: IPs is empty (no address in the chain's prevResult)"),
+            );
+        }
+        let netns = match open_netns(&req.netns, &self.proc_root) {
+            Ok(fd) => fd,
+            Err(e) => return reply(StatusCode::BAD_REQUEST, format!("pod {pod_label}: {e}")),
+        };
+        match self.agent.enroll(r, netns).await {
+            Ok(()) => reply(StatusCode::OK, ""),
+            Err(e) if e.is_unavailable() => reply(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+            Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        }
+    }
+
+    async fn del(&self, body: &[u8]) -> Reply {
+        let req: DelPodRequest = match decode(body) {
+            Ok(r) => r,
+            Err(e) => return reply(StatusCode::BAD_REQUEST, e),
+        };
+        let uid = if req.pod_uid.is_empty() {
+            self.agent.uid_of(&req.pod_namespace, &req.pod_name).await
+        } else {
+            Some(req.pod_uid.clone())
+        };
+        if let Some(uid) = uid {
+            self.agent.release(&uid, "CNI DEL").await;
+        }
+        reply(StatusCode::OK, "")
+    }
+
+    /// The pod from the node's cache, or from the API server when the cache has not seen it
+    /// (or holds an older pod of the same name).
+    async fn pod(&self, namespace: &str, name: &str, uid: &str) -> Result<Pod, String> {
+        if let Some(p) = self.pods.get(namespace, name)
+            && (uid.is_empty() || p.metadata.uid.as_deref() == Some(uid))
+        {
+            return Ok((*p).clone());
+        }
+        let api: kube::Api<Pod> = kube::Api::namespaced(self.client.clone(), namespace);
+        match tokio::time::timeout(POD_GET_TIMEOUT, api.get(name)).await {
+            Ok(Ok(p)) => Ok(p),
+            Ok(Err(e)) => Err(format!("getting pod {namespace}/{name}: {e}")),
+            Err(_) => Err(format!(
+                "getting pod {namespace}/{name}: no answer within {POD_GET_TIMEOUT:?}"
+            )),
+        }
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, String> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de)
+        .map_err(|e| format!("invalid request at {}: {}", e.path(), e.inner()))
+}
+
+/// The pod's namespace as the runtime named it. A `/proc/...` path is read under the host's
+/// /proc (the agent's own /proc is its container's). Never the host's or our own namespace.
+fn open_netns(path: &str, proc_root: &Path) -> Result<OwnedFd, String> {
+    if path.is_empty() || !path.starts_with('/') {
+        return Err(format!("Netns {path:?} must be an absolute path"));
+    }
+    let resolved = match path.strip_prefix("/proc/") {
+        Some(rest) if proc_root != Path::new("/proc") => proc_root.join(rest),
+        _ => PathBuf::from(path),
+    };
+    netns::ensure_foreign(&resolved).map_err(|e| format!("Netns {path:?}: {e}"))?;
+    std::fs::File::open(&resolved)
+        .map(OwnedFd::from)
+        .map_err(|e| format!("Netns {path:?}: opening {}: {e}", resolved.display()))
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("plugin event socket {path}: {source}")]
+pub struct ServerError {
+    path: PathBuf,
+    source: std::io::Error,
+}
+
+/// Binds the socket (replacing a stale one; never following a planted symlink) and serves.
+pub fn start(run_dir: &Path, handler: Arc<Handler>) -> Result<(), ServerError> {
+    let path = run_dir.join(cni_config::ambient::PLUGIN_EVENT_SOCKET);
+    let err = |source| ServerError {
+        path: path.clone(),
+        source,
+    };
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(&path).map_err(err)?,
+        Ok(_) => {
+            return Err(err(std::io::Error::other(
+                "exists and is not a socket; refusing to replace it",
+            )));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    let listener = UnixListener::bind(&path).map_err(err)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    tracing::info!(socket = %path.display(), "plugin event socket listening");
+    tokio::spawn(serve(listener, handler));
+    Ok(())
+}
+
+async fn serve(listener: UnixListener, handler: Arc<Handler>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "plugin event socket: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let h = handler.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let h = h.clone();
+                async move { Ok::<_, std::convert::Infallible>(h.handle(req).await) }
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, svc)
+                .await
+            {
+                tracing::debug!(error = %e, "plugin event connection ended");
+            }
+        });
+    }
+}
