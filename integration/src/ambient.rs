@@ -4,6 +4,12 @@
 //! agent lists and watches them), a fake kubelet process (so the agent finds kubelet's uid),
 //! and pods ADDed through the real CNI chain with cnitool.
 //!
+//! The agent's host /proc (`REPAIR_PROC_ROOT`) is this node's own: a directory of links to
+//! the /proc entries of the node's processes only (`1` and the kubelet, both in the node's
+//! namespace, and each pod's sandbox). That is what a DaemonSet sees of its node, keeps other
+//! tests' processes (other fake kubelets, other pods) out of the agent's scans, and works
+//! where the real `/proc/1/ns/net` is unreadable (a sandboxed CI whose pid 1 is protected).
+//!
 //! Each pod has a fixed IPv4 address (host-local's `IP=` CNI arg), because ztunnel learns the
 //! workloads (identity, address) from its local config before any pod exists; a sandbox
 //! process living in the pod's namespace (what the agent finds through /proc after a
@@ -124,21 +130,23 @@ pub struct FakeKubelet {
 }
 
 impl FakeKubelet {
-    pub fn start(dir: &Path) -> io::Result<FakeKubelet> {
+    /// Starts it inside `node` (kubelet lives in the host's network namespace).
+    pub fn start(dir: &Path, node: &TestNetns) -> io::Result<FakeKubelet> {
         std::fs::create_dir_all(dir)?;
         let bin = dir.join("kubelet");
         std::fs::copy(sleep_binary()?, &bin)?;
         let mut cmd = Command::new(&bin);
         cmd.arg("infinity")
-            .uid(KUBELET_UID)
-            .gid(KUBELET_UID)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        die_with_parent(&mut cmd);
         Ok(FakeKubelet {
-            child: cmd.spawn()?,
+            child: spawn_in(node, cmd, Some(KUBELET_UID))?,
         })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 }
 
@@ -156,15 +164,34 @@ fn sleep_binary() -> io::Result<&'static str> {
         .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no sleep binary"))
 }
 
-/// SIGKILL for the child should the test process die first.
-fn die_with_parent(cmd: &mut Command) {
-    // SAFETY: prctl is async-signal-safe.
+/// Spawns `cmd` inside `ns`, as `uid` (uid and gid) when given: the child joins the
+/// namespace between fork and exec (then drops root: setns needs it), from the calling
+/// thread, not a short-lived one (PR_SET_PDEATHSIG fires when the forking *thread* exits),
+/// and gets SIGKILL should the test die first.
+fn spawn_in(ns: &TestNetns, mut cmd: Command, uid: Option<u32>) -> io::Result<Child> {
+    use std::os::fd::AsRawFd;
+    let ns_file = std::fs::File::open(ns.path())?;
+    let fd = ns_file.as_raw_fd();
+    // SAFETY: only async-signal-safe syscalls between fork and exec.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if let Some(id) = uid
+                && (libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setresgid(id, id, id) != 0
+                    || libc::setresuid(id, id, id) != 0)
+            {
+                return Err(io::Error::last_os_error());
+            }
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             Ok(())
         });
     }
+    let child = cmd.spawn();
+    drop(ns_file);
+    child
 }
 
 /// A pod: its namespace, a sandbox process living in it, its app on 8080.
@@ -205,7 +232,9 @@ pub struct AmbientNode {
     pub zt: Ztunnel,
     /// `ZTUNNEL_UDS_ADDRESS`: the agent serves ZDS here, ztunnel's `INPOD_UDS`.
     pub zds_socket: PathBuf,
-    _kubelet: FakeKubelet,
+    /// `REPAIR_PROC_ROOT`: the node's /proc (see the module doc).
+    pub proc_root: PathBuf,
+    pub kubelet: FakeKubelet,
 }
 
 impl AmbientNode {
@@ -223,11 +252,16 @@ impl AmbientNode {
         let mut node = Node::new(node_opts)?;
         let zds_socket = node.root.join("var/run/ztunnel/ztunnel.sock");
         std::fs::create_dir_all(zds_socket.parent().expect("has a parent"))?;
-        node.opts.env = ambient_env(&zds_socket, opts);
+        let proc_root = node.root.join("host/proc");
+        std::fs::create_dir_all(&proc_root)?;
+        node.opts.env = ambient_env(&zds_socket, &proc_root, opts);
         let kube = node.kube.as_ref().expect("full API");
         kube.put_namespace_meta(POD_NAMESPACE, json!({}), json!({}));
         kube.put_namespace_meta("istio-system", json!({}), json!({}));
-        let kubelet = FakeKubelet::start(&node.root.join("kubelet-bin"))?;
+        let kubelet = FakeKubelet::start(&node.root.join("kubelet-bin"), &node.ns)?;
+        // The node's "init" (whose namespace is the host's) and its kubelet.
+        link_process(&proc_root, "1", kubelet.pid())?;
+        link_process(&proc_root, &kubelet.pid().to_string(), kubelet.pid())?;
         let ws: Vec<LocalWorkload> = workloads.iter().map(PodPlan::workload).collect();
         let zt = Ztunnel::start_with_services(ztunnel_bin, &zds_socket, &ws, &opts.services)?;
         let started = node.start_daemon();
@@ -235,7 +269,8 @@ impl AmbientNode {
             node,
             zt,
             zds_socket,
-            _kubelet: kubelet,
+            proc_root,
+            kubelet,
         };
         if let Err(e) = started {
             return Err(io::Error::other(format!(
@@ -256,15 +291,13 @@ impl AmbientNode {
         let ns = TestNetns::with_prefix(&format!("amb-{}", plan.name))?;
         let demo = plan.demo_pod();
         self.node.serve(&demo);
-        let sandbox = ns.run(|| {
-            let mut cmd = Command::new(sleep_binary()?);
-            cmd.arg("infinity")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
-            die_with_parent(&mut cmd);
-            cmd.spawn()
-        })??;
+        let mut cmd = Command::new(sleep_binary()?);
+        cmd.arg("infinity")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let sandbox = spawn_in(&ns, cmd, None)?;
+        link_process(&self.proc_root, &sandbox.id().to_string(), sandbox.id())?;
         let app = Probe::start(ns.path(), &plan.name, &[Listen::tcp(APP_PORT)])?;
         Ok(Pod {
             plan: plan.clone(),
@@ -384,8 +417,18 @@ impl AmbientNode {
             .flatten()
             .filter_map(|o| o["set"]["elem"].as_array())
             .flatten()
-            .filter_map(|e| e.as_str().and_then(|s| s.parse().ok()))
+            // A plain element is a string; one with a comment (the pod's uid) an object.
+            .filter_map(|e| e.as_str().or_else(|| e["elem"]["val"].as_str()))
+            .filter_map(|s| s.parse().ok())
             .collect()
+    }
+
+    /// The node's ambient host table as `nft list` prints it (for failure messages).
+    pub fn host_table(&self) -> String {
+        self.node
+            .ns
+            .exec_ok("nft", &["list", "table", "inet", "istio-ambient-nat"])
+            .unwrap_or_else(|e| format!("(no host table: {e})"))
     }
 
     /// The app's connection from `from` (as the app's uid). HBONE's first connection waits
@@ -433,15 +476,24 @@ impl AmbientNode {
     }
 }
 
+/// Makes process `pid` visible in the node's /proc as `<proc_root>/<name>`.
+fn link_process(proc_root: &Path, name: &str, pid: u32) -> io::Result<()> {
+    std::os::unix::fs::symlink(format!("/proc/{pid}"), proc_root.join(name))
+}
+
 /// The daemon environment of the ambient agent.
-fn ambient_env(zds_socket: &Path, opts: &AmbientOptions) -> Vec<(String, String)> {
+fn ambient_env(
+    zds_socket: &Path,
+    proc_root: &Path,
+    opts: &AmbientOptions,
+) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = [
         ("AMBIENT_ENABLED", "true".to_string()),
         ("ZTUNNEL_UDS_ADDRESS", zds_socket.display().to_string()),
         ("AMBIENT_DNS_CAPTURE", opts.dns_capture.to_string()),
         ("AMBIENT_IPV6", "false".into()),
         ("AMBIENT_RECONCILE_POD_RULES_ON_STARTUP", "true".into()),
-        ("REPAIR_PROC_ROOT", "/proc".into()),
+        ("REPAIR_PROC_ROOT", proc_root.display().to_string()),
         ("KUBERNETES_NODE_NAME", NODE_NAME.into()),
         ("REPAIR_NODE_NAME", NODE_NAME.into()),
         ("LOG_LEVEL", "debug".into()),

@@ -107,7 +107,7 @@ fn ambient_pods_through_the_chain_talk_hbone_and_others_are_left_alone() {
     // The node's probe set holds exactly the ambient pods.
     let mut set = n.probe_set();
     set.sort();
-    assert_eq!(set, [pa.ip(), pb.ip()], "{}", n.logs());
+    assert_eq!(set, [pa.ip(), pb.ip()], "{}", n.host_table());
 
     // A -> B:8080: carried by ztunnel over HBONE (mutual TLS on B's side) to B's app, which
     // sees A's own address: the original destination survived both hops.
