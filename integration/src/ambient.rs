@@ -372,6 +372,12 @@ impl AmbientNode {
         kube.modify(json);
     }
 
+    /// Takes the pod's sandbox out of the node's /proc: the agent can no longer find the pod's
+    /// network namespace (as when its processes cannot be seen or entered).
+    pub fn hide_from_proc(&self, pod: &Pod) -> io::Result<()> {
+        std::fs::remove_file(self.proc_root.join(pod.sandbox_pid().to_string()))
+    }
+
     /// Whether ztunnel listens on all its in-pod ports in the pod's namespace.
     pub fn served(&self, pod: &Pod) -> bool {
         serves_pod(pod.ns.path()).unwrap_or(false)
