@@ -321,12 +321,17 @@ fn restarts_keep_pods_served_and_labels_enroll_and_unenroll_running_pods() {
 }
 
 #[test]
-fn with_ztunnel_down_an_ambient_add_fails_closed_and_sidecar_pods_still_work() {
+fn with_ztunnel_down_ambient_pods_fail_closed_and_sidecar_pods_still_work() {
     let Some(bin) = prerequisites() else { return };
     let a = PodPlan::new("a", [10, 88, 3, 10], Mode::Ambient);
+    let b = PodPlan::new("b", [10, 88, 3, 11], Mode::Ambient);
+    let p = PodPlan::new("p", [10, 88, 3, 12], Mode::Plain);
     let side = PodPlan::new("side", [10, 88, 3, 13], Mode::Sidecar);
-    let mut n =
-        AmbientNode::start(&bin, &AmbientOptions::default(), std::slice::from_ref(&a)).unwrap();
+    let ws = [a.clone(), b.clone(), p.clone()];
+    let mut n = AmbientNode::start(&bin, &AmbientOptions::default(), &ws).unwrap();
+    let pb = n.start_pod(&b);
+    let pp = n.start_pod(&p);
+    assert!(n.served(&pb), "{}", n.logs());
     n.zt.kill();
     assert!(
         wait_until(BOUND, || readyz(&n) != 200),
@@ -347,6 +352,18 @@ fn with_ztunnel_down_an_ambient_add_fails_closed_and_sidecar_pods_still_work() {
     assert!(tables(&pa.ns).is_empty(), "{:?}", tables(&pa.ns));
     let rules = pa.ns.exec_ok("ip", &["rule", "show"]).unwrap();
     assert!(!rules.contains("0x111/0xfff"), "{rules}");
+    assert_eq!(n.probe_set(), [pb.ip()]);
+
+    // DEL needs no ztunnel: B's rules and probe-set entry go at once.
+    n.del(&pb).assert_ok();
+    assert!(n.ambient_tables(&pb).is_empty(), "{:?}", n.tables(&pb));
+    assert!(n.probe_set().is_empty(), "{:?}", n.probe_set());
+
+    // A label cannot enroll a running pod without ztunnel: nothing half-programmed (rules
+    // without ztunnel behind them would black-hole the pod's traffic).
+    n.label(&pp, Some("ambient"));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(n.ambient_tables(&pp).is_empty(), "{:?}", n.tables(&pp));
     assert!(n.probe_set().is_empty(), "{:?}", n.probe_set());
 
     // Sidecar pods are unaffected by ztunnel's absence.
@@ -354,14 +371,32 @@ fn with_ztunnel_down_an_ambient_add_fails_closed_and_sidecar_pods_still_work() {
     assert!(!n.tables(&ps).is_empty());
     assert!(n.ambient_tables(&ps).is_empty());
 
-    // ztunnel back: the runtime retries (DEL, then ADD) and the pod is served.
+    // ztunnel back: the labelled pod is enrolled (retried), the deleted one stays gone, and
+    // the runtime's retry of the refused ADD (DEL, then ADD) succeeds.
     n.zt.restart().unwrap();
     assert!(wait_until(BOUND, || readyz(&n) == 200), "{}", n.logs());
+    n.eventually("the labelled pod enrolled once ztunnel is back", || {
+        n.served(&pp) && !n.ambient_tables(&pp).is_empty()
+    });
+    assert!(n.not_served(&pb));
     n.del(&pa).assert_ok();
     let run = n.add(&pa);
     assert!(run.ok, "{}{}\n{}", run.stdout, run.stderr, n.logs());
     assert!(n.served(&pa), "{}", n.logs());
-    assert_eq!(n.probe_set(), [pa.ip()]);
+    let mut set = n.probe_set();
+    set.sort();
+    assert_eq!(set, [pa.ip(), pp.ip()]);
+
+    // The last ambient pod gone, the host probe rule goes with it.
+    n.del(&pa).assert_ok();
+    n.label(&pp, None);
+    n.eventually("the last pod unenrolled", || n.not_served(&pp));
+    n.eventually("the host probe table removed with the last pod", || {
+        !tables(&n.node.ns)
+            .iter()
+            .any(|t| t.contains("istio-ambient"))
+    });
+    assert!(n.ambient_tables(&ps).is_empty());
 }
 
 /// Istio's agent names every ambient pod it knows in the snapshot; one whose network
