@@ -43,6 +43,7 @@ pub const ENV_VARS: &[&str] = &[
     "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP",
     "ENABLE_AMBIENT_DETECTION_RETRY",
     "ZTUNNEL_UDS_ADDRESS",
+    "AMBIENT_DISABLE_SAFE_UPGRADE",
     "REPAIR_ENABLED",
     "REPAIR_REPAIR_PODS",
     "REPAIR_DELETE_PODS",
@@ -215,6 +216,10 @@ pub struct Args {
     /// Written into the plugin's entry (`enable_ambient_detection_retry`).
     #[arg(long, env = "ENABLE_AMBIENT_DETECTION_RETRY", default_value = "false", value_parser = parse_bool, action = ArgAction::Set)]
     pub enable_ambient_detection_retry: bool,
+
+    /// On shutdown, clean up even while the DaemonSet still exists (no safe upgrade).
+    #[arg(long, env = "AMBIENT_DISABLE_SAFE_UPGRADE", default_value = "false", value_parser = parse_bool, action = ArgAction::Set)]
+    pub ambient_disable_safe_upgrade: bool,
 
     /// The ZDS socket this agent serves; ztunnel connects to it.
     #[arg(
@@ -392,6 +397,7 @@ pub struct AmbientSettings {
     pub reconcile_on_startup: bool,
     pub detection_retry: bool,
     pub ztunnel_socket: PathBuf,
+    pub disable_safe_upgrade: bool,
 }
 
 impl AmbientSettings {
@@ -404,6 +410,7 @@ impl AmbientSettings {
             reconcile_on_startup: true,
             detection_retry: false,
             ztunnel_socket: PathBuf::from("/var/run/ztunnel/ztunnel.sock"),
+            disable_safe_upgrade: false,
         }
     }
 
@@ -449,6 +456,7 @@ fn ambient_settings(a: &Args) -> Result<AmbientSettings, ConfigError> {
         reconcile_on_startup: a.ambient_reconcile_pod_rules_on_startup,
         detection_retry: a.enable_ambient_detection_retry,
         ztunnel_socket: a.ztunnel_uds_address.clone(),
+        disable_safe_upgrade: a.ambient_disable_safe_upgrade,
     })
 }
 

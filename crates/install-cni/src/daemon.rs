@@ -156,12 +156,22 @@ pub async fn main(cfg: Config) -> Result<(), StartError> {
     crate::taint::start(&cfg, &state).await;
 
     let watch = Watch::new(Filter::new(&cfg))?;
-    let installer = Installer::new(cfg, entry);
+    let installer = Installer::new(cfg.clone(), entry);
     let (mut installer, signal) = run(installer, state.clone(), watch, shutdown).await;
 
     state.set_not_ready("shutting down");
     state.release_readiness();
+    if let Some(crate::ambient::upgrade::Shutdown::Upgrade(why)) = ambient_shutdown(&cfg).await {
+        tracing::info!(signal, %why, "shutting down; ambient safe upgrade: the plugin and the host probe rule stay");
+        return Ok(());
+    }
     tracing::info!(signal, "shutting down; removing the install");
+    if cfg.ambient.enabled {
+        match nft_backend::ambient_host::remove_all() {
+            Ok(_) => tracing::info!("cleanup: host probe rule removed"),
+            Err(e) => tracing::warn!("cleanup: removing the host probe rule: {e}"),
+        }
+    }
     let (done, errors) = installer.cleanup();
     for d in done {
         tracing::info!("cleanup: {d}");
@@ -170,6 +180,19 @@ pub async fn main(cfg: Config) -> Result<(), StartError> {
         tracing::warn!("cleanup: {e}");
     }
     Ok(())
+}
+
+/// Ambient mode: upgrade or uninstall (`None` outside ambient mode).
+async fn ambient_shutdown(cfg: &Config) -> Option<crate::ambient::upgrade::Shutdown> {
+    use crate::ambient::upgrade;
+    if !cfg.ambient.enabled {
+        return None;
+    }
+    let lookup = match crate::repair::client(cfg).await {
+        Ok(c) => upgrade::lookup(c, &cfg.pod_namespace).await,
+        Err(e) => Err(e.to_string()),
+    };
+    Some(upgrade::decide(cfg.ambient.disable_safe_upgrade, lookup))
 }
 
 /// The node pod cache (ONE list + watch) and its consumers, the repair controller, the

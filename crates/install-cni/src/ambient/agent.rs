@@ -180,6 +180,16 @@ impl Agent {
     /// rules and re-sends it (idempotent), e.g. a sandbox re-ADDed by the runtime.
     pub async fn enroll(&self, pod: AmbientPodRef, netns: OwnedFd) -> Result<(), AgentError> {
         let started = Instant::now();
+        // Without ztunnel the enroll cannot finish: fail before touching anything.
+        if !self.zds.is_ready() {
+            return Err(AgentError::Ztunnel {
+                pod: pod.label(),
+                source: zds::ZdsError::NotConnected {
+                    socket: self.zds.socket_path().to_path_buf(),
+                    pod: pod.label(),
+                },
+            });
+        }
         let mut g = self.inner.lock().await;
         let plan = self.plan_for(&pod)?;
         let netns = Arc::new(netns);
@@ -188,13 +198,25 @@ impl Agent {
             self.undo(&mut g, &pod, &netns).await;
             return Err(e);
         }
-        g.pods.insert(
+        let previous = g.pods.insert(
             pod.uid.clone(),
             Enrolled {
                 pod: pod.clone(),
                 netns,
             },
         );
+        // A re-created sandbox may have new addresses: the old ones leave the probe sets.
+        if let Some(old) = previous.filter(|old| old.pod.ips != pod.ips) {
+            let stale: Vec<IpAddr> = old
+                .pod
+                .ips
+                .into_iter()
+                .filter(|ip| !pod.ips.contains(ip))
+                .collect();
+            if let Err(e) = remove_probe_ips(&self.settings.host_plan, &stale).await {
+                tracing::warn!(pod = %pod.label(), error = %e, "removing the old probe IPs failed");
+            }
+        }
         tracing::info!(pod = %pod.label(), uid = %pod.uid, ips = ?pod.ips, took_us = started.elapsed().as_micros() as u64, "ambient pod enrolled: ztunnel serves it");
         Ok(())
     }

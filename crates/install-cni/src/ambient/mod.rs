@@ -10,6 +10,7 @@
 
 pub mod agent;
 pub mod plugin_server;
+pub mod upgrade;
 
 use crate::config::Config;
 use crate::http::State;
@@ -112,6 +113,42 @@ fn host_plan(proc_root: &Path, ipv6: bool) -> Result<Plan, String> {
         }
     };
     Plan::ambient_host(&HostProbeConfig::new(source, ipv6)).map_err(|e| e.to_string())
+}
+
+/// Marks (or unmarks) the pod `ambient.istio.io/redirection: enabled`, as Istio's agent does:
+/// istiod reads it to know the pod's traffic is captured (it then sends it HBONE). Through
+/// `pods/status` (what the chart's RBAC grants); in the background, best effort: the pod is
+/// served either way, and the next enroll or reconcile writes it again.
+pub fn annotate(client: &kube::Client, pod: &Pod, enabled: bool) {
+    use istio_cni::ambient::annotations::{REDIRECTION, REDIRECTION_ENABLED};
+    let (Some(ns), Some(name)) = (pod.metadata.namespace.clone(), pod.metadata.name.clone()) else {
+        return;
+    };
+    let current = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(REDIRECTION))
+        .map(String::as_str);
+    if (current == Some(REDIRECTION_ENABLED)) == enabled {
+        return;
+    }
+    let value = if enabled {
+        serde_json::Value::from(REDIRECTION_ENABLED)
+    } else {
+        serde_json::Value::Null
+    };
+    let patch = serde_json::json!({"metadata": {"annotations": {REDIRECTION: value}}});
+    let api: kube::Api<Pod> = kube::Api::namespaced(client.clone(), &ns);
+    tokio::spawn(async move {
+        let params = kube::api::PatchParams::default();
+        if let Err(e) = api
+            .patch_status(&name, &params, &kube::api::Patch::Merge(&patch))
+            .await
+        {
+            tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "annotating the pod failed");
+        }
+    });
 }
 
 /// Subscribes now (so the first list is seen whole) and starts the agent in the background.
@@ -311,7 +348,9 @@ impl Runner {
 
     async fn follow(self, agent: Arc<Agent>, mut pods: Events<Pod>, mut nss: Events<Namespace>) {
         let mut retry = tokio::time::interval(RETRY);
-        let mut check = tokio::time::interval(self.reconcile_interval.unwrap_or(Duration::MAX / 4));
+        // Without reconcile the tick never comes (a year; `Duration::MAX` would overflow).
+        let never = Duration::from_secs(365 * 24 * 3600);
+        let mut check = tokio::time::interval(self.reconcile_interval.unwrap_or(never));
         check.tick().await;
         loop {
             tokio::select! {
@@ -340,15 +379,19 @@ impl Runner {
         let key = crate::podcache::key(pod);
         match (self.wants(pod), agent.is_enrolled(&uid).await) {
             (true, false) => match self.locate(pod).await {
-                Ok((r, fd)) => {
-                    if let Err(e) = agent.enroll(r, fd).await {
-                        tracing::warn!(pod = %key, error = %e, "enrolling the running pod failed; will retry");
+                Ok((r, fd)) => match agent.enroll(r, fd).await {
+                    Ok(()) => annotate(&self.client, pod, true),
+                    Err(e) => {
+                        tracing::warn!(pod = %key, error = %e, "enrolling the running pod failed; will retry")
                     }
-                }
+                },
                 Err(e) => tracing::debug!(pod = %key, error = %e, "ambient pod not running yet"),
             },
             (false, true) => {
                 agent.release(&uid, "no longer ambient").await;
+                if pod.metadata.deletion_timestamp.is_none() {
+                    annotate(&self.client, pod, false);
+                }
             }
             _ => {}
         }

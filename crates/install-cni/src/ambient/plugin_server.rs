@@ -111,7 +111,10 @@ impl Handler {
             Err(e) => return reply(StatusCode::BAD_REQUEST, format!("pod {pod_label}: {e}")),
         };
         match self.agent.enroll(r, netns).await {
-            Ok(()) => reply(StatusCode::OK, ""),
+            Ok(()) => {
+                super::annotate(&self.client, &pod, true);
+                reply(StatusCode::OK, "")
+            }
             Err(e) if e.is_unavailable() => reply(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
             Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         }

@@ -314,13 +314,7 @@ pub fn measure_repairs(conflist: &Path, n: usize, gap: Duration) -> Vec<Duration
 use serde_json::Value;
 
 /// Fields of Istio's entry we do not write; off/empty in every fixture.
-const ISTIO_ONLY: &[&str] = &[
-    "ambient_enabled",
-    "enablement_selectors",
-    "enable_ambient_detection_retry",
-    "ipam",
-    "dns",
-];
+const ISTIO_ONLY: &[&str] = &["ipam", "dns"];
 /// Fields we add.
 const OURS_ONLY: &[&str] = &[
     "redirect_backend",
@@ -328,6 +322,7 @@ const OURS_ONLY: &[&str] = &[
     "pod_lookup_interval_ms",
     "pod_lookup_timeout_ms",
     "pod_lookup_deadline_ms",
+    "ambient_handoff_timeout_ms",
 ];
 
 fn off(v: &Value) -> bool {
