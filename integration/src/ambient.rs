@@ -378,6 +378,15 @@ impl AmbientNode {
         std::fs::remove_file(self.proc_root.join(pod.sandbox_pid().to_string()))
     }
 
+    /// The pod's `ambient.istio.io/redirection` annotation in the API server (the agent
+    /// writes `enabled` on enrolled pods; istiod relies on it).
+    pub fn redirection_annotation(&self, pod: &Pod) -> Option<String> {
+        let json = self.kube().pod(POD_NAMESPACE, pod.name())?;
+        json["metadata"]["annotations"]["ambient.istio.io/redirection"]
+            .as_str()
+            .map(str::to_string)
+    }
+
     /// Whether ztunnel listens on all its in-pod ports in the pod's namespace.
     pub fn served(&self, pod: &Pod) -> bool {
         serves_pod(pod.ns.path()).unwrap_or(false)

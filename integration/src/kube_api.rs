@@ -423,6 +423,26 @@ fn is_watch(query: &str) -> bool {
 const WATCH_HEAD: &[u8] =
     b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
 
+/// JSON merge patch of `metadata.labels` and `metadata.annotations` (null removes a key).
+fn merge_metadata(obj: &mut Value, patch: &Value) {
+    for field in ["labels", "annotations"] {
+        let Some(changes) = patch["metadata"][field].as_object() else {
+            continue;
+        };
+        if !obj["metadata"][field].is_object() {
+            obj["metadata"][field] = json!({});
+        }
+        let map = obj["metadata"][field].as_object_mut().expect("an object");
+        for (k, v) in changes {
+            if v.is_null() {
+                map.remove(k);
+            } else {
+                map.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
 fn chunked(line: &str) -> String {
     format!("{:x}\r\n{line}\r\n", line.len())
 }
@@ -636,15 +656,26 @@ fn serve(mut conn: TcpStream, inner: &Inner) {
             ),
         },
         ("PATCH", ["api", "v1", "namespaces", ns, "pods", name, "status"]) => {
-            let mut p = find(ns, name).unwrap_or_else(|| json!({"metadata": {}}));
-            if let Some(l) = serde_json::from_str::<Value>(&body)
-                .ok()
-                .and_then(|v| v["metadata"]["labels"].as_object().cloned())
-            {
-                for (k, v) in l {
-                    p["metadata"]["labels"][k] = v;
-                }
-            }
+            // Merge patch of labels and annotations (what the status subresource lets a
+            // client change in metadata): stored, and sent to the watches as MODIFIED, as a
+            // real API server does. A pod not stored is answered but not kept.
+            let patch: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+            let mut pods = inner.pods.lock().unwrap();
+            let stored = pods
+                .iter_mut()
+                .find(|p| p["metadata"]["namespace"] == *ns && p["metadata"]["name"] == *name);
+            let Some(p) = stored else {
+                drop(pods);
+                let mut p = json!({"metadata": {}});
+                merge_metadata(&mut p, &patch);
+                return reply(&mut conn, "200 OK", &p);
+            };
+            merge_metadata(p, &patch);
+            p["metadata"]["resourceVersion"] =
+                inner.rv.fetch_add(1, Ordering::SeqCst).to_string().into();
+            let p = p.clone();
+            drop(pods);
+            push(inner, "MODIFIED", &p);
             reply(&mut conn, "200 OK", &p);
         }
         ("GET", ["api", "v1", "namespaces", name]) => {

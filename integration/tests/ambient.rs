@@ -107,6 +107,14 @@ fn ambient_pods_through_the_chain_talk_hbone_and_others_are_left_alone() {
     let sidecar_tables = n.tables(&ps);
     assert!(!sidecar_tables.is_empty());
     assert!(n.ambient_tables(&ps).is_empty(), "{sidecar_tables:?}");
+    // Enrolled pods are annotated for istiod, the others not.
+    n.eventually("ambient pods annotated redirection=enabled", || {
+        [&pa, &pb]
+            .iter()
+            .all(|p| n.redirection_annotation(p).as_deref() == Some("enabled"))
+    });
+    assert_eq!(n.redirection_annotation(&pp), None);
+    assert_eq!(n.redirection_annotation(&ps), None);
     // The node's probe set holds exactly the ambient pods.
     let mut set = n.probe_set();
     set.sort();
@@ -280,8 +288,9 @@ fn restarts_keep_pods_served_and_labels_enroll_and_unenroll_running_pods() {
     n.eventually("the labelled pod enrolled", || {
         n.served(&pl) && n.ambient_tables(&pl) == ambient_tables
     });
-    n.eventually("the labelled pod in the probe set", || {
+    n.eventually("the labelled pod in the probe set and annotated", || {
         n.probe_set().contains(&pl.ip())
+            && n.redirection_annotation(&pl).as_deref() == Some("enabled")
     });
     let o = n.from_pod(&pa, pl.ip(), APP);
     lands(&n, &o, "late", APP);
@@ -300,6 +309,9 @@ fn restarts_keep_pods_served_and_labels_enroll_and_unenroll_running_pods() {
     n.label(&pl, None);
     n.eventually("the unlabelled pod unenrolled", || {
         n.not_served(&pl) && n.ambient_tables(&pl).is_empty()
+    });
+    n.eventually("the unenrolled pod's annotation removed", || {
+        n.redirection_annotation(&pl).is_none()
     });
     assert_eq!(n.probe_set(), [pa.ip()]);
 
