@@ -411,6 +411,51 @@ fn with_ztunnel_down_ambient_pods_fail_closed_and_sidecar_pods_still_work() {
     assert!(n.ambient_tables(&ps).is_empty());
 }
 
+/// While the agent is down: a pod is deleted (CNI DEL, then gone from the API) and another
+/// pod's in-pod rules are damaged. The returning agent drops the deleted pod from ztunnel
+/// (its snapshot leaves it out) and from the probe set, and repairs the damaged rules
+/// (`AMBIENT_RECONCILE_POD_RULES_ON_STARTUP=true`).
+#[test]
+fn the_returning_agent_drops_pods_deleted_meanwhile_and_repairs_damaged_rules() {
+    let Some(bin) = prerequisites() else { return };
+    let a = PodPlan::new("a", [10, 88, 5, 10], Mode::Ambient);
+    let b = PodPlan::new("b", [10, 88, 5, 11], Mode::Ambient);
+    let mut n =
+        AmbientNode::start(&bin, &AmbientOptions::default(), &[a.clone(), b.clone()]).unwrap();
+    let (pa, pb) = (n.start_pod(&a), n.start_pod(&b));
+    assert!(n.served(&pa) && n.served(&pb), "{}", n.logs());
+    let a_tables = n.ambient_tables(&pa);
+
+    n.node.stop_daemon().unwrap();
+    // The runtime tears B down while the agent is away: DEL must not need the agent.
+    let run = n.del(&pb);
+    assert!(
+        run.ok,
+        "DEL without the agent: {}{}",
+        run.stdout, run.stderr
+    );
+    n.kube().delete(&pb.uid());
+    // Someone flushes A's ambient rules.
+    pa.ns
+        .exec_ok("nft", &["delete", "table", "inet", "istio-ambient-nat"])
+        .unwrap();
+    assert_ne!(n.ambient_tables(&pa), a_tables);
+
+    n.node.start_daemon().unwrap();
+    n.eventually("B dropped by ztunnel after the agent's return", || {
+        n.not_served(&pb)
+    });
+    n.eventually("A's rules repaired on startup", || {
+        n.ambient_tables(&pa) == a_tables
+    });
+    assert!(n.served(&pa), "{}", n.logs());
+    n.eventually("B out of the probe set", || n.probe_set() == [pa.ip()]);
+    // A works end to end again: a non-probe connection from the node is captured by
+    // ztunnel's inbound and reaches the app.
+    let o = n.from_node(OTHER_UID, pa.ip(), APP);
+    lands(&n, &o, "a", APP);
+}
+
 /// Istio's agent names every ambient pod it knows in the snapshot; one whose network
 /// namespace it cannot find (yet) goes as `KeepWorkload`, so ztunnel keeps serving it
 /// (Istio's `currentPodSnapshot.Ensure(uid)` before the netns scan; our `zds` store's
