@@ -11,7 +11,11 @@
 //! * [`connect`] / [`send_udp`]: a client that runs inside a namespace as a given uid/gid
 //!   (only its own thread changes identity) and reports where the connection landed.
 //!
+//! * [`ambient`]: an ambient node (the agent, a real ztunnel, the full fake API, a fake
+//!   kubelet) and pods ADDed through the chain.
 //! * [`cni`]: the CNI client side (`cnitool`, a local Kubernetes API server serving Pod JSON).
+//! * [`kube_api`]: the fake Kubernetes API (pods, namespaces, nodes, events; get, list, watch).
+//! * [`dns`]: one DNS A query from inside a namespace (who answers: ztunnel's DNS proxy?).
 //! * [`ztunnel`]: a real ztunnel (built by `scripts/build-ztunnel.sh`) in its own namespace,
 //!   the peer of the ambient node agent's ZDS socket.
 //! * [`node`]: the whole product on one machine — a node namespace with a host layout,
@@ -32,9 +36,12 @@
 //! assert_eq!(out.landed_port(), Some(80)); // nothing redirects yet
 //! ```
 
+pub mod ambient;
 pub mod cni;
 pub mod cri;
+pub mod dns;
 pub mod golden;
+pub mod kube_api;
 pub mod node;
 mod ns;
 pub mod pods;

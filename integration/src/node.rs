@@ -19,6 +19,7 @@
 //! `PR_SET_PDEATHSIG`), the directory removed, the namespace deleted.
 
 use crate::cni::{CniTool, DEBIAN_CNI_DIR, FakeApi, Run, TEST_CA_PEM, k8s_args, result_ip};
+use crate::kube_api::FakeKube;
 use crate::pods::{Addrs, DemoPod, Expect, From};
 use crate::probe::{Outcome, Transport, connect, send_udp};
 use crate::{TestNetns, require_root};
@@ -88,6 +89,9 @@ pub struct NodeOptions {
     pub env: Vec<(String, String)>,
     /// The conflist's host-local ranges include IPv6 (every pod dual stack).
     pub dual_stack: bool,
+    /// Serve the full fake API ([`FakeKube`]: pod and namespace get/list/watch) instead of the
+    /// pod-GET-only [`FakeApi`]: what the ambient node agent needs next to the plugin.
+    pub full_api: bool,
 }
 
 impl NodeOptions {
@@ -98,6 +102,7 @@ impl NodeOptions {
             plugin_log_level: "info".into(),
             env: Vec::new(),
             dual_stack: true,
+            full_api: false,
         }
     }
 }
@@ -112,6 +117,8 @@ pub struct Node {
     pub run_dir: PathBuf,
     pub ipam_dir: PathBuf,
     pub api: FakeApi,
+    /// The full fake API, when [`NodeOptions::full_api`]; the daemon and the plugin use it.
+    pub kube: Option<FakeKube>,
     pub opts: NodeOptions,
     daemon: Option<Daemon>,
 }
@@ -130,6 +137,11 @@ impl Node {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let root = std::env::temp_dir().join(format!("istio-cni-node-{}-{n}", std::process::id()));
         let api = FakeApi::start(&ns)?;
+        let kube = if opts.full_api {
+            Some(FakeKube::start_in(&ns)?)
+        } else {
+            None
+        };
         let node = Node {
             bin_dir: root.join("opt/cni/bin"),
             net_dir: root.join("etc/cni/net.d"),
@@ -139,6 +151,7 @@ impl Node {
             root,
             ns,
             api,
+            kube,
             opts,
             daemon: None,
         };
@@ -162,6 +175,11 @@ impl Node {
             serde_json::to_vec_pretty(&node.primary_conflist())?,
         )?;
         Ok(node)
+    }
+
+    /// The port of the API server the daemon and the plugin use.
+    pub fn api_port(&self) -> u16 {
+        self.kube.as_ref().map_or(self.api.port, |k| k.port)
     }
 
     pub fn conflist(&self) -> PathBuf {
@@ -201,7 +219,7 @@ impl Node {
             ("CNI_BIN_TARGET_DIRS", p(&self.bin_dir)),
             ("SERVICE_ACCOUNT_DIR", p(&self.sa_dir)),
             ("KUBERNETES_SERVICE_HOST", "127.0.0.1".into()),
-            ("KUBERNETES_SERVICE_PORT", self.api.port.to_string()),
+            ("KUBERNETES_SERVICE_PORT", self.api_port().to_string()),
             ("KUBERNETES_SERVICE_PROTOCOL", "http".into()),
             ("HEALTH_PORT", "0".into()),
             ("MONITORING_PORT", "0".into()),
@@ -242,6 +260,11 @@ impl Node {
 
     pub fn daemon(&self) -> &Daemon {
         self.daemon.as_ref().expect("daemon started")
+    }
+
+    /// The daemon, when running.
+    pub fn daemon_opt(&self) -> Option<&Daemon> {
+        self.daemon.as_ref()
     }
 
     /// SIGTERM to the daemon; waits for it to exit (bounded) and returns status and log.
@@ -308,9 +331,21 @@ impl Node {
         }
     }
 
-    /// Puts the pod into the API server.
+    /// Puts the pod into the API server (the full one: ADDED, or MODIFIED when it is there).
     pub fn serve(&self, pod: &DemoPod) {
-        self.api.put(&pod.namespace, &pod.name, pod.json.clone());
+        match &self.kube {
+            Some(kube) => {
+                let mut json = pod.json.clone();
+                json["metadata"]["name"] = pod.name.clone().into();
+                json["metadata"]["namespace"] = pod.namespace.clone().into();
+                if kube.pod(&pod.namespace, &pod.name).is_some() {
+                    kube.modify(json);
+                } else {
+                    kube.add(json);
+                }
+            }
+            None => self.api.put(&pod.namespace, &pod.name, pod.json.clone()),
+        }
     }
 
     pub fn add(&self, pod: &TestNetns, p: &DemoPod) -> Run {
@@ -323,8 +358,18 @@ impl Node {
         self.cni("del", pod, p)
     }
     fn cni(&self, command: &str, pod: &TestNetns, p: &DemoPod) -> Run {
-        self.cnitool()
-            .run(NET, command, pod.path(), &k8s_args(&p.namespace, &p.name))
+        self.cni_with_args(command, pod, p, "")
+    }
+
+    /// A CNI command with extra `CNI_ARGS` (e.g. `IP=10.88.0.10`, which host-local honours:
+    /// a pod's address known before its ADD).
+    pub fn cni_with_args(&self, command: &str, pod: &TestNetns, p: &DemoPod, extra: &str) -> Run {
+        let mut args = k8s_args(&p.namespace, &p.name);
+        if !extra.is_empty() {
+            args.push(';');
+            args.push_str(extra);
+        }
+        self.cnitool().run(NET, command, pod.path(), &args)
     }
 
     /// Addresses for [`crate::pods::expectations`] from an ADD result.

@@ -20,6 +20,9 @@ use crate::TestNetns;
 /// Where `build-ztunnel.sh` installs the binary; `$ZTUNNEL_BIN` overrides.
 pub const DEFAULT_ZTUNNEL_BIN: &str = "/usr/local/bin/ztunnel-test";
 
+/// ztunnel's Prometheus port (in its own namespace).
+pub const STATS_PORT: u16 = 15020;
+
 /// The ports ztunnel listens on inside each pod it serves: outbound (15001), inbound plain
 /// text (15006), inbound HBONE (15008), DNS (15053).
 pub const INPOD_PORTS: [u16; 4] = [15001, 15006, 15008, 15053];
@@ -54,31 +57,105 @@ pub struct LocalWorkload {
 }
 
 impl LocalWorkload {
-    fn to_json(&self) -> serde_json::Value {
+    fn to_json(&self, services: &[LocalService]) -> serde_json::Value {
+        // The services this workload is an endpoint of: "<ns>/<hostname>" -> port map.
+        let member_of: serde_json::Map<String, serde_json::Value> = services
+            .iter()
+            .filter(|s| s.endpoints.contains(&self.name))
+            .map(|s| {
+                let key = format!("{}/{}", s.namespace, s.hostname());
+                (
+                    key,
+                    serde_json::json!({ s.port.to_string(): s.target_port }),
+                )
+            })
+            .collect();
         serde_json::json!({
             "uid": format!("Kubernetes//Pod/{}/{}", self.namespace, self.name),
             "name": self.name,
+            // Metrics label source/destination_workload with this (else "unknown").
+            "workloadName": self.name,
             "namespace": self.namespace,
             "serviceAccount": self.service_account,
+            // The SPIFFE identities' trust domain (spiffe://cluster.local/ns/../sa/..).
+            "trustDomain": "cluster.local",
             "workloadIps": self.ips.iter().map(|ip| ip.to_string()).collect::<Vec<_>>(),
             "protocol": "HBONE",
             "node": "local",
             "network": "",
             // ztunnel's local config requires the key on each workload.
-            "services": {},
+            "services": member_of,
         })
     }
 }
 
-/// ztunnel's `LOCAL_XDS_PATH` file. JSON is YAML, and serde_json does the quoting; the
-/// `policies` and `services` keys are required even when empty.
+/// A Kubernetes service in ztunnel's local config: a VIP and a hostname its DNS proxy
+/// answers (`<name>.<namespace>.svc.cluster.local`), with workloads (by name) as endpoints.
+#[derive(Clone, Debug)]
+pub struct LocalService {
+    pub name: String,
+    pub namespace: String,
+    pub vip: IpAddr,
+    pub port: u16,
+    pub target_port: u16,
+    /// Names of the [`LocalWorkload`]s behind it.
+    pub endpoints: Vec<String>,
+}
+
+impl LocalService {
+    pub fn hostname(&self) -> String {
+        format!("{}.{}.svc.cluster.local", self.name, self.namespace)
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "name": self.name,
+            "namespace": self.namespace,
+            "hostname": self.hostname(),
+            // NetworkAddress: "<network>/<ip>", the default network is empty.
+            "vips": [format!("/{}", self.vip)],
+            "ports": { self.port.to_string(): self.target_port },
+        })
+    }
+}
+
+/// ztunnel's `LOCAL_XDS_PATH` file (YAML: port maps need integer keys, which JSON cannot
+/// have); the `policies` and `services` keys are required even when empty.
 pub fn local_config(workloads: &[LocalWorkload]) -> String {
+    local_config_with_services(workloads, &[])
+}
+
+/// [`local_config`] with services (and each workload's membership in them).
+pub fn local_config_with_services(
+    workloads: &[LocalWorkload],
+    services: &[LocalService],
+) -> String {
     let doc = serde_json::json!({
-        "workloads": workloads.iter().map(LocalWorkload::to_json).collect::<Vec<_>>(),
+        "workloads": workloads.iter().map(|w| w.to_json(services)).collect::<Vec<_>>(),
         "policies": [],
-        "services": [],
+        "services": services.iter().map(LocalService::to_json).collect::<Vec<_>>(),
     });
-    serde_json::to_string_pretty(&doc).expect("JSON of plain values")
+    serde_yaml::to_string(&to_yaml(doc)).expect("YAML of plain values")
+}
+
+/// JSON to YAML, with all-digit map keys (ports) as integers.
+fn to_yaml(v: serde_json::Value) -> serde_yaml::Value {
+    use serde_yaml::Value as Y;
+    match v {
+        serde_json::Value::Object(map) => Y::Mapping(
+            map.into_iter()
+                .map(|(k, v)| {
+                    let key = match k.parse::<u64>() {
+                        Ok(n) => Y::Number(n.into()),
+                        Err(_) => Y::String(k),
+                    };
+                    (key, to_yaml(v))
+                })
+                .collect(),
+        ),
+        serde_json::Value::Array(items) => Y::Sequence(items.into_iter().map(to_yaml).collect()),
+        other => serde_yaml::to_value(other).expect("a JSON scalar is YAML"),
+    }
 }
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
@@ -97,10 +174,23 @@ impl Ztunnel {
     /// Starts ztunnel, connecting to the agent's ZDS socket `inpod_uds` (it retries until
     /// the socket is served, with a backoff up to 15 s).
     pub fn start(binary: &Path, inpod_uds: &Path, workloads: &[LocalWorkload]) -> io::Result<Self> {
+        Self::start_with_services(binary, inpod_uds, workloads, &[])
+    }
+
+    /// [`Ztunnel::start`] with services in its config (VIPs, DNS names).
+    pub fn start_with_services(
+        binary: &Path,
+        inpod_uds: &Path,
+        workloads: &[LocalWorkload],
+        services: &[LocalService],
+    ) -> io::Result<Self> {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("ztunnel-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
-        std::fs::write(dir.join("local.yaml"), local_config(workloads))?;
+        std::fs::write(
+            dir.join("local.yaml"),
+            local_config_with_services(workloads, services),
+        )?;
         let mut zt = Ztunnel {
             binary: binary.to_path_buf(),
             inpod_uds: inpod_uds.to_path_buf(),
@@ -193,6 +283,21 @@ impl Ztunnel {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
+    /// ztunnel's Prometheus metrics, from its stats port (15020) inside its namespace; empty
+    /// when it does not answer.
+    pub fn metrics(&self) -> String {
+        self.netns
+            .run(|| crate::node::http_get(STATS_PORT, "/metrics"))
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    }
+
+    /// The sum of the samples of metric `name` whose labels include all of `labels`
+    /// (see [`metric_sum`]).
+    pub fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        metric_sum(&self.metrics(), name, labels)
+    }
+
     /// The last `lines` lines of the log.
     pub fn log_tail(&self, lines: usize) -> String {
         let log = self.log();
@@ -249,6 +354,25 @@ pub fn serves_nothing(ns: &Path) -> io::Result<bool> {
     Ok(!INPOD_PORTS.iter().any(|p| ports.contains(p)))
 }
 
+/// Sums the samples of `name` (Prometheus text format) whose label set contains every
+/// `key="value"` of `labels`.
+pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (metric, label_set) = match series.split_once('{') {
+                Some((m, rest)) => (m, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            let wanted = labels
+                .iter()
+                .all(|(k, v)| label_set.contains(&format!("{k}=\"{v}\"")));
+            (metric == name && wanted).then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,6 +389,50 @@ mod tests {
     }
 
     #[test]
+    fn metric_samples_are_summed_by_label() {
+        let text = "# HELP x y\n\
+istio_tcp_connections_opened_total{reporter=\"source\",destination_workload=\"b\"} 2\n\
+istio_tcp_connections_opened_total{reporter=\"destination\",destination_workload=\"b\"} 1\n\
+istio_tcp_connections_closed_total{reporter=\"source\"} 5\n";
+        let m = "istio_tcp_connections_opened_total";
+        assert_eq!(metric_sum(text, m, &[]), 3.0);
+        assert_eq!(metric_sum(text, m, &[("reporter", "destination")]), 1.0);
+        assert_eq!(metric_sum(text, m, &[("destination_workload", "c")]), 0.0);
+    }
+
+    #[test]
+    fn services_appear_in_the_config_and_on_their_endpoints() {
+        let w = |name: &str| LocalWorkload {
+            name: name.into(),
+            namespace: "default".into(),
+            service_account: "sa".into(),
+            ips: vec![],
+        };
+        let svc = LocalService {
+            name: "b".into(),
+            namespace: "default".into(),
+            vip: "10.96.0.20".parse().unwrap(),
+            port: 80,
+            target_port: 8080,
+            endpoints: vec!["b".into()],
+        };
+        let cfg = local_config_with_services(&[w("a"), w("b")], &[svc]);
+        let v: serde_yaml::Value = serde_yaml::from_str(&cfg).unwrap();
+        assert_eq!(v["services"][0]["hostname"], "b.default.svc.cluster.local");
+        assert_eq!(v["services"][0]["vips"][0], "/10.96.0.20");
+        // Ports are integer keys (ztunnel's u16), not strings.
+        assert_eq!(v["services"][0]["ports"][80], 8080);
+        assert_eq!(
+            v["workloads"][0]["services"],
+            serde_yaml::Value::Mapping(Default::default())
+        );
+        assert_eq!(
+            v["workloads"][1]["services"]["default/b.default.svc.cluster.local"][80],
+            8080
+        );
+    }
+
+    #[test]
     fn local_config_has_the_keys_ztunnel_requires() {
         let cfg = local_config(&[LocalWorkload {
             name: "a".into(),
@@ -272,10 +440,13 @@ mod tests {
             service_account: "sa".into(),
             ips: vec!["10.0.0.2".parse().unwrap()],
         }]);
-        let v: serde_json::Value = serde_json::from_str(&cfg).unwrap();
-        assert_eq!(v["policies"], serde_json::json!([]));
-        assert_eq!(v["services"], serde_json::json!([]));
-        assert_eq!(v["workloads"][0]["services"], serde_json::json!({}));
+        let v: serde_yaml::Value = serde_yaml::from_str(&cfg).unwrap();
+        assert_eq!(v["policies"], serde_yaml::Value::Sequence(vec![]));
+        assert_eq!(v["services"], serde_yaml::Value::Sequence(vec![]));
+        assert_eq!(
+            v["workloads"][0]["services"],
+            serde_yaml::Value::Mapping(Default::default())
+        );
         assert_eq!(v["workloads"][0]["workloadIps"][0], "10.0.0.2");
     }
 }

@@ -1,0 +1,884 @@
+//! A local Kubernetes API server, the one fake API of the tests (install-cni's daemon tests and
+//! the node harness, where the CNI plugin and the node agent share it): the pod LIST and WATCH
+//! (real watch JSON events over a chunked response; a watch from a resourceVersion replays the
+//! history after it, one older than the compaction point gets `410 Gone`; the
+//! `spec.nodeName=<node>` field selector is honoured), GET/DELETE pod, PATCH pod and
+//! pods/status, the namespace GET, LIST and WATCH, GET/PATCH node (merge patch; a
+//! resourceVersion in the patch that is not the node's current one gets `409 Conflict`, as on a
+//! real API server) and POST events, every request recorded (method, path, query, content
+//! type, body). Faults for the adversarial tests: ERROR events, undecodable lines, 410, hung
+//! watches (open, silent), reset connections.
+
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[derive(Clone, Debug)]
+pub struct Req {
+    pub method: String,
+    pub path: String,
+    pub query: String,
+    pub content_type: String,
+    pub body: String,
+}
+
+impl Req {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+/// An open pod watch and the node its field selector names (`None`: all pods).
+struct Watcher {
+    stream: TcpStream,
+    node: Option<String>,
+}
+
+impl Watcher {
+    fn wants(&self, node: Option<&str>) -> bool {
+        node_selected(self.node.as_deref(), node)
+    }
+}
+
+/// Whether a pod on `node` matches a selector for node `want` (`None`: no selector). A pod
+/// without `spec.nodeName` matches every selector (the daemon tests' pods predate the
+/// selector); one on another node does not.
+fn node_selected(want: Option<&str>, node: Option<&str>) -> bool {
+    match (want, node) {
+        (Some(want), Some(node)) => want == node,
+        _ => true,
+    }
+}
+
+/// One recorded change: resourceVersion, the watch line, the pod's node (pods only).
+type Change = (u64, String, Option<String>);
+
+#[derive(Default)]
+struct Inner {
+    pods: Mutex<Vec<Value>>,
+    requests: Mutex<Vec<Req>>,
+    watchers: Mutex<Vec<Watcher>>,
+    /// Watches that were hung: kept open, never written to again.
+    hung: Mutex<Vec<TcpStream>>,
+    /// Every change, for watches resuming from a version.
+    history: Mutex<Vec<Change>>,
+    /// The namespace watches and changes (no faults: they serve the ambient agent's cache).
+    ns_watchers: Mutex<Vec<TcpStream>>,
+    ns_history: Mutex<Vec<Change>>,
+    /// History before this version is compacted: a watch from an older one gets 410.
+    compacted: AtomicU64,
+    rv: AtomicU64,
+    /// How many more pod WATCH requests get an ERROR event at once (an API brownout).
+    failing_watches: AtomicU64,
+    /// How many more pod LIST requests are accepted and never answered.
+    hang_lists: AtomicU64,
+    /// Method → how many more requests of it get a 500.
+    fail: Mutex<HashMap<String, u32>>,
+    /// Nodes by name.
+    nodes: Mutex<HashMap<String, Value>>,
+    /// How many more node GETs are followed by a concurrent change of the node (another
+    /// writer), so the PATCH that follows carries a stale resourceVersion.
+    race_node_gets: AtomicU64,
+    /// Namespaces by name.
+    namespaces: Mutex<std::collections::BTreeMap<String, Value>>,
+}
+
+pub struct FakeKube {
+    pub port: u16,
+    inner: Arc<Inner>,
+}
+
+impl FakeKube {
+    /// Serves on 127.0.0.1 in the calling thread's network namespace.
+    pub fn start() -> FakeKube {
+        Self::serve_on(TcpListener::bind("127.0.0.1:0").unwrap())
+    }
+
+    /// Serves on 127.0.0.1 inside `ns` (a socket belongs to the namespace it was created in,
+    /// so it is reachable where the daemon and the plugin run).
+    pub fn start_in(ns: &crate::TestNetns) -> std::io::Result<FakeKube> {
+        let listener = ns.run(|| TcpListener::bind("127.0.0.1:0"))??;
+        Ok(Self::serve_on(listener))
+    }
+
+    fn serve_on(listener: TcpListener) -> FakeKube {
+        let port = listener.local_addr().unwrap().port();
+        let inner = Arc::new(Inner {
+            rv: AtomicU64::new(100),
+            ..Default::default()
+        });
+        let i2 = inner.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { break };
+                let i = i2.clone();
+                std::thread::spawn(move || serve(conn, &i));
+            }
+        });
+        FakeKube { port, inner }
+    }
+
+    /// A kubeconfig pointing at this server (plain HTTP, a dummy token).
+    pub fn kubeconfig(&self, dir: &Path) -> PathBuf {
+        let p = dir.join("repair-kubeconfig");
+        std::fs::write(
+            &p,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{}\nusers:\n- name: u\n  user:\n    token: test-token\ncontexts:\n- name: c\n  context:\n    cluster: fake\n    user: u\ncurrent-context: c\n",
+                self.port
+            ),
+        )
+        .unwrap();
+        p
+    }
+
+    fn next_rv(&self) -> String {
+        self.inner.rv.fetch_add(1, Ordering::SeqCst).to_string()
+    }
+
+    /// Records the change and sends it to every open watch (under the watchers lock, so a
+    /// watch being opened sees it either in its replay or live, never twice or not at all).
+    fn push(&self, kind: &str, pod: &Value) {
+        push(&self.inner, kind, pod)
+    }
+
+    /// Stores namespace `name` with these annotations (ADDED, or MODIFIED when it exists).
+    pub fn put_namespace(&self, name: &str, annotations: Value) {
+        self.put_namespace_meta(name, json!({}), annotations);
+    }
+
+    /// Stores namespace `name` with these labels and annotations (ADDED, or MODIFIED when it
+    /// exists), and sends the change to the namespace watches.
+    pub fn put_namespace_meta(&self, name: &str, labels: Value, annotations: Value) {
+        let rv = self.next_rv();
+        let ns = json!({"apiVersion": "v1", "kind": "Namespace",
+                        "metadata": {"name": name, "uid": format!("uid-ns-{name}"),
+                                     "resourceVersion": rv,
+                                     "labels": labels, "annotations": annotations},
+                        "status": {"phase": "Active"}});
+        let old = self
+            .inner
+            .namespaces
+            .lock()
+            .unwrap()
+            .insert(name.to_string(), ns.clone());
+        let kind = if old.is_some() { "MODIFIED" } else { "ADDED" };
+        let line = format!("{}\n", json!({"type": kind, "object": ns}));
+        let mut ws = self.inner.ns_watchers.lock().unwrap();
+        self.inner
+            .ns_history
+            .lock()
+            .unwrap()
+            .push((rv.parse().unwrap_or(0), line.clone(), None));
+        ws.retain_mut(|s| s.write_all(chunked(&line).as_bytes()).is_ok());
+    }
+
+    /// Namespace watch requests seen so far.
+    pub fn namespace_watch_requests(&self) -> usize {
+        self.requests()
+            .iter()
+            .filter(|r| r.path == "/api/v1/namespaces" && r.query.contains("watch=true"))
+            .count()
+    }
+
+    /// The stored pod `namespace/name` (with the patches applied to it).
+    pub fn pod(&self, ns: &str, name: &str) -> Option<Value> {
+        self.inner
+            .pods
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|p| p["metadata"]["namespace"] == ns && p["metadata"]["name"] == name)
+            .cloned()
+    }
+
+    /// Sends a raw line (not recorded) to every open watch.
+    pub fn send_raw(&self, line: &str) {
+        let line = format!("{line}\n");
+        let mut ws = self.inner.watchers.lock().unwrap();
+        ws.retain_mut(|w| w.stream.write_all(chunked(&line).as_bytes()).is_ok());
+    }
+
+    /// An ERROR watch event with a Status (e.g. 500 "etcdserver: request timed out").
+    pub fn send_error(&self, code: u16, reason: &str, message: &str) {
+        self.send_raw(
+            &json!({"type": "ERROR", "object": status(code, reason, message)}).to_string(),
+        );
+    }
+
+    /// Compacts the history (watches from any current version now get 410) and sends the
+    /// 410 ERROR event to every open watch, as an API server does when its window moves on.
+    pub fn expire(&self) {
+        self.inner
+            .compacted
+            .store(self.inner.rv.load(Ordering::SeqCst) - 1, Ordering::SeqCst);
+        self.send_error(410, "Expired", "too old resource version");
+    }
+
+    /// Every open watch stops receiving anything (connection kept open, as a hung server).
+    pub fn hang_watches(&self) {
+        let mut ws = self.inner.watchers.lock().unwrap();
+        let mut hung = self.inner.hung.lock().unwrap();
+        hung.extend(ws.drain(..).map(|w| w.stream));
+    }
+
+    /// The next `n` pod WATCHes get `500 etcdserver: request timed out` as their first event.
+    pub fn fail_next_watches(&self, n: u64) {
+        self.inner.failing_watches.store(n, Ordering::SeqCst);
+    }
+
+    /// The next `n` pod LISTs are read and never answered (connection kept open).
+    pub fn hang_next_lists(&self, n: u64) {
+        self.inner.hang_lists.store(n, Ordering::SeqCst);
+    }
+
+    /// Every open watch connection is cut mid-stream (no terminating chunk).
+    pub fn reset_watches(&self) {
+        let mut ws = self.inner.watchers.lock().unwrap();
+        for w in ws.drain(..) {
+            let _ = w.stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Watch requests seen so far.
+    pub fn watch_requests(&self) -> usize {
+        self.requests()
+            .iter()
+            .filter(|r| r.path == "/api/v1/pods" && r.query.contains("watch=true"))
+            .count()
+    }
+
+    /// List requests seen so far.
+    pub fn list_requests(&self) -> usize {
+        self.requests()
+            .iter()
+            .filter(|r| r.path == "/api/v1/pods" && !r.query.contains("watch=true"))
+            .count()
+    }
+
+    /// Removes the pod with `uid` (not listed any more) and sends DELETED.
+    pub fn delete(&self, uid: &str) {
+        let mut pods = self.inner.pods.lock().unwrap();
+        let Some(i) = pods.iter().position(|p| p["metadata"]["uid"] == uid) else {
+            return;
+        };
+        let mut pod = pods.remove(i);
+        drop(pods);
+        pod["metadata"]["resourceVersion"] = self.next_rv().into();
+        self.push("DELETED", &pod);
+    }
+
+    /// Stores `pod` (listed from now on) and sends ADDED to every open watch.
+    pub fn add(&self, mut pod: Value) -> Value {
+        pod["metadata"]["resourceVersion"] = self.next_rv().into();
+        self.inner.pods.lock().unwrap().push(pod.clone());
+        self.push("ADDED", &pod);
+        pod
+    }
+
+    /// Sends MODIFIED for `pod` (new resourceVersion).
+    pub fn modify(&self, mut pod: Value) -> Value {
+        pod["metadata"]["resourceVersion"] = self.next_rv().into();
+        let mut pods = self.inner.pods.lock().unwrap();
+        pods.retain(|p| p["metadata"]["uid"] != pod["metadata"]["uid"]);
+        pods.push(pod.clone());
+        drop(pods);
+        self.push("MODIFIED", &pod);
+        pod
+    }
+
+    pub fn watchers(&self) -> usize {
+        self.inner.watchers.lock().unwrap().len()
+    }
+
+    pub fn requests(&self) -> Vec<Req> {
+        self.inner.requests.lock().unwrap().clone()
+    }
+
+    /// Requests other than the pod list/watch.
+    pub fn actions(&self) -> Vec<Req> {
+        self.requests()
+            .into_iter()
+            .filter(|r| !(r.method == "GET" && r.path == "/api/v1/pods"))
+            .collect()
+    }
+
+    pub fn events(&self) -> Vec<Value> {
+        self.actions()
+            .iter()
+            .filter(|r| r.method == "POST" && r.path.ends_with("/events"))
+            .map(Req::json)
+            .collect()
+    }
+
+    /// Stores node `name` with these taints (`[(key, effect)]`).
+    pub fn put_node(&self, name: &str, taints: &[(&str, &str)]) {
+        let taints: Vec<Value> = taints
+            .iter()
+            .map(|(k, e)| json!({"key": k, "effect": e}))
+            .collect();
+        let node = json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "uid": format!("uid-{name}"),
+                         "resourceVersion": self.next_rv(), "labels": {"kubernetes.io/hostname": name}},
+            "spec": {"podCIDR": "10.244.1.0/24", "taints": taints},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+        });
+        self.inner.nodes.lock().unwrap().insert(name.into(), node);
+    }
+
+    /// The taints of node `name` as `key:effect`.
+    pub fn node_taints(&self, name: &str) -> Vec<String> {
+        let nodes = self.inner.nodes.lock().unwrap();
+        nodes[name]["spec"]["taints"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|t| {
+                format!(
+                    "{}:{}",
+                    t["key"].as_str().unwrap_or(""),
+                    t["effect"].as_str().unwrap_or("")
+                )
+            })
+            .collect()
+    }
+
+    /// The next `n` node GETs are each followed by another writer changing the node.
+    pub fn race_next_node_gets(&self, n: u64) {
+        self.inner.race_node_gets.store(n, Ordering::SeqCst);
+    }
+
+    /// Node requests seen so far.
+    pub fn node_requests(&self) -> Vec<Req> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.path.starts_with("/api/v1/nodes"))
+            .collect()
+    }
+
+    /// The next `n` requests with `method` get a 500.
+    pub fn fail_next(&self, method: &str, n: u32) {
+        self.inner.fail.lock().unwrap().insert(method.into(), n);
+    }
+}
+
+/// Records the change and sends it to every open watch that selects the pod (under the
+/// watchers lock, so a watch being opened sees it either in its replay or live, never twice
+/// or not at all).
+fn push(inner: &Inner, kind: &str, pod: &Value) {
+    let rv: u64 = pod["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let node = pod["spec"]["nodeName"].as_str().map(str::to_string);
+    let line = format!("{}\n", json!({"type": kind, "object": pod}));
+    let mut ws = inner.watchers.lock().unwrap();
+    inner
+        .history
+        .lock()
+        .unwrap()
+        .push((rv, line.clone(), node.clone()));
+    ws.retain_mut(|w| {
+        !w.wants(node.as_deref()) || w.stream.write_all(chunked(&line).as_bytes()).is_ok()
+    });
+}
+
+/// The node named by a `spec.nodeName=<node>` term of the query's field selector.
+fn selected_node(query: &str) -> Option<String> {
+    let selector = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("fieldSelector="))?;
+    let selector = selector
+        .replace("%3D", "=")
+        .replace("%3d", "=")
+        .replace("%2C", ",")
+        .replace("%2c", ",");
+    selector
+        .split(',')
+        .find_map(|t| t.strip_prefix("spec.nodeName="))
+        .map(str::to_string)
+}
+
+fn resource_version_param(query: &str) -> u64 {
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("resourceVersion="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn is_watch(query: &str) -> bool {
+    query
+        .split('&')
+        .any(|kv| kv == "watch=true" || kv == "watch=1")
+}
+
+const WATCH_HEAD: &[u8] =
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+
+/// JSON merge patch of `metadata.labels` and `metadata.annotations` (null removes a key).
+fn merge_metadata(obj: &mut Value, patch: &Value) {
+    for field in ["labels", "annotations"] {
+        let Some(changes) = patch["metadata"][field].as_object() else {
+            continue;
+        };
+        if !obj["metadata"][field].is_object() {
+            obj["metadata"][field] = json!({});
+        }
+        let map = obj["metadata"][field].as_object_mut().expect("an object");
+        for (k, v) in changes {
+            if v.is_null() {
+                map.remove(k);
+            } else {
+                map.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+fn chunked(line: &str) -> String {
+    format!("{:x}\r\n{line}\r\n", line.len())
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": message, "reason": reason, "code": code})
+}
+
+/// A pod on `node` whose istio-validation init container last exited with `code` and is now
+/// waiting in CrashLoopBackOff; a sidecar pod in every other respect.
+pub fn broken_pod(ns: &str, name: &str, uid: &str, ip: &str, node: &str, code: i32) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "uid": uid,
+                     "annotations": {"sidecar.istio.io/status": "{\"initContainers\":[\"istio-validation\"]}"}},
+        "spec": {
+            "nodeName": node,
+            "initContainers": [{"name": "istio-validation", "image": "proxyv2"}],
+            "containers": [
+                {"name": "app", "image": "app"},
+                {"name": "istio-proxy", "image": "proxyv2", "args": ["proxy", "sidecar"],
+                 "securityContext": {"runAsUser": 1337, "runAsGroup": 1337}}
+            ]
+        },
+        "status": {
+            "phase": "Pending", "podIP": ip, "podIPs": [{"ip": ip}],
+            "initContainerStatuses": [{
+                "name": "istio-validation", "ready": false, "restartCount": 2,
+                "image": "proxyv2", "imageID": "",
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {"terminated": {"exitCode": code, "reason": "Error"}}
+            }]
+        }
+    })
+}
+
+fn serve(mut conn: TcpStream, inner: &Inner) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break p + 4;
+        }
+        match conn.read(&mut chunk) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+    let header = |name: &str| -> String {
+        head.lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.trim()
+                    .eq_ignore_ascii_case(name)
+                    .then(|| v.trim().to_string())
+            })
+            .unwrap_or_default()
+    };
+    let len: usize = header("content-length").parse().unwrap_or(0);
+    while buf.len() < head_end + len {
+        match conn.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let body = String::from_utf8_lossy(&buf[head_end..(head_end + len).min(buf.len())]).to_string();
+    let mut words = head.split_whitespace();
+    let method = words.next().unwrap_or("").to_string();
+    let target = words.next().unwrap_or("").to_string();
+    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+    let req = Req {
+        method: method.clone(),
+        path: path.to_string(),
+        query: query.to_string(),
+        content_type: header("content-type"),
+        body: body.clone(),
+    };
+    inner.requests.lock().unwrap().push(req);
+
+    let reply = |conn: &mut TcpStream, status: &str, v: &Value| {
+        let b = v.to_string();
+        let _ = write!(
+            conn,
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
+            b.len()
+        );
+    };
+    {
+        let mut fail = inner.fail.lock().unwrap();
+        if let Some(n) = fail.get_mut(&method)
+            && *n > 0
+        {
+            *n -= 1;
+            drop(fail);
+            return reply(
+                &mut conn,
+                "500 Internal Server Error",
+                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                        "message": "injected failure", "reason": "InternalError", "code": 500}),
+            );
+        }
+    }
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let find = |ns: &str, name: &str| -> Option<Value> {
+        inner
+            .pods
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|p| p["metadata"]["namespace"] == ns && p["metadata"]["name"] == name)
+            .cloned()
+    };
+    match (method.as_str(), parts.as_slice()) {
+        ("GET", ["api", "v1", "pods"]) if is_watch(query) => {
+            let from = resource_version_param(query);
+            let _ = conn.write_all(WATCH_HEAD);
+            let mut ws = inner.watchers.lock().unwrap();
+            let brownout = inner
+                .failing_watches
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            let expired = from < inner.compacted.load(Ordering::SeqCst);
+            if brownout || expired {
+                let st = if expired {
+                    status(410, "Expired", "too old resource version")
+                } else {
+                    status(500, "InternalError", "etcdserver: request timed out")
+                };
+                let line = format!("{}\n", json!({"type": "ERROR", "object": st}));
+                let _ = conn.write_all(chunked(&line).as_bytes());
+                let _ = conn.write_all(b"0\r\n\r\n");
+                return;
+            }
+            let watcher = Watcher {
+                stream: conn,
+                node: selected_node(query),
+            };
+            for (rv, line, node) in inner.history.lock().unwrap().iter() {
+                if *rv > from && watcher.wants(node.as_deref()) {
+                    let _ = (&watcher.stream).write_all(chunked(line).as_bytes());
+                }
+            }
+            ws.push(watcher);
+        }
+        ("GET", ["api", "v1", "pods"])
+            if inner
+                .hang_lists
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok() =>
+        {
+            inner.hung.lock().unwrap().push(conn);
+        }
+        ("GET", ["api", "v1", "pods"]) => {
+            let want = selected_node(query);
+            let items: Vec<Value> = inner
+                .pods
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|p| node_selected(want.as_deref(), p["spec"]["nodeName"].as_str()))
+                .cloned()
+                .collect();
+            // The version of the newest change (next_rv hands out the counter, then bumps it).
+            let rv = (inner.rv.load(Ordering::SeqCst) - 1).to_string();
+            reply(
+                &mut conn,
+                "200 OK",
+                &json!({"kind": "PodList", "apiVersion": "v1",
+                        "metadata": {"resourceVersion": rv}, "items": items}),
+            );
+        }
+        ("GET", ["api", "v1", "namespaces", ns, "pods", name]) => match find(ns, name) {
+            Some(p) => reply(&mut conn, "200 OK", &p),
+            None => reply(
+                &mut conn,
+                "404 Not Found",
+                &status(404, "NotFound", &format!("pods \"{name}\" not found")),
+            ),
+        },
+        ("GET", ["api", "v1", "namespaces"]) if is_watch(query) => {
+            let from = resource_version_param(query);
+            let _ = conn.write_all(WATCH_HEAD);
+            let mut ws = inner.ns_watchers.lock().unwrap();
+            for (rv, line, _) in inner.ns_history.lock().unwrap().iter() {
+                if *rv > from {
+                    let _ = conn.write_all(chunked(line).as_bytes());
+                }
+            }
+            ws.push(conn);
+        }
+        ("GET", ["api", "v1", "namespaces"]) => {
+            let items: Vec<Value> = inner.namespaces.lock().unwrap().values().cloned().collect();
+            let rv = (inner.rv.load(Ordering::SeqCst) - 1).to_string();
+            reply(
+                &mut conn,
+                "200 OK",
+                &json!({"kind": "NamespaceList", "apiVersion": "v1",
+                        "metadata": {"resourceVersion": rv}, "items": items}),
+            );
+        }
+        ("DELETE", ["api", "v1", "namespaces", ns, "pods", name]) => match find(ns, name) {
+            Some(p) => reply(&mut conn, "200 OK", &p),
+            None => reply(
+                &mut conn,
+                "404 Not Found",
+                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                        "reason": "NotFound", "code": 404}),
+            ),
+        },
+        ("PATCH", ["api", "v1", "namespaces", ns, "pods", name, "status"]) => {
+            // Merge patch of labels and annotations (what the status subresource lets a
+            // client change in metadata): stored, and sent to the watches as MODIFIED, as a
+            // real API server does. A pod not stored is answered but not kept.
+            let patch: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+            let mut pods = inner.pods.lock().unwrap();
+            let stored = pods
+                .iter_mut()
+                .find(|p| p["metadata"]["namespace"] == *ns && p["metadata"]["name"] == *name);
+            let Some(p) = stored else {
+                drop(pods);
+                let mut p = json!({"metadata": {}});
+                merge_metadata(&mut p, &patch);
+                return reply(&mut conn, "200 OK", &p);
+            };
+            merge_metadata(p, &patch);
+            p["metadata"]["resourceVersion"] =
+                inner.rv.fetch_add(1, Ordering::SeqCst).to_string().into();
+            let p = p.clone();
+            drop(pods);
+            push(inner, "MODIFIED", &p);
+            reply(&mut conn, "200 OK", &p);
+        }
+        ("GET", ["api", "v1", "namespaces", name]) => {
+            match inner.namespaces.lock().unwrap().get(*name).cloned() {
+                Some(ns) => reply(&mut conn, "200 OK", &ns),
+                None => reply(
+                    &mut conn,
+                    "404 Not Found",
+                    &status(404, "NotFound", "namespace not found"),
+                ),
+            }
+        }
+        ("PATCH", ["api", "v1", "namespaces", ns, "pods", name]) => {
+            // Merge patch of annotations: stored, and sent to the watches as MODIFIED.
+            let patch: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+            let mut pods = inner.pods.lock().unwrap();
+            let Some(p) = pods
+                .iter_mut()
+                .find(|p| p["metadata"]["namespace"] == *ns && p["metadata"]["name"] == *name)
+            else {
+                drop(pods);
+                return reply(
+                    &mut conn,
+                    "404 Not Found",
+                    &status(404, "NotFound", "pod not found"),
+                );
+            };
+            if let Some(a) = patch["metadata"]["annotations"].as_object() {
+                for (k, v) in a {
+                    p["metadata"]["annotations"][k] = v.clone();
+                }
+            }
+            p["metadata"]["resourceVersion"] =
+                inner.rv.fetch_add(1, Ordering::SeqCst).to_string().into();
+            let p = p.clone();
+            drop(pods);
+            push(inner, "MODIFIED", &p);
+            reply(&mut conn, "200 OK", &p);
+        }
+        ("GET", ["api", "v1", "nodes", name]) => {
+            let mut nodes = inner.nodes.lock().unwrap();
+            let Some(node) = nodes.get_mut(*name) else {
+                drop(nodes);
+                return reply(
+                    &mut conn,
+                    "404 Not Found",
+                    &status(404, "NotFound", "node not found"),
+                );
+            };
+            let got = node.clone();
+            if inner
+                .race_node_gets
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                // Another writer (say, the node lifecycle controller) changes the node.
+                node["metadata"]["resourceVersion"] =
+                    inner.rv.fetch_add(1, Ordering::SeqCst).to_string().into();
+                node["metadata"]["labels"]["touched"] = "yes".into();
+            }
+            drop(nodes);
+            reply(&mut conn, "200 OK", &got);
+        }
+        ("PATCH", ["api", "v1", "nodes", name]) => {
+            let patch: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+            let mut nodes = inner.nodes.lock().unwrap();
+            let Some(node) = nodes.get_mut(*name) else {
+                drop(nodes);
+                return reply(
+                    &mut conn,
+                    "404 Not Found",
+                    &status(404, "NotFound", "node not found"),
+                );
+            };
+            let want = &patch["metadata"]["resourceVersion"];
+            if !want.is_null() && *want != node["metadata"]["resourceVersion"] {
+                drop(nodes);
+                return reply(
+                    &mut conn,
+                    "409 Conflict",
+                    &status(
+                        409,
+                        "Conflict",
+                        "the object has been modified; please apply your changes to the latest version and try again",
+                    ),
+                );
+            }
+            if let Some(t) = patch["spec"].get("taints") {
+                node["spec"]["taints"] = t.clone();
+            }
+            node["metadata"]["resourceVersion"] =
+                inner.rv.fetch_add(1, Ordering::SeqCst).to_string().into();
+            let n = node.clone();
+            drop(nodes);
+            reply(&mut conn, "200 OK", &n);
+        }
+        ("POST", ["api", "v1", "namespaces", _, "events"]) => {
+            let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+            reply(&mut conn, "201 Created", &v);
+        }
+        _ => reply(
+            &mut conn,
+            "404 Not Found",
+            &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "reason": "NotFound", "code": 404}),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::BufRead;
+
+    fn get(port: u16, target: &str) -> (u16, String) {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(
+            s,
+            "GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        let code = resp.split_whitespace().nth(1).unwrap().parse().unwrap();
+        (code, resp.split_once("\r\n\r\n").unwrap().1.to_string())
+    }
+
+    fn pod(name: &str, node: &str) -> Value {
+        json!({"metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+               "spec": {"nodeName": node}})
+    }
+
+    #[test]
+    fn pods_are_got_by_name_and_listed_by_node() {
+        let kube = FakeKube::start();
+        kube.add(pod("mine", "node-a"));
+        kube.add(pod("theirs", "node-b"));
+        let (code, body) = get(kube.port, "/api/v1/namespaces/default/pods/mine");
+        assert_eq!(code, 200);
+        assert_eq!(
+            serde_json::from_str::<Value>(&body).unwrap()["metadata"]["name"],
+            "mine"
+        );
+        assert_eq!(
+            get(kube.port, "/api/v1/namespaces/default/pods/none").0,
+            404
+        );
+        let (_, body) = get(
+            kube.port,
+            "/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-a",
+        );
+        let list: Value = serde_json::from_str(&body).unwrap();
+        let names: Vec<&str> = list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["metadata"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["mine"]);
+    }
+
+    #[test]
+    fn namespaces_are_listed_and_watched() {
+        let kube = FakeKube::start();
+        kube.put_namespace_meta(
+            "shop",
+            json!({"istio.io/dataplane-mode": "ambient"}),
+            json!({}),
+        );
+        let (_, body) = get(kube.port, "/api/v1/namespaces");
+        let list: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(list["kind"], "NamespaceList");
+        assert_eq!(
+            list["items"][0]["metadata"]["labels"]["istio.io/dataplane-mode"],
+            "ambient"
+        );
+        let rv = list["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let mut s = TcpStream::connect(("127.0.0.1", kube.port)).unwrap();
+        write!(
+            s,
+            "GET /api/v1/namespaces?watch=true&resourceVersion={rv} HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        .unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut r = std::io::BufReader::new(s);
+        // Wait for the watch to be registered, then change the namespace.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while kube.inner.ns_watchers.lock().unwrap().is_empty() {
+            assert!(std::time::Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        kube.put_namespace_meta("shop", json!({}), json!({}));
+        let event = r
+            .by_ref()
+            .lines()
+            .map_while(Result::ok)
+            .find(|l| l.starts_with('{'))
+            .unwrap();
+        let event: Value = serde_json::from_str(&event).unwrap();
+        assert_eq!(event["type"], "MODIFIED");
+        assert_eq!(event["object"]["metadata"]["labels"], json!({}));
+    }
+}
