@@ -328,7 +328,19 @@ pub fn del(conf: &NetConf, env: &CniEnv) -> Result<(), CniError> {
         }
         Ok(_) => {}
     }
-    match redirect::cleanup(Some(netns)) {
+    // Ambient mode: an ADD whose agent died mid-way may have left the pod's ambient rules
+    // without ztunnel; the runtime's DEL after that failed ADD removes them.
+    let removed = redirect::cleanup(Some(netns)).and_then(|()| {
+        if conf.settings.ambient_enabled {
+            redirect::cleanup_ambient_until(
+                Some(netns),
+                std::time::Instant::now() + redirect::DEFAULT_LOCK_WAIT,
+            )
+        } else {
+            Ok(())
+        }
+    });
+    match removed {
         Ok(()) => {
             tracing::info!("redirect rules removed");
             Ok(())

@@ -1,0 +1,165 @@
+//! Ambient ADD through the real chain (issue 12): cnitool runs bridge + host-local, portmap
+//! and istio-cni; the plugin hands each ambient pod to the node agent, which programs its
+//! rules and waits for the REAL ztunnel's Ack. p50/p99 one pod after another, then N pods at
+//! once; the agent's RSS with 0 ambient pods and with every pod enrolled.
+//!
+//! Usage: bench-ambient [sequential pods] [parallel pods] [total pods for RSS] — prints a
+//! Markdown table. Uses the binaries next to itself (or ISTIO_CNI_BIN_DIR) and the ztunnel of
+//! `integration/scripts/build-ztunnel.sh`; run the release build.
+
+use integration::ambient::{AmbientNode, AmbientOptions, Mode, Pod, PodPlan};
+use integration::cni::{percentile, require_cni_tools};
+use integration::ztunnel::ztunnel_binary;
+use std::time::{Duration, Instant};
+
+fn ms(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64() * 1000.0)
+}
+
+/// Pod `i`'s plan: addresses 10.88.10.0 onwards in the node's /16.
+fn plan(i: usize) -> PodPlan {
+    let ip = [10, 88, 10 + (i / 250) as u8, 1 + (i % 250) as u8];
+    PodPlan::new(&format!("bench-{i}"), ip, Mode::Ambient)
+}
+
+/// The plugin's own ADD durations (its log: handoff, agent, rules, ztunnel's Ack).
+fn plugin_adds(log: &str) -> Vec<Duration> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|l| {
+            l["fields"]["message"] == "command succeeded" && l["spans"][0]["command"] == "ADD"
+        })
+        .filter_map(|l| l["fields"]["elapsed_us"].as_u64())
+        .map(Duration::from_micros)
+        .collect()
+}
+
+/// The agent's enroll durations (its log: rules + probe set + ztunnel's Ack).
+fn agent_enrolls(log: &str) -> Vec<Duration> {
+    log.lines()
+        .filter(|l| l.contains("ambient pod enrolled"))
+        .filter_map(|l| {
+            let rest = &l[l.find("took_us=")? + "took_us=".len()..];
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .map(Duration::from_micros)
+        .collect()
+}
+
+fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+fn row(what: &str, mut d: Vec<Duration>) {
+    d.sort();
+    println!(
+        "| {what} | {} | {} | {} |",
+        d.len(),
+        ms(percentile(&d, 0.5)),
+        ms(percentile(&d, 0.99))
+    );
+}
+
+fn add_all(node: &AmbientNode, pods: &[Pod]) -> Vec<Duration> {
+    pods.iter()
+        .map(|p| {
+            let t = Instant::now();
+            let r = node.add(p);
+            assert!(r.ok, "ADD of {} failed: {}", p.name(), r.stdout);
+            t.elapsed()
+        })
+        .collect()
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let mut arg = |default: usize| {
+        args.next()
+            .map(|s| s.parse().expect("a number of pods"))
+            .unwrap_or(default)
+    };
+    let (seq, par, total) = (arg(50), arg(100), arg(500));
+    assert!(
+        seq + par <= total,
+        "total must cover the sequential and parallel pods"
+    );
+    require_cni_tools();
+    let zt = ztunnel_binary().expect("ztunnel (integration/scripts/build-ztunnel.sh)");
+    let plans: Vec<PodPlan> = (0..total).map(plan).collect();
+    let node = AmbientNode::start(&zt, &AmbientOptions::default(), &plans).expect("node");
+    let pid = node.node.daemon().pid();
+    let rss_idle = rss_kb(pid);
+
+    let create = |range: std::ops::Range<usize>| -> Vec<Pod> {
+        range
+            .map(|i| node.create_pod(&plans[i]).expect("pod"))
+            .collect()
+    };
+    let sequential = create(0..seq);
+    let seq_wall = add_all(&node, &sequential);
+    let own_seq = plugin_adds(&node.node.plugin_log());
+    let agent_seq = agent_enrolls(&node.node.daemon().log());
+
+    let parallel = create(seq..seq + par);
+    let t = Instant::now();
+    let par_wall: Vec<Duration> = std::thread::scope(|s| {
+        let handles: Vec<_> = parallel
+            .iter()
+            .map(|p| {
+                let node = &node;
+                s.spawn(move || {
+                    let t = Instant::now();
+                    let r = node.add(p);
+                    assert!(r.ok, "ADD of {} failed: {}", p.name(), r.stdout);
+                    t.elapsed()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let par_total = t.elapsed();
+    let own_all = plugin_adds(&node.node.plugin_log());
+    let own_par = own_all[own_seq.len()..].to_vec();
+    let agent_all = agent_enrolls(&node.node.daemon().log());
+    let agent_par = agent_all[agent_seq.len()..].to_vec();
+
+    let rest = create(seq + par..total);
+    add_all(&node, &rest);
+    node.eventually("every pod enrolled", || {
+        sequential
+            .iter()
+            .chain(&parallel)
+            .chain(&rest)
+            .all(|p| node.served(p))
+    });
+    let rss_full = rss_kb(pid);
+
+    println!("| ambient ADD ({total} pods on the node at the end) | n | p50 ms | p99 ms |");
+    println!("|---|---|---|---|");
+    row("sequential: cnitool, whole chain", seq_wall);
+    row("sequential: istio-cni's own ADD (its log)", own_seq);
+    row(
+        "sequential: agent enroll (rules + probe set + ztunnel Ack)",
+        agent_seq,
+    );
+    row(&format!("{par} at once: cnitool, whole chain"), par_wall);
+    row(&format!("{par} at once: istio-cni's own ADD"), own_par);
+    row(&format!("{par} at once: agent enroll"), agent_par);
+    println!(
+        "\n{par} ADDs at once done in {} ms. Agent RSS: {:.1} MB with 0 ambient pods, {:.1} MB with {total}.",
+        par_total.as_millis(),
+        rss_idle as f64 / 1024.0,
+        rss_full as f64 / 1024.0
+    );
+}

@@ -1,0 +1,207 @@
+//! The ambient node agent under hostile input and concurrent callers, with the real ztunnel:
+//! malformed plugin events are refused naming the field and touch nothing; concurrent ADDs
+//! and DELs of one pod never leave it half served (rules without ztunnel, or ztunnel without
+//! rules); a SIGKILLed agent mid-ADD leaves no pod half programmed once the runtime has DELed
+//! the failed sandboxes, and the restarted agent serves the rest.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use integration::ambient::{AmbientNode, AmbientOptions, Mode, Pod, PodPlan};
+use integration::cni::require_cni_tools;
+use integration::ztunnel::ztunnel_binary;
+
+fn prerequisites() -> Option<PathBuf> {
+    require_cni_tools();
+    ztunnel_binary()
+}
+
+/// One raw HTTP/1.1 exchange on the agent's socket: (status, body).
+fn post(socket: &Path, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    let mut s = UnixStream::connect(socket).expect("connect to pluginevent.sock");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    let _ = s.write_all(body);
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
+fn socket(n: &AmbientNode) -> PathBuf {
+    n.node.run_dir.join("pluginevent.sock")
+}
+
+fn add_body(pod: &Pod, netns: &str) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "Netns": netns, "PodName": pod.name(), "PodNamespace": "default",
+        "PodUID": pod.uid(), "IPs": [pod.ip().to_string()],
+    }))
+    .unwrap()
+}
+
+fn del_body(pod: &Pod) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "PodName": pod.name(), "PodNamespace": "default", "PodUID": pod.uid(),
+    }))
+    .unwrap()
+}
+
+fn netns_path(pod: &Pod) -> String {
+    pod.ns.path().display().to_string()
+}
+
+/// Served with its rules, or neither.
+#[track_caller]
+fn whole(n: &AmbientNode, pod: &Pod) -> bool {
+    let tables = n.ambient_tables(pod);
+    if n.served(pod) {
+        assert_eq!(tables.len(), 3, "served without its rules: {tables:?}\n{}", n.logs());
+        true
+    } else {
+        assert!(tables.is_empty(), "rules without ztunnel: {tables:?}\n{}", n.logs());
+        false
+    }
+}
+
+#[test]
+fn hostile_plugin_events_are_refused_naming_the_field_and_touch_nothing() {
+    let Some(zt) = prerequisites() else { return };
+    let a = PodPlan::new("hostile", [10, 88, 3, 10], Mode::Ambient);
+    let n = AmbientNode::start(&zt, &AmbientOptions::default(), &[a.clone()]).unwrap();
+    let pod = n.create_pod(&a).unwrap();
+    let sock = socket(&n);
+    let good = String::from_utf8(add_body(&pod, &netns_path(&pod))).unwrap();
+    let with = |from: &str, to: &str| good.replace(from, to).into_bytes();
+    let host_proc_1 = n.proc_root.join("1/ns/net").display().to_string();
+    let cases: Vec<(Vec<u8>, u16, &str)> = vec![
+        (b"not json".to_vec(), 400, "invalid request"),
+        (b"[]".to_vec(), 400, "invalid request"),
+        (with("\"Netns\":", "\"Netns\":1,\"x\":"), 400, "Netns"),
+        (with("\"PodName\"", "\"PodNam\""), 400, "PodName"),
+        (with(&pod.ip().to_string(), "10.88.3.999"), 400, "IPs"),
+        (with(&netns_path(&pod), "relative/netns"), 400, "absolute"),
+        (with(&netns_path(&pod), "/etc/hostname"), 400, "/etc/hostname"),
+        (with(&netns_path(&pod), "/proc/1/ns/net"), 400, "/proc/1/ns/net"),
+        (with(&netns_path(&pod), &host_proc_1), 400, "Netns"),
+        (with(&netns_path(&pod), "/nonexistent/netns"), 400, "/nonexistent"),
+        (with(&format!("\"{}\"", pod.ip()), ""), 400, "IPs is empty"),
+        (vec![b'x'; 200 * 1024], 400, "body"),
+    ];
+    for (body, status, needle) in &cases {
+        let (got, text) = post(&sock, "POST", "/cmdadd", body);
+        let shown = String::from_utf8_lossy(&body[..body.len().min(120)]).into_owned();
+        assert_eq!(got, *status, "{shown}: {text}");
+        assert!(text.contains(needle), "{shown}: {text:?} lacks {needle:?}");
+    }
+    assert_eq!(post(&sock, "GET", "/cmdadd", b"").0, 405);
+    assert_eq!(post(&sock, "POST", "/nope", b"{}").0, 404);
+    assert!(n.ambient_tables(&pod).is_empty(), "{:?}", n.ambient_tables(&pod));
+    assert!(n.probe_set().is_empty(), "{:?}", n.probe_set());
+    assert!(n.not_served(&pod));
+    // The agent still serves a good request afterwards.
+    assert_eq!(post(&sock, "POST", "/cmdadd", good.as_bytes()).0, 200);
+    n.eventually("the good pod served", || n.served(&pod));
+    assert!(whole(&n, &pod));
+}
+
+#[test]
+fn concurrent_adds_and_dels_of_one_pod_never_leave_it_half_served() {
+    let Some(zt) = prerequisites() else { return };
+    let a = PodPlan::new("racy", [10, 88, 3, 20], Mode::Ambient);
+    let n = AmbientNode::start(&zt, &AmbientOptions::default(), &[a.clone()]).unwrap();
+    let pod = n.create_pod(&a).unwrap();
+    let sock = socket(&n);
+    let (add, del) = (add_body(&pod, &netns_path(&pod)), del_body(&pod));
+    for round in 0..5 {
+        std::thread::scope(|s| {
+            for t in 0..8 {
+                let (sock, add, del) = (&sock, &add, &del);
+                s.spawn(move || {
+                    for i in 0..6 {
+                        let (path, body) = if (t + i + round) % 3 == 0 {
+                            ("/cmddel", del)
+                        } else {
+                            ("/cmdadd", add)
+                        };
+                        let (status, text) = post(sock, "POST", path, body);
+                        assert_eq!(status, 200, "{path}: {text}");
+                    }
+                });
+            }
+        });
+        // Quiescent: ztunnel settles within a moment of the last message.
+        std::thread::sleep(Duration::from_millis(300));
+        whole(&n, &pod);
+    }
+    assert_eq!(post(&sock, "POST", "/cmdadd", &add).0, 200);
+    n.eventually("served after the last ADD", || n.served(&pod));
+    assert!(whole(&n, &pod));
+    assert_eq!(n.probe_set(), vec![pod.ip()]);
+    assert_eq!(post(&sock, "POST", "/cmddel", &del).0, 200);
+    n.eventually("released after the last DEL", || n.not_served(&pod));
+    assert!(!whole(&n, &pod));
+    assert!(n.probe_set().is_empty(), "{:?}", n.probe_set());
+}
+
+#[test]
+fn a_sigkilled_agent_mid_add_leaves_no_pod_half_programmed() {
+    let Some(zt) = prerequisites() else { return };
+    let plans: Vec<PodPlan> = (0..16)
+        .map(|i| PodPlan::new(&format!("kill-{i}"), [10, 88, 4, 10 + i], Mode::Ambient))
+        .collect();
+    let mut n = AmbientNode::start(&zt, &AmbientOptions::default(), &plans).unwrap();
+    let pods: Vec<Pod> = plans.iter().map(|p| n.create_pod(p).unwrap()).collect();
+    let pid = n.node.daemon().pid();
+    let results: Vec<bool> = std::thread::scope(|s| {
+        let handles: Vec<_> = pods
+            .iter()
+            .map(|p| {
+                let n = &n;
+                s.spawn(move || n.add(p).ok)
+            })
+            .collect();
+        // Mid-way through the burst.
+        std::thread::sleep(Duration::from_millis(150));
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // The runtime DELs every sandbox whose ADD failed (the CNI contract); the agent is down.
+    for (p, ok) in pods.iter().zip(&results) {
+        if !ok {
+            assert!(n.del(p).ok, "DEL of {} failed", p.name());
+            assert!(
+                n.ambient_tables(p).is_empty(),
+                "{}: rules left after the failed ADD's DEL: {:?}",
+                p.name(),
+                n.ambient_tables(p)
+            );
+        }
+    }
+    n.node.start_daemon().unwrap();
+    for (p, ok) in pods.iter().zip(&results) {
+        if *ok {
+            n.eventually("a pod whose ADD succeeded is served", || n.served(p));
+            assert!(whole(&n, p), "{}", p.name());
+        } else {
+            assert!(!whole(&n, p), "{}", p.name());
+        }
+    }
+    let succeeded = results.iter().filter(|ok| **ok).count();
+    eprintln!("{succeeded} of {} ADDs succeeded before the SIGKILL", pods.len());
+}
