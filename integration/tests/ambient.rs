@@ -461,7 +461,6 @@ fn the_returning_agent_drops_pods_deleted_meanwhile_and_repairs_damaged_rules() 
 /// (Istio's `currentPodSnapshot.Ensure(uid)` before the netns scan; our `zds` store's
 /// `Entry::Kept`). Leaving it out makes ztunnel drop a running pod's proxy.
 #[test]
-#[ignore = "agent bug: the startup snapshot leaves out pods whose netns is not found instead of sending KeepWorkload"]
 fn an_agent_restart_keeps_a_pod_whose_netns_it_cannot_find() {
     let Some(bin) = prerequisites() else { return };
     let a = PodPlan::new("a", [10, 88, 4, 10], Mode::Ambient);
@@ -485,4 +484,15 @@ fn an_agent_restart_keeps_a_pod_whose_netns_it_cannot_find() {
     );
     let o = n.from_node(OTHER_UID, pa.ip(), APP);
     lands(&n, &o, "a", APP);
+    // The kept pod goes away (DEL, then gone from the API): ztunnel stops serving it, and
+    // a restarted ztunnel does not get it back.
+    n.del(&pa).assert_ok();
+    n.kube().delete(&pa.uid());
+    n.eventually("the kept pod released after its deletion", || {
+        n.not_served(&pa)
+    });
+    n.zt.restart().unwrap();
+    assert!(wait_until(BOUND, || readyz(&n) == 200), "{}", n.logs());
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(n.not_served(&pa), "{}", n.logs());
 }
