@@ -53,11 +53,19 @@ fn ns_inode(p: &Path) -> io::Result<u64> {
 /// `<proc_root>/<pid>/ns/net` of the oldest process in the namespace holding `ip`.
 pub fn find_pod_netns(proc_root: &Path, ip: IpAddr) -> Result<PathBuf, FindError> {
     let host_path = proc_root.join("1/ns/net");
-    let host = ns_inode(&host_path).map_err(|source| FindError::Host {
-        path: host_path,
-        source,
-    })?;
     let own = ns_inode(Path::new("/proc/thread-self/ns/net")).ok();
+    // Some sandboxes make PID 1's namespace unreadable even to root; the daemon runs on the
+    // host network, so its own namespace is the host's then.
+    let host = match (ns_inode(&host_path), own) {
+        (Ok(ino), _) => ino,
+        (Err(e), Some(own)) if e.kind() == std::io::ErrorKind::PermissionDenied => own,
+        (Err(source), _) => {
+            return Err(FindError::Host {
+                path: host_path,
+                source,
+            });
+        }
+    };
     let entries = std::fs::read_dir(proc_root).map_err(|source| FindError::List {
         path: proc_root.to_path_buf(),
         source,
