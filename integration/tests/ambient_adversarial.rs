@@ -67,10 +67,19 @@ fn netns_path(pod: &Pod) -> String {
 fn whole(n: &AmbientNode, pod: &Pod) -> bool {
     let tables = n.ambient_tables(pod);
     if n.served(pod) {
-        assert_eq!(tables.len(), 3, "served without its rules: {tables:?}\n{}", n.logs());
+        assert_eq!(
+            tables.len(),
+            3,
+            "served without its rules: {tables:?}\n{}",
+            n.logs()
+        );
         true
     } else {
-        assert!(tables.is_empty(), "rules without ztunnel: {tables:?}\n{}", n.logs());
+        assert!(
+            tables.is_empty(),
+            "rules without ztunnel: {tables:?}\n{}",
+            n.logs()
+        );
         false
     }
 }
@@ -92,10 +101,22 @@ fn hostile_plugin_events_are_refused_naming_the_field_and_touch_nothing() {
         (with("\"PodName\"", "\"PodNam\""), 400, "PodName"),
         (with(&pod.ip().to_string(), "10.88.3.999"), 400, "IPs"),
         (with(&netns_path(&pod), "relative/netns"), 400, "absolute"),
-        (with(&netns_path(&pod), "/etc/hostname"), 400, "/etc/hostname"),
-        (with(&netns_path(&pod), "/proc/1/ns/net"), 400, "/proc/1/ns/net"),
+        (
+            with(&netns_path(&pod), "/etc/hostname"),
+            400,
+            "/etc/hostname",
+        ),
+        (
+            with(&netns_path(&pod), "/proc/1/ns/net"),
+            400,
+            "/proc/1/ns/net",
+        ),
         (with(&netns_path(&pod), &host_proc_1), 400, "Netns"),
-        (with(&netns_path(&pod), "/nonexistent/netns"), 400, "/nonexistent"),
+        (
+            with(&netns_path(&pod), "/nonexistent/netns"),
+            400,
+            "/nonexistent",
+        ),
         (with(&format!("\"{}\"", pod.ip()), ""), 400, "IPs is empty"),
         (vec![b'x'; 200 * 1024], 400, "body"),
     ];
@@ -107,7 +128,11 @@ fn hostile_plugin_events_are_refused_naming_the_field_and_touch_nothing() {
     }
     assert_eq!(post(&sock, "GET", "/cmdadd", b"").0, 405);
     assert_eq!(post(&sock, "POST", "/nope", b"{}").0, 404);
-    assert!(n.ambient_tables(&pod).is_empty(), "{:?}", n.ambient_tables(&pod));
+    assert!(
+        n.ambient_tables(&pod).is_empty(),
+        "{:?}",
+        n.ambient_tables(&pod)
+    );
     assert!(n.probe_set().is_empty(), "{:?}", n.probe_set());
     assert!(n.not_served(&pod));
     // The agent still serves a good request afterwards.
@@ -172,13 +197,20 @@ fn a_sigkilled_agent_mid_add_leaves_no_pod_half_programmed() {
                 s.spawn(move || n.add(p).ok)
             })
             .collect();
-        // Mid-way through the burst.
-        std::thread::sleep(Duration::from_millis(150));
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
+        // Mid-way through the burst: once a few pods are in, others are in flight.
+        let enrolled = || {
+            n.node
+                .daemon()
+                .log()
+                .matches("ambient pod enrolled")
+                .count()
+        };
+        let t = std::time::Instant::now();
+        while enrolled() < 4 && t.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // SAFETY: kill(2) on the daemon's pid; no memory is involved.
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     // The runtime DELs every sandbox whose ADD failed (the CNI contract); the agent is down.
@@ -203,5 +235,9 @@ fn a_sigkilled_agent_mid_add_leaves_no_pod_half_programmed() {
         }
     }
     let succeeded = results.iter().filter(|ok| **ok).count();
-    eprintln!("{succeeded} of {} ADDs succeeded before the SIGKILL", pods.len());
+    eprintln!(
+        "{succeeded} of {} ADDs succeeded before the SIGKILL",
+        pods.len()
+    );
+    assert!(succeeded >= 1, "the kill came before any ADD finished");
 }
