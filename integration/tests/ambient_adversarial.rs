@@ -88,7 +88,7 @@ fn whole(n: &AmbientNode, pod: &Pod) -> bool {
 fn hostile_plugin_events_are_refused_naming_the_field_and_touch_nothing() {
     let Some(zt) = prerequisites() else { return };
     let a = PodPlan::new("hostile", [10, 88, 3, 10], Mode::Ambient);
-    let n = AmbientNode::start(&zt, &AmbientOptions::default(), &[a.clone()]).unwrap();
+    let n = AmbientNode::start(&zt, &AmbientOptions::default(), std::slice::from_ref(&a)).unwrap();
     let pod = n.create_pod(&a).unwrap();
     let sock = socket(&n);
     let good = String::from_utf8(add_body(&pod, &netns_path(&pod))).unwrap();
@@ -145,7 +145,7 @@ fn hostile_plugin_events_are_refused_naming_the_field_and_touch_nothing() {
 fn concurrent_adds_and_dels_of_one_pod_never_leave_it_half_served() {
     let Some(zt) = prerequisites() else { return };
     let a = PodPlan::new("racy", [10, 88, 3, 20], Mode::Ambient);
-    let n = AmbientNode::start(&zt, &AmbientOptions::default(), &[a.clone()]).unwrap();
+    let n = AmbientNode::start(&zt, &AmbientOptions::default(), std::slice::from_ref(&a)).unwrap();
     let pod = n.create_pod(&a).unwrap();
     let sock = socket(&n);
     let (add, del) = (add_body(&pod, &netns_path(&pod)), del_body(&pod));
