@@ -367,6 +367,18 @@ pub fn k8s_args(k8s_ns: &str, name: &str) -> String {
     }
 }
 
+/// The plugin's own ADD durations, from its JSON log (`command succeeded`, `elapsed_us`).
+pub fn plugin_adds(log: &str) -> Vec<Duration> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| {
+            l["fields"]["message"] == "command succeeded" && l["spans"][0]["command"] == "ADD"
+        })
+        .filter_map(|l| l["fields"]["elapsed_us"].as_u64())
+        .map(Duration::from_micros)
+        .collect()
+}
+
 /// Percentile of sorted samples (nearest rank).
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {

@@ -205,11 +205,7 @@ fn hand_off(
     result: &Value,
 ) -> Result<(), CniError> {
     let req = AddPodRequest {
-        netns: env
-            .netns
-            .as_deref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default(),
+        netns: netns_text(env),
         pod_name: args.pod_name.clone(),
         pod_namespace: args.pod_namespace.clone(),
         pod_uid: if args.pod_uid.is_empty() {
@@ -239,6 +235,14 @@ fn hand_off(
     Ok(())
 }
 
+/// `CNI_NETNS` as the agent receives it (empty when absent).
+fn netns_text(env: &CniEnv) -> String {
+    env.netns
+        .as_deref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default()
+}
+
 /// The pod's addresses from the (converted) result: `ips[].address` without the prefix.
 fn result_ips(result: &Value) -> Vec<IpAddr> {
     result
@@ -257,11 +261,7 @@ fn tell_agent_del(conf: &NetConf, env: &CniEnv, args: &K8sArgs) {
         return;
     }
     let req = DelPodRequest {
-        netns: env
-            .netns
-            .as_deref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default(),
+        netns: netns_text(env),
         pod_name: args.pod_name.clone(),
         pod_namespace: args.pod_namespace.clone(),
         pod_uid: args.pod_uid.clone(),

@@ -8,7 +8,7 @@
 //! `integration/scripts/build-ztunnel.sh`; run the release build.
 
 use integration::ambient::{AmbientNode, AmbientOptions, Mode, Pod, PodPlan};
-use integration::cni::{percentile, require_cni_tools};
+use integration::cni::{percentile, plugin_adds, require_cni_tools};
 use integration::ztunnel::ztunnel_binary;
 use std::time::{Duration, Instant};
 
@@ -22,24 +22,14 @@ fn plan(i: usize) -> PodPlan {
     PodPlan::new(&format!("bench-{i}"), ip, Mode::Ambient)
 }
 
-/// The plugin's own ADD durations (its log: handoff, agent, rules, ztunnel's Ack).
-fn plugin_adds(log: &str) -> Vec<Duration> {
-    log.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|l| {
-            l["fields"]["message"] == "command succeeded" && l["spans"][0]["command"] == "ADD"
-        })
-        .filter_map(|l| l["fields"]["elapsed_us"].as_u64())
-        .map(Duration::from_micros)
-        .collect()
-}
-
-/// The agent's enroll durations (its log: rules + probe set + ztunnel's Ack).
-fn agent_enrolls(log: &str) -> Vec<Duration> {
+/// The agent's enroll durations from its log: `took_us` (rules + probe set + ztunnel's Ack)
+/// or `queued_us` (waiting for the enrolls before it).
+fn agent_enrolls(log: &str, field: &str) -> Vec<Duration> {
+    let key = format!("{field}=");
     log.lines()
         .filter(|l| l.contains("ambient pod enrolled"))
         .filter_map(|l| {
-            let rest = &l[l.find("took_us=")? + "took_us=".len()..];
+            let rest = &l[l.find(&key)? + key.len()..];
             let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
             digits.parse().ok()
         })
@@ -109,7 +99,7 @@ fn main() {
     let sequential = create(0..seq);
     let seq_wall = add_all(&node, &sequential);
     let own_seq = plugin_adds(&node.node.plugin_log());
-    let agent_seq = agent_enrolls(&node.node.daemon().log());
+    let agent_seq = agent_enrolls(&node.node.daemon().log(), "took_us");
 
     let parallel = create(seq..seq + par);
     let t = Instant::now();
@@ -131,8 +121,9 @@ fn main() {
     let par_total = t.elapsed();
     let own_all = plugin_adds(&node.node.plugin_log());
     let own_par = own_all[own_seq.len()..].to_vec();
-    let agent_all = agent_enrolls(&node.node.daemon().log());
-    let agent_par = agent_all[agent_seq.len()..].to_vec();
+    let log = node.node.daemon().log();
+    let agent_par = agent_enrolls(&log, "took_us")[agent_seq.len()..].to_vec();
+    let queued_par = agent_enrolls(&log, "queued_us")[agent_seq.len()..].to_vec();
 
     let rest = create(seq + par..total);
     add_all(&node, &rest);
@@ -156,6 +147,10 @@ fn main() {
     row(&format!("{par} at once: cnitool, whole chain"), par_wall);
     row(&format!("{par} at once: istio-cni's own ADD"), own_par);
     row(&format!("{par} at once: agent enroll"), agent_par);
+    row(
+        &format!("{par} at once: agent queue (enrolls before it)"),
+        queued_par,
+    );
     println!(
         "\n{par} ADDs at once done in {} ms. Agent RSS: {:.1} MB with 0 ambient pods, {:.1} MB with {total}.",
         par_total.as_millis(),

@@ -6,7 +6,7 @@
 //! binaries next to itself (or ISTIO_CNI_BIN_DIR); run the release build.
 
 use integration::TestNetns;
-use integration::cni::{Run, percentile, require_cni_tools, rules};
+use integration::cni::{Run, percentile, plugin_adds, require_cni_tools, rules};
 use integration::node::{Node, NodeOptions, product_bin_dir};
 use integration::pods::{DemoPod, PodKind};
 use std::time::{Duration, Instant};
@@ -116,16 +116,4 @@ fn main() {
         );
     }
     assert_eq!((failed, uncaptured), (0, 0));
-}
-
-/// The plugin's own duration of every successful ADD, in log order.
-fn plugin_adds(log: &str) -> Vec<Duration> {
-    log.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|l| {
-            l["fields"]["message"] == "command succeeded" && l["spans"][0]["command"] == "ADD"
-        })
-        .filter_map(|l| l["fields"]["elapsed_us"].as_u64())
-        .map(Duration::from_micros)
-        .collect()
 }

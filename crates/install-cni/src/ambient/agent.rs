@@ -109,7 +109,7 @@ fn fd_path(fd: &OwnedFd) -> PathBuf {
 }
 
 impl Agent {
-    /// `enrolled`: pods the startup snapshot already handed to ztunnel (their rules are in).
+    /// An agent serving no pod yet; pods of the startup snapshot come through [`Agent::adopt`].
     pub fn new(zds: ZdsServer, settings: AgentSettings) -> Agent {
         Agent {
             zds,
@@ -190,7 +190,9 @@ impl Agent {
                 },
             });
         }
+        // Enrolls are one at a time per node (ztunnel takes one message at a time anyway).
         let mut g = self.inner.lock().await;
+        let queued = started.elapsed();
         let plan = self.plan_for(&pod)?;
         let netns = Arc::new(netns);
         program(&plan, &netns, self.settings.backend, &pod).await?;
@@ -217,7 +219,7 @@ impl Agent {
                 tracing::warn!(pod = %pod.label(), error = %e, "removing the old probe IPs failed");
             }
         }
-        tracing::info!(pod = %pod.label(), uid = %pod.uid, ips = ?pod.ips, took_us = started.elapsed().as_micros() as u64, "ambient pod enrolled: ztunnel serves it");
+        tracing::info!(pod = %pod.label(), uid = %pod.uid, ips = ?pod.ips, queued_us = queued.as_micros() as u64, took_us = (started.elapsed() - queued).as_micros() as u64, "ambient pod enrolled: ztunnel serves it");
         Ok(())
     }
 
@@ -265,9 +267,8 @@ impl Agent {
         self.drop_host_if_idle(g).await;
     }
 
-    /// Stops serving a pod: ztunnel told, rules removed from its namespace if it still exists
-    /// (`keep_rules`: the namespace is going away anyway), probe IPs removed. Returns whether
-    /// the pod was enrolled.
+    /// Stops serving a pod: ztunnel told, the rules removed from its namespace (which our fd
+    /// keeps alive until then), probe IPs removed. Returns whether the pod was enrolled.
     pub async fn release(&self, uid: &str, why: &str) -> bool {
         let mut g = self.inner.lock().await;
         let Some(e) = g.pods.remove(uid) else {

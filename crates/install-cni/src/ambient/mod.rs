@@ -174,11 +174,9 @@ pub fn start(
         ztunnel_socket: cfg.ambient.ztunnel_socket.clone(),
         reconcile_on_startup: cfg.ambient.reconcile_on_startup,
         reconcile_interval: cfg.reconcile.enabled.then_some(cfg.reconcile.interval),
-        settings: (
-            redirect::BackendChoice::Fixed(backend),
-            cfg.ambient.dns_capture,
-            cfg.ambient.ipv6,
-        ),
+        backend: redirect::BackendChoice::Fixed(backend),
+        dns_capture: cfg.ambient.dns_capture,
+        ipv6: cfg.ambient.ipv6,
         pods: pods.clone(),
         namespaces,
         state,
@@ -194,8 +192,9 @@ struct Runner {
     ztunnel_socket: PathBuf,
     reconcile_on_startup: bool,
     reconcile_interval: Option<Duration>,
-    /// (backend, dns capture, ipv6)
-    settings: (redirect::BackendChoice, bool, bool),
+    backend: redirect::BackendChoice,
+    dns_capture: bool,
+    ipv6: bool,
     pods: PodCache,
     namespaces: NamespaceCache,
     state: Arc<State>,
@@ -241,12 +240,12 @@ impl Runner {
 
     /// The ZDS server with every ambient pod already running in its first snapshot.
     async fn start_agent(&self) -> Result<Agent, String> {
-        let (backend, dns_capture, ipv6) = self.settings;
+        let backend = self.backend;
         let settings = AgentSettings {
             backend,
-            dns_capture,
-            ipv6,
-            host_plan: host_plan(&self.proc_root, ipv6)?,
+            dns_capture: self.dns_capture,
+            ipv6: self.ipv6,
+            host_plan: host_plan(&self.proc_root, self.ipv6)?,
         };
         if let Some(dir) = self.ztunnel_socket.parent() {
             std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
