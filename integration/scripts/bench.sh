@@ -7,10 +7,11 @@
 #   live migration        integration/src/bin/bench-migrate.rs (redirect::migrate legacy -> nft -> legacy, per pod)
 #   CNI ADD               integration/src/bin/bench-cni.rs     (cnitool through the full chain on an install-cni node)
 #   RunPodSandbox         integration/src/bin/bench-cri.rs     (containerd 1.6 over the CRI, with/without istio-cni)
+#   ambient ADD, RSS      integration/src/bin/bench-ambient.rs (chain -> agent -> rules -> real ztunnel Ack; agent RSS)
 #   plugin size/RSS       crates/cni-plugin/tests/bench.rs     (-> integration/results/cni-plugin.txt)
 #   daemon RSS/repair     crates/install-cni/tests/bench.rs    (-> integration/results/install-cni.txt)
 # Env: SAMPLES (apply, default 30), CONNS (default 3000), MIGRATE_PODS (default 50), PODS (200),
-#      PAR (100), SANDBOXES (30), ROUNDS (3), SKIP_CRATE_BENCHES=1.
+#      PAR (100), SANDBOXES (30), ROUNDS (3), AMBIENT_PODS (500), SKIP_CRATE_BENCHES=1.
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/../.."
 [ "$(id -u)" = 0 ] || { echo "bench: run as root (network namespaces, netfilter)" >&2; exit 1; }
@@ -56,6 +57,11 @@ mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)
   echo
   echo "bench: CNI ADD" >&2
   "$bin/bench-cni" "${PODS:-200}" "${PAR:-100}"
+  echo
+  echo "**Ambient ADD** (ambient pods through the chain, the node agent and the real ztunnel; agent RSS):"
+  echo
+  echo "bench: ambient ADD" >&2
+  "$bin/bench-ambient" 50 "${PAR:-100}" "${AMBIENT_PODS:-500}"
   echo
   echo "**RunPodSandbox under containerd** (Debian's containerd 1.6 over the CRI, install-cni running from the image, sidecar pods; with and without istio-cni in the chain, alternating rounds):"
   echo

@@ -122,10 +122,6 @@ impl Agent {
         &self.zds
     }
 
-    pub fn settings(&self) -> &AgentSettings {
-        &self.settings
-    }
-
     /// The in-pod plan for a pod.
     pub fn plan_for(&self, pod: &AmbientPodRef) -> Result<Plan, AgentError> {
         Plan::ambient(&AmbientConfig {
@@ -150,10 +146,6 @@ impl Agent {
             .values()
             .map(|e| (e.pod.clone(), e.netns.clone()))
             .collect()
-    }
-
-    pub async fn count(&self) -> usize {
-        self.inner.lock().await.pods.len()
     }
 
     /// Records a pod the startup snapshot handed to ztunnel (rules already reconciled).
@@ -369,15 +361,6 @@ impl Agent {
             program(&plan, &netns, backend, &pod).await?;
         }
         Ok(drift)
-    }
-
-    /// Uninstall: every pod released, host rule removed.
-    pub async fn release_all(&self, why: &str) {
-        let uids: Vec<String> = self.inner.lock().await.pods.keys().cloned().collect();
-        for uid in uids {
-            self.release(&uid, why).await;
-        }
-        let _ = blocking(nft_backend::ambient_host::remove_all).await;
     }
 }
 
