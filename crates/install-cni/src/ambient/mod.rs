@@ -118,7 +118,7 @@ fn host_plan(proc_root: &Path, ipv6: bool) -> Result<Plan, String> {
 /// Marks (or unmarks) the pod `ambient.istio.io/redirection: enabled`, as Istio's agent does:
 /// istiod reads it to know the pod's traffic is captured (it then sends it HBONE). Through
 /// `pods/status` (what the chart's RBAC grants); in the background, best effort: the pod is
-/// served either way, and the next enroll or reconcile writes it again.
+/// served either way, and its next enroll writes it again.
 pub fn annotate(client: &kube::Client, pod: &Pod, enabled: bool) {
     use istio_cni::ambient::annotations::{REDIRECTION, REDIRECTION_ENABLED};
     let (Some(ns), Some(name)) = (pod.metadata.namespace.clone(), pod.metadata.name.clone()) else {
