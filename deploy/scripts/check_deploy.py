@@ -547,7 +547,8 @@ def main():
         if vals["taint"]["enabled"]:
             want |= {("", "nodes", "get"), ("", "nodes", "patch")}
         if vals["controllerMode"]["enabled"]:  # initialized annotation, namespace opt-in
-            want |= {("", "pods", "patch"), ("", "namespaces", "get")}
+            want |= {("", "pods", "patch"), ("", "namespaces", "get"), ("", "namespaces", "list"),
+                     ("", "namespaces", "watch")}
         if ambient:  # redirection annotation (pods/status, as Istio), namespace selectors, safe upgrade
             want |= {("", "pods/status", "patch"), ("", "namespaces", "get"), ("", "namespaces", "list"),
                      ("", "namespaces", "watch"), ("apps", "daemonsets", "get", ds["metadata"]["name"])}

@@ -75,6 +75,9 @@ fn add_latency_and_peak_rss() {
         attempts: 30,
         interval_ms: 1000,
         timeout_ms: 5000,
+        // Istio's 30 attempts 1 s apart fit only the default 30 s deadline (the plugin refuses
+        // pauses that cannot fit inside it).
+        deadline_ms: 30_000,
         ..Default::default()
     });
     let fixture = fixture("sidecar");

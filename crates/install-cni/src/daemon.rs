@@ -6,7 +6,7 @@ use crate::backend;
 use crate::config::Config;
 use crate::http::{self, Routes, State};
 use crate::install::{Installer, Outcome};
-use crate::podcache::PodCache;
+use crate::podcache::{NamespaceCache, PodCache};
 use crate::throttle::{Throttle, culprit_hint};
 use crate::watch::{self, Filter, Watch};
 use cni_config::PluginSettings;
@@ -231,17 +231,24 @@ async fn start_pod_consumers(
             cache.subscribe(),
         );
     }
+    // ONE namespace list + watch, for whoever reads namespaces' labels or annotations.
+    let controller_mode = cfg.reconcile.enabled && cfg.reconcile.controller_mode;
+    let namespaces = (cfg.ambient.enabled || controller_mode).then(NamespaceCache::new);
     if cfg.reconcile.enabled {
         crate::reconcile::start(
             cfg,
             backend,
             state.clone(),
             client.clone(),
-            cache.subscribe(),
+            &cache,
+            namespaces.as_ref(),
         );
     }
-    if cfg.ambient.enabled {
-        crate::ambient::start(cfg, backend, state, client.clone(), &cache);
+    if let (true, Some(ns)) = (cfg.ambient.enabled, &namespaces) {
+        crate::ambient::start(cfg, backend, state, client.clone(), &cache, ns);
+    }
+    if let Some(ns) = namespaces {
+        tokio::spawn(ns.run(kube::Api::all(client.clone()), cfg.pod_watch_timeout));
     }
     tokio::spawn(cache.clone().run(
         kube::Api::all(client),

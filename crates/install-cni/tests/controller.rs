@@ -115,6 +115,9 @@ fn opted_in_pods_are_programmed_at_first_sight_and_annotated_others_are_not() {
         RunningPod::new(),
         RunningPod::new(),
     );
+    // Its namespace is opted in only later (created now: the daemon's proc root lists the
+    // processes that exist when it starts).
+    let late = RunningPod::new();
     let ip = |r: &RunningPod| r.ip.to_string();
     // Envoy's listeners in each pod, a server in each world.
     let _probes: Vec<Probe> = [&early, &by_pod, &by_ns, &plain]
@@ -208,13 +211,29 @@ fn opted_in_pods_are_programmed_at_first_sight_and_annotated_others_are_not() {
         r.json(),
         json!({"metadata": {"annotations": {INITIALIZED: "true"}}})
     );
-    // The namespace was read once (cached) for the namespace-opt-in pod's namespace.
+    // Namespaces come from the daemon's one namespace watch, never a GET per pod.
     let gets = kube
         .actions()
         .into_iter()
-        .filter(|r| r.method == "GET" && r.path == "/api/v1/namespaces/opted")
+        .filter(|r| r.method == "GET" && r.path.starts_with("/api/v1/namespaces/opted"))
         .count();
-    assert_eq!(gets, 1);
+    assert_eq!(gets, 0);
+    assert!(kube.namespace_watch_requests() >= 1);
+
+    // A namespace opted in while its pod already runs: the pod is programmed at once, with no
+    // event of its own (the namespace watch re-evaluates the namespace's pods).
+    let _late_probes = [
+        Probe::sidecar(late.world.pod.path()).unwrap(),
+        Probe::world(late.world.world.path()).unwrap(),
+    ];
+    kube.put_namespace("later", json!({}));
+    let late_pod = kube.add(mesh_pod("later", "late", &ip(&late), json!({})));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(late.outbound(), Some(80), "not opted in yet: no rules");
+    let t0 = Instant::now();
+    kube.put_namespace("later", json!({INITIALIZE: "true"}));
+    let late_took = programmed(&d, &kube, &late_pod, &late, t0);
+    eprintln!("controller mode: namespace opted in later: rules in place after {late_took:?}");
     assert_eq!(
         d.metric("istio_cni_pod_rules_checks_total{result=\"failed\"}"),
         0.0,

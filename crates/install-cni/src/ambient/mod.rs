@@ -151,22 +151,18 @@ pub fn annotate(client: &kube::Client, pod: &Pod, enabled: bool) {
     });
 }
 
-/// Subscribes now (so the first list is seen whole) and starts the agent in the background.
+/// Subscribes now (so the first lists are seen whole) and starts the agent in the background.
+/// `namespaces`: the daemon's namespace cache (started by the caller).
 pub fn start(
     cfg: &Config,
     backend: redirect::Backend,
     state: Arc<State>,
     client: kube::Client,
     pods: &PodCache,
+    namespaces: &NamespaceCache,
 ) {
     let pod_events = pods.subscribe();
-    let namespaces = NamespaceCache::new();
     let ns_events = namespaces.subscribe();
-    tokio::spawn(
-        namespaces
-            .clone()
-            .run(kube::Api::all(client.clone()), cfg.pod_watch_timeout),
-    );
     let run = Runner {
         policy: Policy::from_config(cfg),
         proc_root: cfg.repair.proc_root.clone(),
@@ -178,7 +174,7 @@ pub fn start(
         dns_capture: cfg.ambient.dns_capture,
         ipv6: cfg.ambient.ipv6,
         pods: pods.clone(),
-        namespaces,
+        namespaces: namespaces.clone(),
         state,
         client,
     };

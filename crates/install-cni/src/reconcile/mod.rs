@@ -18,7 +18,7 @@ pub mod tracker;
 
 use crate::config::{Config, RepairConfig};
 use crate::http::State;
-use crate::podcache::{PodEvent, Subscription};
+use crate::podcache::{CacheEvent, NamespaceCache, PodCache, PodEvent, Subscription};
 use crate::podplan::{self, Verdict};
 use check::{Outcome, Target};
 use k8s_openapi::api::core::v1::Pod;
@@ -53,11 +53,16 @@ pub struct Settings {
     /// The repair controller's settings when it runs (its broken pods are its own).
     pub repair: Option<RepairConfig>,
     /// Controller mode: only opted-in pods, programmed on first sight and annotated.
-    pub controller: Option<Arc<controller::Namespaces>>,
+    pub controller: Option<controller::Namespaces>,
 }
 
 impl Settings {
-    pub fn from_config(cfg: &Config, backend: redirect::Backend) -> Settings {
+    /// `namespaces`: the daemon's namespace cache (controller mode needs it).
+    pub fn from_config(
+        cfg: &Config,
+        backend: redirect::Backend,
+        namespaces: Option<&NamespaceCache>,
+    ) -> Settings {
         Settings {
             interval: cfg.reconcile.interval,
             exclude_namespaces: cfg.exclude_namespaces.clone(),
@@ -66,10 +71,9 @@ impl Settings {
             backend: BackendChoice::Fixed(backend),
             node_name: cfg.repair.node_name.clone(),
             repair: cfg.repair.enabled.then(|| cfg.repair.clone()),
-            controller: cfg
-                .reconcile
-                .controller_mode
-                .then(|| Arc::new(controller::Namespaces::default())),
+            controller: namespaces
+                .filter(|_| cfg.reconcile.controller_mode)
+                .map(|n| controller::Namespaces::new(n.clone())),
         }
     }
 
@@ -105,25 +109,44 @@ impl Settings {
     }
 }
 
-/// Starts the reconciler on the node pod cache's subscription `pods`.
+/// Starts the reconciler on the node pod cache (subscribed now, so the first list is seen
+/// whole); in controller mode also on the namespace cache.
 pub fn start(
     cfg: &Config,
     backend: redirect::Backend,
     state: Arc<State>,
     client: Client,
-    pods: Subscription,
+    pods: &PodCache,
+    namespaces: Option<&NamespaceCache>,
 ) {
-    let settings = Arc::new(Settings::from_config(cfg, backend));
-    tokio::spawn(run(settings, state, client, pods));
+    let settings = Arc::new(Settings::from_config(cfg, backend, namespaces));
+    let sources = Sources {
+        events: pods.subscribe(),
+        pods: pods.clone(),
+        namespaces: settings.controller.as_ref().map(|c| c.cache().subscribe()),
+    };
+    tokio::spawn(run(settings, state, client, sources));
+}
+
+/// What the reconciler follows.
+pub struct Sources {
+    pub events: Subscription,
+    /// To re-evaluate a namespace's pods when its opt-in changes.
+    pub pods: PodCache,
+    /// Controller mode: namespace changes.
+    pub namespaces: Option<
+        tokio::sync::mpsc::UnboundedReceiver<CacheEvent<k8s_openapi::api::core::v1::Namespace>>,
+    >,
 }
 
 /// Checks pods as they come due until the pod cache is gone.
-pub async fn run(
-    settings: Arc<Settings>,
-    state: Arc<State>,
-    client: Client,
-    mut pods: Subscription,
-) {
+pub async fn run(settings: Arc<Settings>, state: Arc<State>, client: Client, sources: Sources) {
+    let Sources {
+        events: mut pods,
+        pods: cache,
+        namespaces,
+    } = sources;
+    let mut namespaces = namespaces;
     tracing::info!(
         interval_ms = settings.interval.as_millis() as u64,
         proc_root = %settings.proc_root.display(),
@@ -145,14 +168,20 @@ pub async fn run(
         tokio::select! {
             ev = pods.recv() => match ev {
                 Some(ev) => {
-                    observe(&settings, &client, &mut tracker, ev).await;
+                    tracker.on_event(ev);
                     while let Ok(ev) = pods.try_recv() {
-                        observe(&settings, &client, &mut tracker, ev).await;
+                        tracker.on_event(ev);
                     }
                     state.set_reconciled_pods(tracker.len());
                 }
                 None => return,
             },
+            Some(ev) = next_namespace(&mut namespaces) => {
+                if let CacheEvent::Applied(ns) = ev {
+                    reevaluate(&mut tracker, &cache, ns.metadata.name.as_deref().unwrap_or(""));
+                    state.set_reconciled_pods(tracker.len());
+                }
+            }
             _ = sleep_until(wake) => {}
         }
         // Whatever is due now, then back to the events (a due pod never waits for a batch).
@@ -178,13 +207,23 @@ pub async fn run(
     }
 }
 
-/// Feeds one pod event to the tracker; in controller mode, the pod's namespace opt-in is read
-/// first (cached) so that the tracker's eligibility sees it.
-async fn observe(settings: &Settings, client: &Client, tracker: &mut Tracker, ev: PodEvent) {
-    if let (Some(c), PodEvent::Applied(pod)) = (&settings.controller, &ev) {
-        c.refresh(client, pod).await;
+/// Controller mode: a namespace's opt-in changed; its pods are looked at again.
+fn reevaluate(tracker: &mut Tracker, pods: &PodCache, namespace: &str) {
+    for pod in pods.snapshot() {
+        if pod.metadata.namespace.as_deref() == Some(namespace) {
+            tracker.on_event(PodEvent::Applied(pod));
+        }
     }
-    tracker.on_event(ev);
+}
+
+/// The next namespace event, or never (outside controller mode).
+async fn next_namespace<K>(
+    events: &mut Option<tokio::sync::mpsc::UnboundedReceiver<CacheEvent<K>>>,
+) -> Option<CacheEvent<K>> {
+    match events {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn sleep_until(t: Option<Instant>) {
