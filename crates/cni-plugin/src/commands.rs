@@ -330,17 +330,13 @@ pub fn del(conf: &NetConf, env: &CniEnv) -> Result<(), CniError> {
     }
     // Ambient mode: an ADD whose agent died mid-way may have left the pod's ambient rules
     // without ztunnel; the runtime's DEL after that failed ADD removes them.
-    let removed = redirect::cleanup(Some(netns)).and_then(|()| {
-        if conf.settings.ambient_enabled {
-            redirect::cleanup_ambient_until(
-                Some(netns),
-                std::time::Instant::now() + redirect::DEFAULT_LOCK_WAIT,
-            )
-        } else {
-            Ok(())
-        }
-    });
-    match removed {
+    let scope = if conf.settings.ambient_enabled {
+        redirect::Scope::ALL
+    } else {
+        redirect::Scope::SIDECAR
+    };
+    let deadline = std::time::Instant::now() + redirect::DEFAULT_LOCK_WAIT;
+    match redirect::cleanup_scope_until(Some(netns), scope, deadline) {
         Ok(()) => {
             tracing::info!("redirect rules removed");
             Ok(())

@@ -204,10 +204,12 @@ pub fn apply_until(
                 nft_backend::apply(plan)?;
             }
             Backend::IptablesLegacy => {
-                nft_backend::cleanup()?;
-                if is_ambient(plan) {
-                    nft_backend::cleanup_ambient()?;
-                }
+                let scope = if is_ambient(plan) {
+                    Scope::ALL
+                } else {
+                    Scope::SIDECAR
+                };
+                remove_nft(scope)?;
                 iptables_legacy::apply(plan, held)?;
             }
         }
@@ -242,16 +244,63 @@ pub fn check_until(
     })
 }
 
-/// Removes our rules of both kinds from the namespace. Waits up to [`DEFAULT_LOCK_WAIT`] for
-/// other calls on the namespace.
+/// Which of our rule sets a cleanup removes. Our iptables-legacy chains go in every scope: a
+/// namespace holds either kind, and `ISTIO_*` chains are ours whichever plan made them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Scope {
+    /// The sidecar tables (`Table::ALL`) and TPROXY's routes.
+    pub sidecar: bool,
+    /// Ambient's in-pod tables (`Table::AMBIENT`) and its policy routing.
+    pub ambient: bool,
+}
+
+impl Scope {
+    pub const SIDECAR: Scope = Scope {
+        sidecar: true,
+        ambient: false,
+    };
+    pub const AMBIENT: Scope = Scope {
+        sidecar: false,
+        ambient: true,
+    };
+    pub const ALL: Scope = Scope {
+        sidecar: true,
+        ambient: true,
+    };
+}
+
+/// Our nftables tables (and their routes) in `scope`, in the current namespace.
+fn remove_nft(scope: Scope) -> Result<(), RedirectError> {
+    if scope.sidecar {
+        nft_backend::cleanup()?;
+    }
+    if scope.ambient {
+        nft_backend::cleanup_ambient()?;
+    }
+    Ok(())
+}
+
+/// Removes our sidecar rules of both kinds from the namespace. Waits up to
+/// [`DEFAULT_LOCK_WAIT`] for other calls on the namespace.
 pub fn cleanup(netns: Option<&Path>) -> Result<(), RedirectError> {
     cleanup_until(netns, Instant::now() + DEFAULT_LOCK_WAIT)
 }
 
 /// [`cleanup`], giving up on the namespace's lock at `deadline`.
 pub fn cleanup_until(netns: Option<&Path>, deadline: Instant) -> Result<(), RedirectError> {
+    cleanup_scope_until(netns, Scope::SIDECAR, deadline)
+}
+
+/// Removes our rules in `scope` (nft tables, iptables-legacy chains, routes) from the
+/// namespace under its lock, giving up on the lock at `deadline`. `Scope::AMBIENT`: the pod
+/// left ambient; `Scope::ALL`: the pod is going away on an ambient node.
+pub fn cleanup_scope_until(
+    netns: Option<&Path>,
+    scope: Scope,
+    deadline: Instant,
+) -> Result<(), RedirectError> {
     locked(netns, deadline, |held| {
-        nft_backend::cleanup()?;
+        remove_nft(scope)?;
         if iptables_legacy::has_our_chains().unwrap_or(false) {
             iptables_legacy::cleanup(held)?;
         }
@@ -263,18 +312,6 @@ fn is_ambient(plan: &Plan) -> bool {
     plan.owned_tables()
         .iter()
         .any(|t| capture::Table::AMBIENT.contains(t))
-}
-
-/// Removes ambient's in-pod rules (nft tables or iptables-legacy chains) and its policy
-/// routing from the namespace, under its lock: the pod left ambient (or is going away).
-pub fn cleanup_ambient_until(netns: Option<&Path>, deadline: Instant) -> Result<(), RedirectError> {
-    locked(netns, deadline, |held| {
-        nft_backend::cleanup_ambient()?;
-        if iptables_legacy::has_our_chains().unwrap_or(false) {
-            iptables_legacy::cleanup(held)?;
-        }
-        Ok(())
-    })
 }
 
 /// The rules as text for `--dry-run`: nft syntax, or iptables-restore payloads.

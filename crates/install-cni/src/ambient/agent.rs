@@ -392,7 +392,8 @@ async fn unprogram(netns: &Arc<OwnedFd>) -> Result<(), String> {
     let netns = netns.clone();
     blocking(move || {
         let path = fd_path(&netns);
-        redirect::cleanup_ambient_until(Some(&path), Instant::now() + LOCK_WAIT)
+        let deadline = Instant::now() + LOCK_WAIT;
+        redirect::cleanup_scope_until(Some(&path), redirect::Scope::AMBIENT, deadline)
     })
     .await?
     .map_err(|e| e.to_string())
