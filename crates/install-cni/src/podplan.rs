@@ -26,21 +26,8 @@ pub fn verdict(
     exclude_namespaces: &[String],
     cni_namespace: &str,
 ) -> Result<Verdict, String> {
-    let ns = pod.metadata.namespace.as_deref().unwrap_or("");
-    let name = pod.metadata.name.as_deref().unwrap_or("");
-    if pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.host_network)
-        .unwrap_or(false)
-    {
-        return Ok(Verdict::Skip("host-network pod".into()));
-    }
-    if istio_cni::pod::is_self(name, ns, cni_namespace) {
-        return Ok(Verdict::Skip("istio-cni's own pod".into()));
-    }
-    if exclude_namespaces.iter().any(|n| n == ns) {
-        return Ok(Verdict::Skip(format!("namespace {ns} is excluded")));
+    if let Some(why) = bypassed(pod, exclude_namespaces, cni_namespace) {
+        return Ok(Verdict::Skip(why));
     }
     match istio_cni::pod::decide(pod) {
         Ok(istio_cni::pod::Decision::Skip(reason)) => Ok(Verdict::Skip(format!(
@@ -49,6 +36,42 @@ pub fn verdict(
         Ok(istio_cni::pod::Decision::Capture(pc)) => Ok(Verdict::Mesh(pc)),
         Err(e) => Err(format!("invalid pod configuration: {e}")),
     }
+}
+
+/// The plugin's routing before any decision (host network, its own pods, excluded
+/// namespaces): `Some(why)` when it would pass the pod through. Pure; shared by the sidecar
+/// verdict and the ambient agent.
+pub fn bypassed(pod: &Pod, exclude_namespaces: &[String], cni_namespace: &str) -> Option<String> {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("");
+    let name = pod.metadata.name.as_deref().unwrap_or("");
+    if pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false)
+    {
+        return Some("host-network pod".into());
+    }
+    if istio_cni::pod::is_self(name, ns, cni_namespace) {
+        return Some("istio-cni's own pod".into());
+    }
+    if exclude_namespaces.iter().any(|n| n == ns) {
+        return Some(format!("namespace {ns} is excluded"));
+    }
+    None
+}
+
+/// `Some(why)` when the pod has no running sandbox to keep rules in (terminating, or its
+/// phase is Succeeded or Failed).
+pub fn finished(pod: &Pod) -> Option<String> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return Some("terminating".into());
+    }
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    if let Some(p @ ("Succeeded" | "Failed")) = phase {
+        return Some(format!("phase {p}"));
+    }
+    None
 }
 
 /// `status.podIP`, parsed.

@@ -49,22 +49,11 @@ impl Policy {
     }
 
     /// Whether ztunnel should serve the pod now (the plugin's decision plus the routing it
-    /// does first: its own pods, excluded namespaces; and a pod that has finished is not).
+    /// does first; and a pod that has finished is not).
     pub fn wants(&self, pod: &Pod, namespace_labels: &BTreeMap<String, String>) -> bool {
-        let ns = pod.metadata.namespace.as_deref().unwrap_or("");
-        let name = pod.metadata.name.as_deref().unwrap_or("");
-        if istio_cni::pod::is_self(name, ns, &self.cni_namespace)
-            || self.exclude_namespaces.iter().any(|n| n == ns)
-        {
-            return false;
-        }
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        if matches!(phase, Some("Succeeded" | "Failed"))
-            || pod.metadata.deletion_timestamp.is_some()
-        {
-            return false;
-        }
-        decide(pod, namespace_labels, &self.selectors) == AmbientDecision::Ambient
+        crate::podplan::bypassed(pod, &self.exclude_namespaces, &self.cni_namespace).is_none()
+            && crate::podplan::finished(pod).is_none()
+            && decide(pod, namespace_labels, &self.selectors) == AmbientDecision::Ambient
     }
 }
 

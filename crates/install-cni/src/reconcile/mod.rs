@@ -79,12 +79,8 @@ impl Settings {
 
     /// `Ok(target)` when the pod's rules are ours to keep, `Err(why)` otherwise.
     pub fn eligible(&self, pod: &Pod) -> Result<Target, String> {
-        if pod.metadata.deletion_timestamp.is_some() {
-            return Err("terminating".into());
-        }
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        if matches!(phase, Some("Succeeded" | "Failed")) {
-            return Err(format!("phase {}", phase.unwrap_or("")));
+        if let Some(why) = podplan::finished(pod) {
+            return Err(why);
         }
         if let Some(r) = &self.repair
             && crate::repair::filter::matches(r, pod)
