@@ -22,7 +22,7 @@ pub enum Route {
 }
 
 pub fn route(conf: &NetConf, args: &K8sArgs) -> Route {
-    if pod::is_self(
+    if pod_policy::bypass::is_self(
         &args.pod_name,
         &args.pod_namespace,
         &conf.settings.pod_namespace,

@@ -5,13 +5,14 @@
 //! the fuzz targets can drive them without a process.
 
 pub mod agent;
-pub mod ambient;
 pub mod cni;
 pub mod commands;
 pub mod k8s;
 pub mod logging;
-pub mod pod;
 pub mod settings;
+
+// Moved to pod-policy; re-exported until every user imports them from there.
+pub use pod_policy::{ambient, sidecar as pod};
 
 use cni::{CniEnv, CniError, Command, ErrorCode, LATEST_VERSION};
 use serde_json::Value;

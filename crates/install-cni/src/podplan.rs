@@ -52,7 +52,7 @@ pub fn bypassed(pod: &Pod, exclude_namespaces: &[String], cni_namespace: &str) -
     {
         return Some("host-network pod".into());
     }
-    if istio_cni::pod::is_self(name, ns, cni_namespace) {
+    if pod_policy::bypass::is_self(name, ns, cni_namespace) {
         return Some("istio-cni's own pod".into());
     }
     if exclude_namespaces.iter().any(|n| n == ns) {

@@ -1,11 +1,9 @@
 //! Ambient mode: which pods ztunnel serves, and each pod's own settings. Pure; shared by the
 //! plugin (ADD) and the node agent (its pod watch), so both decide the same way.
 
-use crate::pod::{go_parse_bool, keys};
+use crate::selector::{DATAPLANE_MODE_LABEL, DATAPLANE_MODE_NONE, EnablementSelector, selected};
+use crate::sidecar::{go_parse_bool, keys};
 use capture::{AmbientPod, PodDns, parse_interface_list};
-use cni_config::ambient::{
-    DATAPLANE_MODE_LABEL, DATAPLANE_MODE_NONE, EnablementSelector, selected,
-};
 use k8s_openapi::api::core::v1::Pod;
 use std::collections::BTreeMap;
 
@@ -93,7 +91,7 @@ pub fn pod_settings(pod: &Pod) -> Result<AmbientPod, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cni_config::ambient::default_selectors;
+    use crate::selector::default_selectors;
     use serde_json::json;
 
     fn pod(v: serde_json::Value) -> Pod {

@@ -1,19 +1,20 @@
-//! Label and field selectors evaluated on the client side. The node's pod cache watches every
-//! pod of the node (`spec.nodeName=<node>` only), so a consumer with narrower selectors (the
-//! repair controller's `REPAIR_LABEL_SELECTORS` / `REPAIR_FIELD_SELECTORS`) filters here with
-//! the API server's grammar instead of opening a second watch. Pure.
+//! Label and field selectors in the API server's text grammar, evaluated on the client side. The
+//! node's pod cache watches every pod of the node (`spec.nodeName=<node>` only), so a consumer
+//! with narrower selectors (the repair controller's `REPAIR_LABEL_SELECTORS` /
+//! `REPAIR_FIELD_SELECTORS`) filters here instead of opening a second watch. The text parses into
+//! the same requirements as a structured [`LabelSelector`](crate::selector::LabelSelector), and
+//! is matched by the same code. Pure.
 
+use crate::selector::{LabelSelectorRequirement as Req, SelectorOperator as Op};
 use k8s_openapi::api::core::v1::Pod;
 use std::collections::BTreeMap;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Req {
-    Eq(String, String),
-    Ne(String, String),
-    In(String, Vec<String>),
-    NotIn(String, Vec<String>),
-    Exists(String),
-    NotExists(String),
+fn req(key: &str, operator: Op, values: Vec<String>) -> Req {
+    Req {
+        key: key.trim().to_string(),
+        operator,
+        values,
+    }
 }
 
 /// A parsed selector: every requirement must hold (the API server's AND).
@@ -53,10 +54,10 @@ fn set_values(rest: &str) -> Option<Vec<String>> {
 fn parse_req(part: &str, set_based: bool) -> Result<Req, String> {
     let p = part.trim();
     if let Some((k, v)) = p.split_once("!=") {
-        return Ok(Req::Ne(k.trim().into(), v.trim().into()));
+        return Ok(req(k, Op::NotIn, vec![v.trim().into()]));
     }
     if let Some((k, v)) = p.split_once("==").or_else(|| p.split_once('=')) {
-        return Ok(Req::Eq(k.trim().into(), v.trim().into()));
+        return Ok(req(k, Op::In, vec![v.trim().into()]));
     }
     if !set_based {
         return Err(format!("{p:?} is not key=value or key!=value"));
@@ -65,16 +66,16 @@ fn parse_req(part: &str, set_based: bool) -> Result<Req, String> {
     if let [k, rest] = words[..] {
         let rest = rest.trim_start();
         if let Some(vals) = rest.strip_prefix("notin").and_then(set_values) {
-            return Ok(Req::NotIn(k.into(), vals));
+            return Ok(req(k, Op::NotIn, vals));
         }
         if let Some(vals) = rest.strip_prefix("in").and_then(set_values) {
-            return Ok(Req::In(k.into(), vals));
+            return Ok(req(k, Op::In, vals));
         }
         return Err(format!("{p:?}: expected 'in (...)' or 'notin (...)'"));
     }
     match p.strip_prefix('!') {
-        Some(k) if !k.trim().is_empty() => Ok(Req::NotExists(k.trim().into())),
-        None if !p.is_empty() => Ok(Req::Exists(p.into())),
+        Some(k) if !k.trim().is_empty() => Ok(req(k, Op::DoesNotExist, Vec::new())),
+        None if !p.is_empty() => Ok(req(p, Op::Exists, Vec::new())),
         _ => Err(format!("{p:?} is empty")),
     }
 }
@@ -97,7 +98,7 @@ fn parse(text: &str, set_based: bool) -> Result<Selector, SelectorError> {
 impl Selector {
     /// Selects no object at all.
     pub fn nothing() -> Selector {
-        Selector(vec![Req::In(String::new(), Vec::new())])
+        Selector(vec![req("", Op::In, Vec::new())])
     }
 
     /// A label selector (`a=b,c!=d,e in (x,y),f notin (z),g,!h`).
@@ -111,14 +112,7 @@ impl Selector {
     }
 
     fn holds(&self, get: impl Fn(&str) -> Option<String>) -> bool {
-        self.0.iter().all(|r| match r {
-            Req::Eq(k, v) => get(k).as_deref() == Some(v.as_str()),
-            Req::Ne(k, v) => get(k).as_deref() != Some(v.as_str()),
-            Req::In(k, vs) => get(k).is_some_and(|x| vs.contains(&x)),
-            Req::NotIn(k, vs) => get(k).is_none_or(|x| !vs.contains(&x)),
-            Req::Exists(k) => get(k).is_some(),
-            Req::NotExists(k) => get(k).is_none(),
-        })
+        self.0.iter().all(|r| r.holds_for(get(&r.key).as_deref()))
     }
 
     pub fn matches_labels(&self, labels: Option<&BTreeMap<String, String>>) -> bool {

@@ -1,5 +1,5 @@
-//! Pod → decision and `capture::Config` (istio-reference §4.3 step 8–10, §4.4). Pure: the pod
-//! comes from the API server, the result goes to the backends; no I/O here.
+//! Sidecar pods: Pod → decision and `capture::Config` (istio-reference §4.3 step 8–10, §4.4).
+//! Pure: the pod comes from the API server, the result goes to the backends; no I/O here.
 
 use capture::{
     Config, ConfigError, Id, parse_cidr_list, parse_inbound_ports, parse_interception_mode_strict,
@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 
 pub const PROXY_CONTAINER: &str = "istio-proxy";
 pub const INIT_CONTAINER: &str = "istio-init";
-pub const SELF_POD_PREFIX: &str = "istio-cni-node-";
 
 pub mod keys {
     pub const INJECT: &str = "sidecar.istio.io/inject";
@@ -30,12 +29,6 @@ pub mod keys {
     pub const ENV_DUAL_STACK: &str = "ISTIO_DUAL_STACK";
     pub const ENV_INVALID_DROP: &str = "INVALID_DROP";
     pub const ENV_DISABLE_ENVOY: &str = "DISABLE_ENVOY";
-}
-
-/// Istio's self-bypass: the istio-cni DaemonSet's own pods must start even while the
-/// kubeconfig is missing or stale (istio#56972), so they are recognised by name alone.
-pub fn is_self(pod_name: &str, pod_namespace: &str, cni_namespace: &str) -> bool {
-    pod_name.starts_with(SELF_POD_PREFIX) && pod_namespace == cni_namespace
 }
 
 /// What the plugin reads from a pod (Istio's `PodInfo`).
@@ -410,17 +403,6 @@ mod tests {
         let mut i = sidecar(&[]);
         i.annotations.remove(keys::STATUS);
         assert!(skip_reason(&i).unwrap().contains(keys::STATUS));
-    }
-
-    #[test]
-    fn self_bypass() {
-        assert!(is_self(
-            "istio-cni-node-abcde",
-            "istio-system",
-            "istio-system"
-        ));
-        assert!(!is_self("istio-cni-node-abcde", "default", "istio-system"));
-        assert!(!is_self("web", "istio-system", "istio-system"));
     }
 
     #[test]

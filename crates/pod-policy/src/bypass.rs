@@ -1,0 +1,96 @@
+//! The pass-through routing every consumer applies before deciding (Istio's plugin steps 3 and
+//! 5): the istio-cni DaemonSet's own pods, excluded namespaces and host-network pods are never
+//! touched; and a pod with no running sandbox has nothing to keep rules in. Pure.
+
+use k8s_openapi::api::core::v1::Pod;
+use std::net::IpAddr;
+
+/// The prefix of the istio-cni DaemonSet's pod names.
+pub const SELF_POD_PREFIX: &str = "istio-cni-node-";
+
+/// Which namespaces the plugin leaves alone (the conflist's `exclude_namespaces` and
+/// `pod_namespace`; install-cni's `EXCLUDE_NAMESPACES` and `POD_NAMESPACE`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Scope {
+    pub exclude_namespaces: Vec<String>,
+    /// The istio-cni DaemonSet's namespace: its own pods bypass the plugin.
+    pub cni_namespace: String,
+}
+
+/// Istio's self-bypass: the istio-cni DaemonSet's own pods must start even while the
+/// kubeconfig is missing or stale (istio#56972), so they are recognised by name alone.
+pub fn is_self(pod_name: &str, pod_namespace: &str, cni_namespace: &str) -> bool {
+    pod_name.starts_with(SELF_POD_PREFIX) && pod_namespace == cni_namespace
+}
+
+impl Scope {
+    /// What can be decided from the pod's name and namespace alone, before any lookup
+    /// (the plugin's CNI_ARGS): `Some(why)` when the pod is passed through.
+    pub fn by_name(&self, pod_name: &str, pod_namespace: &str) -> Option<String> {
+        if is_self(pod_name, pod_namespace, &self.cni_namespace) {
+            return Some("istio-cni's own pod (self-bypass)".into());
+        }
+        if self.exclude_namespaces.iter().any(|n| n == pod_namespace) {
+            return Some(format!("namespace {pod_namespace} is excluded"));
+        }
+        None
+    }
+
+    /// The routing before any decision (host network, istio-cni's own pods, excluded
+    /// namespaces): `Some(why)` when the plugin would pass the pod through.
+    pub fn bypassed(&self, pod: &Pod) -> Option<String> {
+        if host_network(pod) {
+            return Some("host-network pod".into());
+        }
+        let ns = pod.metadata.namespace.as_deref().unwrap_or("");
+        let name = pod.metadata.name.as_deref().unwrap_or("");
+        self.by_name(name, ns)
+    }
+}
+
+pub fn host_network(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false)
+}
+
+/// `Some(why)` when the pod has no running sandbox to keep rules in (terminating, or its
+/// phase is Succeeded or Failed).
+pub fn finished(pod: &Pod) -> Option<String> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return Some("terminating".into());
+    }
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    if let Some(p @ ("Succeeded" | "Failed")) = phase {
+        return Some(format!("phase {p}"));
+    }
+    None
+}
+
+/// `status.podIP`, parsed.
+pub fn pod_ip(pod: &Pod) -> Result<IpAddr, String> {
+    let text = pod
+        .status
+        .as_ref()
+        .and_then(|st| st.pod_ip.as_deref())
+        .unwrap_or("");
+    text.parse()
+        .map_err(|_| format!("pod has no usable status.podIP ({text:?})"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn self_bypass() {
+        assert!(is_self(
+            "istio-cni-node-abcde",
+            "istio-system",
+            "istio-system"
+        ));
+        assert!(!is_self("istio-cni-node-abcde", "default", "istio-system"));
+        assert!(!is_self("web", "istio-system", "istio-system"));
+    }
+}

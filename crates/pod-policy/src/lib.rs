@@ -1,0 +1,88 @@
+//! Which pods are in the mesh, and how: a Pod (and its namespace's labels) → [`Decision`]: skip
+//! (with the reason), a sidecar pod's `capture::Config`, or an ambient pod's settings. Istio's
+//! annotations, proxy-container reading and enablement selectors live here and nowhere else; the
+//! plugin (ADD/CHECK), the node daemon (repair, reconcile, controller mode, the ambient agent) and
+//! the CLI all decide through this crate, so they can never disagree on a pod. Pure: no I/O.
+//!
+//! - [`bypass`]: the routing before any decision (own pods, excluded namespaces, host network)
+//!   and whether a pod still has a running sandbox;
+//! - [`sidecar`]: Istio's sidecar checks and the annotations → istio-iptables flags mapping;
+//! - [`ambient`]: Istio's `PodRedirectionEnabled` and the ambient pod annotations;
+//! - [`selector`] / [`selector_text`]: Kubernetes label selectors, structured (enablement
+//!   selectors) and in the API server's text grammar (repair's selectors), one matcher.
+
+pub mod ambient;
+pub mod bypass;
+pub mod selector;
+pub mod selector_text;
+pub mod sidecar;
+
+pub use bypass::Scope;
+pub use selector::EnablementSelector;
+pub use sidecar::PodConfig;
+
+use capture::AmbientPod;
+use k8s_openapi::api::core::v1::Pod;
+use std::collections::BTreeMap;
+
+/// Labels of a namespace (or a pod).
+pub type Labels = BTreeMap<String, String>;
+
+/// The node's mesh settings a decision depends on.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Policy {
+    pub scope: Scope,
+    /// Ambient mode's enablement selectors in force; `None`: ambient mode is off.
+    pub ambient: Option<Vec<EnablementSelector>>,
+}
+
+/// What happens to a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Left alone (why).
+    Skip(String),
+    /// A sidecar pod: the plugin programs this config (warnings: what it tolerated).
+    Sidecar(Box<PodConfig>),
+    /// An ambient pod: the node agent programs it and ztunnel serves it.
+    Ambient(AmbientPod),
+}
+
+/// A pod whose annotations cannot be used; the message names the annotation and its value.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PolicyError {
+    #[error(transparent)]
+    Sidecar(#[from] capture::ConfigError),
+    #[error("{0}")]
+    Ambient(String),
+}
+
+/// The decision, in Istio's order: the pass-through routing, then (ambient mode) the
+/// enablement selectors, then the sidecar checks.
+pub fn decide(
+    pod: &Pod,
+    namespace_labels: &Labels,
+    policy: &Policy,
+) -> Result<Decision, PolicyError> {
+    if let Some(why) = policy.scope.bypassed(pod) {
+        return Ok(Decision::Skip(why));
+    }
+    if let Some(selectors) = &policy.ambient {
+        match ambient::decide(pod, namespace_labels, selectors) {
+            ambient::AmbientDecision::Ambient => {
+                let settings = ambient::pod_settings(pod).map_err(PolicyError::Ambient)?;
+                return Ok(Decision::Ambient(settings));
+            }
+            ambient::AmbientDecision::NotAmbient(_) => {}
+        }
+    }
+    sidecar_decision(pod)
+}
+
+/// The sidecar checks alone (no routing, no ambient): what the plugin does with a pod it looked
+/// up outside ambient mode.
+pub fn sidecar_decision(pod: &Pod) -> Result<Decision, PolicyError> {
+    Ok(match sidecar::decide(pod)? {
+        sidecar::Decision::Skip(why) => Decision::Skip(why),
+        sidecar::Decision::Capture(pc) => Decision::Sidecar(pc),
+    })
+}
