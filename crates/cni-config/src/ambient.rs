@@ -4,9 +4,6 @@
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 
-// Moved to pod-policy; re-exported until every user imports it from there.
-pub use pod_policy::selector::*;
-
 /// The unix socket in `cni_agent_run_dir` on which the node agent takes the plugin's events.
 pub const PLUGIN_EVENT_SOCKET: &str = "pluginevent.sock";
 /// HTTP paths on that socket (Istio's `/cmdadd`; `/cmddel` is ours: DEL tells the agent).

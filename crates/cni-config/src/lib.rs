@@ -42,7 +42,7 @@ pub struct PluginSettings {
     /// Ambient mode: pods the selectors enroll are handed to the node agent on ADD.
     pub ambient_enabled: bool,
     /// Which pods are ambient (Istio's `enablement_selectors`); empty: Istio's defaults.
-    pub enablement_selectors: Vec<ambient::EnablementSelector>,
+    pub enablement_selectors: Vec<pod_policy::EnablementSelector>,
     /// Istio's `enable_ambient_detection_retry`: a failed ambient lookup fails the ADD (after
     /// the lookup's retries) instead of treating the pod as not ambient.
     pub enable_ambient_detection_retry: bool,
@@ -112,11 +112,22 @@ impl PluginSettings {
     }
 
     /// The selectors in force: the configured ones, or Istio's defaults when none are.
-    pub fn effective_selectors(&self) -> Vec<ambient::EnablementSelector> {
+    pub fn effective_selectors(&self) -> Vec<pod_policy::EnablementSelector> {
         if self.enablement_selectors.is_empty() {
-            ambient::default_selectors()
+            pod_policy::selector::default_selectors()
         } else {
             self.enablement_selectors.clone()
+        }
+    }
+
+    /// What the plugin decides pods with (the same policy install-cni builds from its env).
+    pub fn policy(&self) -> pod_policy::Policy {
+        pod_policy::Policy {
+            scope: pod_policy::Scope {
+                exclude_namespaces: self.exclude_namespaces.clone(),
+                cni_namespace: self.pod_namespace.clone(),
+            },
+            ambient: self.ambient_enabled.then(|| self.effective_selectors()),
         }
     }
 }

@@ -1,13 +1,12 @@
 //! ADD, DEL, CHECK, STATUS, GC: the I/O around the pure decisions in `pod` and `settings`.
 
-use crate::ambient::{self, AmbientDecision};
 use crate::cni::{self, CniEnv, CniError, ErrorCode};
 use crate::k8s::{self, LookupError};
-use crate::pod::{self, Decision};
 use crate::settings::{K8sArgs, NetConf, parse_cni_args};
 use capture::{Facts, Plan};
 use cni_config::ambient::{AddPodRequest, DelPodRequest};
 use k8s_openapi::api::core::v1::Pod;
+use pod_policy::{Decision, PodConfig};
 use redirect::RedirectError;
 use serde_json::Value;
 use std::net::IpAddr;
@@ -22,23 +21,17 @@ pub enum Route {
 }
 
 pub fn route(conf: &NetConf, args: &K8sArgs) -> Route {
-    if pod_policy::bypass::is_self(
-        &args.pod_name,
-        &args.pod_namespace,
-        &conf.settings.pod_namespace,
-    ) {
-        return Route::PassThrough("istio-cni's own pod (self-bypass)".into());
+    // The self-bypass comes first: istio-cni's own pods must start without any lookup.
+    if let Some(why) = conf
+        .settings
+        .policy()
+        .scope
+        .by_name(&args.pod_name, &args.pod_namespace)
+    {
+        return Route::PassThrough(why);
     }
     if !args.is_pod() {
         return Route::PassThrough("not a Kubernetes pod (no K8S_POD_NAME/NAMESPACE)".into());
-    }
-    if conf
-        .settings
-        .exclude_namespaces
-        .iter()
-        .any(|n| n == &args.pod_namespace)
-    {
-        return Route::PassThrough(format!("namespace {} is excluded", args.pod_namespace));
     }
     Route::Lookup
 }
@@ -56,7 +49,7 @@ enum PodAction {
     Ambient(Box<Pod>),
 }
 
-/// Looks the pod up (with its namespace in ambient mode) and decides.
+/// Looks the pod up (with its namespace in ambient mode) and decides (`pod_policy`).
 fn pod_action(conf: &NetConf, env: &CniEnv, args: &K8sArgs) -> Result<PodAction, CniError> {
     if let Route::PassThrough(reason) = route(conf, args) {
         tracing::info!(%reason, "passing through, no rules");
@@ -64,37 +57,35 @@ fn pod_action(conf: &NetConf, env: &CniEnv, args: &K8sArgs) -> Result<PodAction,
     }
     let kubeconfig = conf.settings.kubeconfig_path();
     let (ns, name) = (&args.pod_namespace, &args.pod_name);
-    let pod = if conf.settings.ambient_enabled {
+    let (pod, namespace_labels) = if conf.settings.ambient_enabled {
         // Fail closed: a namespace we cannot read may be the one that enrolls the pod.
         let (pod, namespace) = k8s::get_pod_and_namespace(&kubeconfig, ns, name, conf.lookup)
             .map_err(|e| lookup_error(e, args))?;
-        let labels = namespace.metadata.labels.unwrap_or_default();
-        match ambient::decide(&pod, &labels, &conf.settings.effective_selectors()) {
-            AmbientDecision::Ambient => return Ok(PodAction::Ambient(Box::new(pod))),
-            AmbientDecision::NotAmbient(why) => tracing::debug!(%why, "not an ambient pod"),
-        }
-        pod
+        (pod, namespace.metadata.labels.unwrap_or_default())
     } else {
-        k8s::get_pod(&kubeconfig, ns, name, conf.lookup).map_err(|e| lookup_error(e, args))?
+        let pod =
+            k8s::get_pod(&kubeconfig, ns, name, conf.lookup).map_err(|e| lookup_error(e, args))?;
+        (pod, Default::default())
     };
-    sidecar_plan(&pod, env, args).map(|p| p.map_or(PodAction::PassThrough, PodAction::Sidecar))
+    let decision =
+        pod_policy::decide(&pod, &namespace_labels, &conf.settings.policy()).map_err(|e| {
+            CniError::new(
+                ErrorCode::InvalidPodSpec,
+                format!("pod {}: {e}; no rules were programmed", pod_ref(args)),
+            )
+        })?;
+    match decision {
+        Decision::Skip(reason) => {
+            tracing::info!(%reason, "not in the mesh, no rules");
+            Ok(PodAction::PassThrough)
+        }
+        Decision::Ambient(_) => Ok(PodAction::Ambient(Box::new(pod))),
+        Decision::Sidecar(pc) => sidecar_plan(&pc, env, args).map(PodAction::Sidecar),
+    }
 }
 
-/// The sidecar decision and its rules. `Ok(None)`: not a sidecar pod.
-fn sidecar_plan(pod: &Pod, env: &CniEnv, args: &K8sArgs) -> Result<Option<Plan>, CniError> {
-    let decision = pod::decide(pod).map_err(|e| {
-        CniError::new(
-            ErrorCode::InvalidPodSpec,
-            format!("pod {}: {e}; no rules were programmed", pod_ref(args)),
-        )
-    })?;
-    let pc = match decision {
-        Decision::Skip(reason) => {
-            tracing::info!(%reason, "not a sidecar pod, no rules");
-            return Ok(None);
-        }
-        Decision::Capture(pc) => pc,
-    };
+/// A sidecar pod's rules in its namespace.
+fn sidecar_plan(pc: &PodConfig, env: &CniEnv, args: &K8sArgs) -> Result<Plan, CniError> {
     for w in &pc.warnings {
         tracing::warn!(warning = %w, "pod configuration");
     }
@@ -115,7 +106,7 @@ fn sidecar_plan(pod: &Pod, env: &CniEnv, args: &K8sArgs) -> Result<Option<Plan>,
         )
     })?;
     tracing::debug!(config = ?pc.config, "redirect config");
-    Ok(Some(plan))
+    Ok(plan)
 }
 
 fn lookup_error(e: LookupError, args: &K8sArgs) -> CniError {

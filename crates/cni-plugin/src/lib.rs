@@ -11,9 +11,6 @@ pub mod k8s;
 pub mod logging;
 pub mod settings;
 
-// Moved to pod-policy; re-exported until every user imports them from there.
-pub use pod_policy::{ambient, sidecar as pod};
-
 use cni::{CniEnv, CniError, Command, ErrorCode, LATEST_VERSION};
 use serde_json::Value;
 use std::time::Instant;

@@ -3,8 +3,8 @@
 //! iptables-legacy rendering must equal Istio's payload byte for byte.
 
 use capture::{Facts, Plan};
-use istio_cni::pod::{Decision, decide};
 use k8s_openapi::api::core::v1::Pod;
+use pod_policy::sidecar::{Decision, decide};
 use redirect::Backend;
 use serde_json::{Value, json};
 use std::path::PathBuf;

@@ -391,7 +391,7 @@ pub struct Config {
 pub struct AmbientSettings {
     pub enabled: bool,
     /// The configured selectors; empty: Istio's defaults (see `effective_selectors`).
-    pub selectors: Vec<cni_config::ambient::EnablementSelector>,
+    pub selectors: Vec<pod_policy::EnablementSelector>,
     pub dns_capture: bool,
     pub ipv6: bool,
     pub reconcile_on_startup: bool,
@@ -414,9 +414,9 @@ impl AmbientSettings {
         }
     }
 
-    pub fn effective_selectors(&self) -> Vec<cni_config::ambient::EnablementSelector> {
+    pub fn effective_selectors(&self) -> Vec<pod_policy::EnablementSelector> {
         if self.selectors.is_empty() {
-            cni_config::ambient::default_selectors()
+            pod_policy::selector::default_selectors()
         } else {
             self.selectors.clone()
         }
@@ -426,7 +426,7 @@ impl AmbientSettings {
 /// `AMBIENT_ENABLEMENT_SELECTOR`: YAML (Istio's chart renders `toYaml`) or JSON.
 fn ambient_settings(a: &Args) -> Result<AmbientSettings, ConfigError> {
     let text = a.ambient_enablement_selector.trim();
-    let selectors: Vec<cni_config::ambient::EnablementSelector> = if text.is_empty() {
+    let selectors: Vec<pod_policy::EnablementSelector> = if text.is_empty() {
         Vec::new()
     } else {
         serde_saphyr::from_str(text)
@@ -739,12 +739,12 @@ fn repair_config(a: &Args) -> Result<RepairConfig, ConfigError> {
         (
             "REPAIR_LABEL_SELECTORS",
             &a.repair_label_selectors,
-            crate::podcache::selector::Selector::labels(&a.repair_label_selectors),
+            pod_policy::selector_text::Selector::labels(&a.repair_label_selectors),
         ),
         (
             "REPAIR_FIELD_SELECTORS",
             &a.repair_field_selectors,
-            crate::podcache::selector::Selector::fields(&a.repair_field_selectors),
+            pod_policy::selector_text::Selector::fields(&a.repair_field_selectors),
         ),
     ] {
         if let Err(e) = parsed {
@@ -974,6 +974,30 @@ impl Config {
             reconcile: ReconcileConfig::disabled(),
             node_taint_key: None,
             ambient: AmbientSettings::disabled(),
+        }
+    }
+
+    /// The namespaces the plugin leaves alone.
+    pub fn scope(&self) -> pod_policy::Scope {
+        pod_policy::Scope {
+            exclude_namespaces: self.exclude_namespaces.clone(),
+            cni_namespace: self.pod_namespace.clone(),
+        }
+    }
+
+    /// The plugin's policy in ambient mode (the node agent's).
+    pub fn ambient_policy(&self) -> pod_policy::Policy {
+        pod_policy::Policy {
+            scope: self.scope(),
+            ambient: Some(self.ambient.effective_selectors()),
+        }
+    }
+
+    /// The plugin's policy for sidecar pods (ambient pods are the node agent's).
+    pub fn sidecar_policy(&self) -> pod_policy::Policy {
+        pod_policy::Policy {
+            scope: self.scope(),
+            ambient: None,
         }
     }
 

@@ -41,7 +41,7 @@ fn mesh_pod(ns: &str, name: &str, ip: &str, annotations: Value) -> Value {
 
 fn plan_for(pod: &Value, running: &RunningPod) -> Plan {
     let pod: Pod = serde_json::from_value(pod.clone()).unwrap();
-    let Verdict::Mesh(pc) = podplan::verdict(&pod, &[], "istio-system").unwrap() else {
+    let Verdict::Mesh(pc) = podplan::verdict(&pod, &sidecar_policy()).unwrap() else {
         panic!("not a mesh pod")
     };
     podplan::plan_in(&pc.config, running.world.pod.path())

@@ -52,7 +52,7 @@ fn plain_pod(name: &str, uid: &str, ip: &str) -> Value {
 /// The plan the plugin programs for `pod` in `running`'s namespace (the daemon's own code).
 fn plan_for(pod: &Value, running: &RunningPod) -> Plan {
     let pod: Pod = serde_json::from_value(pod.clone()).unwrap();
-    let Verdict::Mesh(pc) = podplan::verdict(&pod, &[], "istio-system").unwrap() else {
+    let Verdict::Mesh(pc) = podplan::verdict(&pod, &sidecar_policy()).unwrap() else {
         panic!("not a mesh pod")
     };
     podplan::plan_in(&pc.config, running.world.pod.path())
@@ -456,7 +456,7 @@ fn bench_check_cost() {
     let nft_backend = BackendChoice::Fixed(Backend::Nft);
     redirect::apply(&plan, Some(mesh.world.pod.path()), nft_backend).unwrap();
     let pod: Pod = serde_json::from_value(pod).unwrap();
-    let Verdict::Mesh(pc) = podplan::verdict(&pod, &[], "istio-system").unwrap() else {
+    let Verdict::Mesh(pc) = podplan::verdict(&pod, &sidecar_policy()).unwrap() else {
         panic!()
     };
     let fresh = Target {

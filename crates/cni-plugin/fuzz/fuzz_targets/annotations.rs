@@ -2,7 +2,7 @@
 //! the pod → Config → Plan path. Errors are fine, panics are not.
 #![no_main]
 
-use istio_cni::pod::{PodInfo, config_from_pod, keys, skip_reason};
+use pod_policy::sidecar::{PodInfo, config_from_pod, keys, skip_reason};
 use libfuzzer_sys::fuzz_target;
 
 const ANNOTATIONS: [&str; 12] = [

@@ -5,6 +5,6 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(pod) = serde_json::from_slice(data) {
-        let _ = istio_cni::pod::decide(&pod);
+        let _ = pod_policy::sidecar::decide(&pod);
     }
 });

@@ -17,8 +17,10 @@ use crate::http::State;
 use crate::podcache::{CacheEvent, NamespaceCache, PodCache};
 use agent::{Agent, AgentSettings, AmbientPodRef};
 use capture::{HostProbeConfig, Plan, ProbeSource};
-use istio_cni::ambient::{AmbientDecision, decide, pod_settings};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use pod_policy::ambient::pod_settings;
+use pod_policy::bypass::finished;
+use pod_policy::{Decision, Policy, PolicyError};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::os::fd::OwnedFd;
@@ -31,30 +33,15 @@ use tokio::sync::mpsc::UnboundedReceiver;
 /// retried this often.
 const RETRY: Duration = Duration::from_secs(5);
 
-/// Everything the agent decides with.
-#[derive(Clone, Debug)]
-pub struct Policy {
-    pub selectors: Vec<cni_config::ambient::EnablementSelector>,
-    pub exclude_namespaces: Vec<String>,
-    pub cni_namespace: String,
-}
-
-impl Policy {
-    fn from_config(cfg: &Config) -> Policy {
-        Policy {
-            selectors: cfg.ambient.effective_selectors(),
-            exclude_namespaces: cfg.exclude_namespaces.clone(),
-            cni_namespace: cfg.pod_namespace.clone(),
-        }
-    }
-
-    /// Whether ztunnel should serve the pod now (the plugin's decision plus the routing it
-    /// does first; and a pod that has finished is not).
-    pub fn wants(&self, pod: &Pod, namespace_labels: &BTreeMap<String, String>) -> bool {
-        crate::podplan::bypassed(pod, &self.exclude_namespaces, &self.cni_namespace).is_none()
-            && crate::podplan::finished(pod).is_none()
-            && decide(pod, namespace_labels, &self.selectors) == AmbientDecision::Ambient
-    }
+/// Whether ztunnel should serve the pod now: the plugin's decision (`pod_policy::decide`, in
+/// ambient mode), and a pod that has finished is not. A pod the selectors enroll whose ambient
+/// annotations are invalid is wanted too: enrolling it reports the annotation.
+pub fn wants(policy: &Policy, pod: &Pod, namespace_labels: &BTreeMap<String, String>) -> bool {
+    finished(pod).is_none()
+        && matches!(
+            pod_policy::decide(pod, namespace_labels, policy),
+            Ok(Decision::Ambient(_)) | Err(PolicyError::Ambient(_))
+        )
 }
 
 /// The pod as the agent needs it (`ips`: given by the plugin, else the pod's status).
@@ -109,7 +96,7 @@ fn host_plan(proc_root: &Path, ipv6: bool) -> Result<Plan, String> {
 /// `pods/status` (what the chart's RBAC grants); in the background, best effort: the pod is
 /// served either way, and its next enroll writes it again.
 pub fn annotate(client: &kube::Client, pod: &Pod, enabled: bool) {
-    use istio_cni::ambient::annotations::{REDIRECTION, REDIRECTION_ENABLED};
+    use pod_policy::ambient::annotations::{REDIRECTION, REDIRECTION_ENABLED};
     let (Some(ns), Some(name)) = (pod.metadata.namespace.clone(), pod.metadata.name.clone()) else {
         return;
     };
@@ -153,7 +140,7 @@ pub fn start(
     let pod_events = pods.subscribe();
     let ns_events = namespaces.subscribe();
     let run = Runner {
-        policy: Policy::from_config(cfg),
+        policy: cfg.ambient_policy(),
         proc_root: cfg.repair.proc_root.clone(),
         run_dir: cfg.run_dir.clone(),
         ztunnel_socket: cfg.ambient.ztunnel_socket.clone(),
@@ -302,7 +289,7 @@ impl Runner {
             .get("", ns)
             .and_then(|n| n.metadata.labels.clone())
             .unwrap_or_default();
-        self.policy.wants(pod, &labels)
+        wants(&self.policy, pod, &labels)
     }
 
     /// The pod's namespace through the host's /proc (the repair controller's discovery).

@@ -19,9 +19,6 @@
 //! then every change. Nothing is dropped for a slow consumer (a node holds at most a few
 //! hundred pods), and a consumer never sees a half-applied list.
 
-// Moved to pod-policy; re-exported until every user imports it from there.
-pub use pod_policy::selector_text as selector;
-
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Api;
 use kube::api::{ListParams, WatchEvent, WatchParams};

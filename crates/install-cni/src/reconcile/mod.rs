@@ -45,8 +45,8 @@ const EVENT_DRIFT_LINES: usize = 5;
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub interval: Duration,
-    pub exclude_namespaces: Vec<String>,
-    pub pod_namespace: String,
+    /// The plugin's policy (sidecar pods; ambient pods are the agent's).
+    pub policy: pod_policy::Policy,
     pub proc_root: PathBuf,
     pub backend: BackendChoice,
     pub node_name: String,
@@ -65,8 +65,7 @@ impl Settings {
     ) -> Settings {
         Settings {
             interval: cfg.reconcile.interval,
-            exclude_namespaces: cfg.exclude_namespaces.clone(),
-            pod_namespace: cfg.pod_namespace.clone(),
+            policy: cfg.sidecar_policy(),
             proc_root: cfg.repair.proc_root.clone(),
             backend: BackendChoice::Fixed(backend),
             node_name: cfg.repair.node_name.clone(),
@@ -92,7 +91,7 @@ impl Settings {
         {
             return Err(format!("not opted in ({})", controller::INITIALIZE));
         }
-        let config = match podplan::verdict(pod, &self.exclude_namespaces, &self.pod_namespace)? {
+        let config = match podplan::verdict(pod, &self.policy)? {
             Verdict::Skip(why) => return Err(why),
             Verdict::Mesh(pc) => pc.config,
         };

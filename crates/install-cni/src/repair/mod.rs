@@ -6,7 +6,7 @@
 //! ([`filter::matches`]) and, in Istio's precedence:
 //! * repair: finds the pod's network namespace through the host's /proc by the pod IP
 //!   ([`procfs::find_pod_netns`]) and programs exactly what the plugin would (the plugin's own
-//!   pod → config mapping, `istio_cni::pod::decide`, and the node's backend);
+//!   pod → config mapping, `pod_policy::decide`, and the node's backend);
 //! * else delete the pod (UID + resourceVersion preconditions);
 //! * else label it through the status subresource.
 //!
@@ -19,7 +19,6 @@ pub mod procfs;
 
 use crate::config::{Config, RepairAction, RepairConfig};
 use crate::http::State;
-use crate::podcache::selector::Selector;
 use crate::podcache::{PodEvent, Subscription};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -27,6 +26,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::config::{AuthInfo, Cluster, Context, KubeConfigOptions, Kubeconfig};
 use kube::config::{NamedAuthInfo, NamedCluster, NamedContext};
 use kube::{Api, Client};
+use pod_policy::selector_text::Selector;
 use redirect::BackendChoice;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -133,9 +133,8 @@ fn in_cluster(cfg: &Config, token: &Path) -> Kubeconfig {
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub repair: RepairConfig,
-    pub exclude_namespaces: Vec<String>,
-    /// This DaemonSet's namespace (its pods bypass the plugin, so they are never repaired).
-    pub pod_namespace: String,
+    /// The plugin's policy (sidecar pods; its bypass keeps this DaemonSet's pods unrepaired).
+    pub policy: pod_policy::Policy,
     /// The node's backend, as written into the plugin config.
     pub backend: BackendChoice,
 }
@@ -173,7 +172,7 @@ impl Failure {
 /// proc root ([`crate::podplan`]'s steps). Blocking (namespace threads, netlink).
 pub fn repair_pod(s: &Settings, pod: &Pod) -> Result<Done, Failure> {
     use crate::podplan::{self, Verdict};
-    let pc = match podplan::verdict(pod, &s.exclude_namespaces, &s.pod_namespace) {
+    let pc = match podplan::verdict(pod, &s.policy) {
         Ok(Verdict::Skip(why)) => return Ok(Done::Skip(why)),
         Ok(Verdict::Mesh(pc)) => pc,
         Err(e) => return Err(Failure::permanent(e)),
@@ -553,8 +552,7 @@ pub fn start(
 ) {
     let settings = Settings {
         repair: cfg.repair.clone(),
-        exclude_namespaces: cfg.exclude_namespaces.clone(),
-        pod_namespace: cfg.pod_namespace.clone(),
+        policy: cfg.sidecar_policy(),
         backend: BackendChoice::Fixed(backend),
     };
     tokio::spawn(Controller::new(client, settings, state).run(pods));
@@ -599,8 +597,13 @@ mod tests {
     fn plugin_rules_decide_what_a_repair_programs() {
         let s = Settings {
             repair: RepairConfig::disabled(),
-            exclude_namespaces: vec!["kube-system".into()],
-            pod_namespace: "istio-system".into(),
+            policy: pod_policy::Policy {
+                scope: pod_policy::Scope {
+                    exclude_namespaces: vec!["kube-system".into()],
+                    cni_namespace: "istio-system".into(),
+                },
+                ambient: None,
+            },
             backend: BackendChoice::Auto,
         };
         let pod = |ns: &str, name: &str, extra: serde_json::Value| -> Pod {

@@ -406,3 +406,14 @@ pub fn cpu_s(pid: u32) -> f64 {
     let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
     ticks as f64 / 100.0 // USER_HZ
 }
+
+/// The plugin's policy for sidecar pods with the test DaemonSet's namespace (`istio-system`).
+pub fn sidecar_policy() -> pod_policy::Policy {
+    pod_policy::Policy {
+        scope: pod_policy::Scope {
+            exclude_namespaces: Vec::new(),
+            cni_namespace: "istio-system".into(),
+        },
+        ambient: None,
+    }
+}
