@@ -9,7 +9,6 @@ pub mod backend;
 pub mod config;
 pub mod daemon;
 pub mod discovery;
-pub mod fsutil;
 pub mod http;
 pub mod install;
 pub mod kubeconfig;
@@ -21,3 +20,6 @@ pub mod repair;
 pub mod taint;
 pub mod throttle;
 pub mod watch;
+
+// Moved to node-fs; re-exported until every user imports it from there.
+pub use node_fs as fsutil;

@@ -188,7 +188,7 @@ pub fn ensure_dir(dir: &Path, mode: u32, refuse_link: bool) -> io::Result<()> {
     }
     let f = fs::OpenOptions::new()
         .read(true)
-        .custom_flags(nix::libc::O_DIRECTORY | nix::libc::O_NOFOLLOW)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
         .open(dir)?;
     f.set_permissions(fs::Permissions::from_mode(mode))
 }
