@@ -5,8 +5,8 @@
 
 use crate::config::{Config, STANDALONE_CONF_NAME};
 use crate::discovery::{self, ConfFile, ConfPlan};
-use crate::fsutil::{self, Stamp};
 use crate::kubeconfig::{self, Trust};
+use node_fs::Stamp;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::fs;
@@ -115,15 +115,15 @@ impl Installer {
     fn copy_binaries(&mut self, changes: &mut Vec<String>) -> Result<(), InstallError> {
         let e = |what: String| InstallError::CopyBinaries(what);
         for dir in &self.cfg.bin_target_dirs {
-            fsutil::ensure_dir(dir, DIR_MODE, false)
+            node_fs::ensure_dir(dir, DIR_MODE, false)
                 .map_err(|x| e(format!("{}: {x}{}", dir.display(), err_hint(&x))))?;
             for name in &self.cfg.binaries {
                 let src = self.cfg.bin_source_dir.join(name);
                 let dst = dir.join(name);
-                let src_stamp =
-                    fsutil::stamp(&src).map_err(|x| e(format!("source {}: {x}", src.display())))?;
+                let src_stamp = node_fs::stamp(&src)
+                    .map_err(|x| e(format!("source {}: {x}", src.display())))?;
                 // The link itself, not its target: a planted link is never "our copy".
-                let dst_stamp = fsutil::lstamp(&dst).ok();
+                let dst_stamp = node_fs::lstamp(&dst).ok();
                 // Unchanged since our last verified copy (same inode, size, mtime on both sides).
                 if let (Some(d), Some((rd, rs))) = (dst_stamp, self.bins.get(&dst))
                     && d == *rd
@@ -132,12 +132,12 @@ impl Installer {
                     continue;
                 }
                 let identical = dst_stamp.is_some()
-                    && fsutil::regular_mode(&dst) == Some(0o755)
-                    && fsutil::same_contents(&src, &dst).unwrap_or(false);
+                    && node_fs::regular_mode(&dst) == Some(0o755)
+                    && node_fs::same_contents(&src, &dst).unwrap_or(false);
                 if !identical {
-                    fsutil::remove_stale_temps(dir, name)
+                    node_fs::remove_stale_temps(dir, name)
                         .map_err(|x| e(format!("{}: {x}{}", dir.display(), err_hint(&x))))?;
-                    fsutil::atomic_copy(&src, &dst, 0o755).map_err(|x| {
+                    node_fs::atomic_copy(&src, &dst, 0o755).map_err(|x| {
                         e(format!(
                             "{} → {}: {x}{}",
                             src.display(),
@@ -147,7 +147,7 @@ impl Installer {
                     })?;
                     changes.push(format!("copied {name} to {}", dir.display()));
                 }
-                let d = fsutil::lstamp(&dst).map_err(|x| e(format!("{}: {x}", dst.display())))?;
+                let d = node_fs::lstamp(&dst).map_err(|x| e(format!("{}: {x}", dst.display())))?;
                 self.bins.insert(dst, (d, src_stamp));
             }
         }
@@ -193,20 +193,20 @@ impl Installer {
         let text = self.render_kubeconfig()?;
         let path = self.cfg.kubeconfig_path();
         // Our run dir: created 0755 whatever the umask; a planted symlink there is refused.
-        fsutil::ensure_dir(&self.cfg.run_dir, DIR_MODE, true).map_err(|x| {
+        node_fs::ensure_dir(&self.cfg.run_dir, DIR_MODE, true).map_err(|x| {
             InstallError::Kubeconfig(format!("run dir (CNI_AGENT_RUN_DIR): {x}{}", err_hint(&x)))
         })?;
         // A symlink at the kubeconfig's path reads as absent: the rename replaces the link.
-        let current = fsutil::read_regular(&path);
+        let current = node_fs::read_regular(&path);
         if current.as_deref() == Some(text.as_bytes())
-            && fsutil::regular_mode(&path) == Some(self.cfg.kubeconfig_mode)
+            && node_fs::regular_mode(&path) == Some(self.cfg.kubeconfig_mode)
         {
             return Ok(());
         }
         let e = |x: io::Error| {
             InstallError::Kubeconfig(format!("{}: {x}{}", path.display(), err_hint(&x)))
         };
-        fsutil::atomic_write_mode(&path, text.as_bytes(), self.cfg.kubeconfig_mode).map_err(e)?;
+        node_fs::atomic_write_mode(&path, text.as_bytes(), self.cfg.kubeconfig_mode).map_err(e)?;
         changes.push(format!(
             "{} {} (mode {:04o})",
             if current.is_some() {
@@ -241,7 +241,7 @@ impl Installer {
                 continue;
             }
             let p = ent.path();
-            let Ok(st) = fsutil::stamp(&p) else { continue };
+            let Ok(st) = node_fs::stamp(&p) else { continue };
             let Ok(content) = fs::read(&p) else { continue };
             stamps.insert(name.clone(), st);
             files.push(ConfFile { name, content });
@@ -304,20 +304,20 @@ impl Installer {
                 let e = |x: io::Error| {
                     InstallError::CniConfig(format!("{}: {x}{}", path.display(), err_hint(&x)))
                 };
-                if fsutil::stamp(&path).ok() != stamps.get(&file).copied() {
+                if node_fs::stamp(&path).ok() != stamps.get(&file).copied() {
                     return Ok(None);
                 }
-                fsutil::ensure_dir(&self.cfg.net_dir, DIR_MODE, false).map_err(e)?;
+                node_fs::ensure_dir(&self.cfg.net_dir, DIR_MODE, false).map_err(e)?;
                 // A symlinked config stays a link (its target in the net dir is written).
-                let target = fsutil::conf_write_target(&self.cfg.net_dir, &path).map_err(e)?;
+                let target = node_fs::conf_write_target(&self.cfg.net_dir, &path).map_err(e)?;
                 if rename_to.is_some() && target != path {
                     return Err(InstallError::CniConfig(format!(
                         "{} is a symlink; converting it to a .conflist would replace the link; refusing (make it a .conflist or a regular file)",
                         path.display()
                     )));
                 }
-                let mode = fsutil::existing_mode(&target).unwrap_or(self.cfg.conf_mode);
-                fsutil::atomic_write_mode(&target, &bytes, mode).map_err(e)?;
+                let mode = node_fs::existing_mode(&target).unwrap_or(self.cfg.conf_mode);
+                node_fs::atomic_write_mode(&target, &bytes, mode).map_err(e)?;
                 let final_path = match &rename_to {
                     Some(to) => {
                         let to = self.cfg.net_dir.join(to);
@@ -403,7 +403,7 @@ impl Installer {
                 remove(&p, &mut done, &mut errors);
             }
         }
-        if fsutil::is_symlink(&self.cfg.run_dir) {
+        if node_fs::is_symlink(&self.cfg.run_dir) {
             errors.push(format!(
                 "not removing anything under {}: it is a symlink we did not create",
                 self.cfg.run_dir.display()
@@ -414,7 +414,7 @@ impl Installer {
         for dir in &self.cfg.bin_target_dirs {
             for name in &self.cfg.binaries {
                 remove(&dir.join(name), &mut done, &mut errors);
-                let _ = fsutil::remove_stale_temps(dir, name);
+                let _ = node_fs::remove_stale_temps(dir, name);
             }
         }
         self.bins.clear();
@@ -450,8 +450,8 @@ impl Installer {
             };
             let mut bytes = serde_json::to_vec_pretty(&clean).unwrap_or_default();
             bytes.push(b'\n');
-            let res = fsutil::conf_write_target(&self.cfg.net_dir, &p)
-                .and_then(|t| fsutil::atomic_write(&t, &bytes, self.cfg.conf_mode));
+            let res = node_fs::conf_write_target(&self.cfg.net_dir, &p)
+                .and_then(|t| node_fs::atomic_write(&t, &bytes, self.cfg.conf_mode));
             match res {
                 Ok(()) => done.push(format!("removed istio-cni from {}", p.display())),
                 Err(e) => errors.push(format!("removing istio-cni from {}: {e}", p.display())),
@@ -466,8 +466,8 @@ impl Installer {
         if fs::read(written).ok().as_deref() != Some(&u.written_bytes[..]) {
             return;
         }
-        let res = fsutil::conf_write_target(&self.cfg.net_dir, orig_path)
-            .and_then(|t| fsutil::atomic_write_mode(&t, orig_bytes, *mode));
+        let res = node_fs::conf_write_target(&self.cfg.net_dir, orig_path)
+            .and_then(|t| node_fs::atomic_write_mode(&t, orig_bytes, *mode));
         match res {
             Ok(()) => {
                 if orig_path != written {

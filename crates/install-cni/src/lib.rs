@@ -20,6 +20,3 @@ pub mod repair;
 pub mod taint;
 pub mod throttle;
 pub mod watch;
-
-// Moved to node-fs; re-exported until every user imports it from there.
-pub use node_fs as fsutil;

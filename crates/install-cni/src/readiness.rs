@@ -5,7 +5,6 @@
 //! removed when they stop being met or the daemon shuts down; a SIGKILLed daemon cannot remove
 //! it, which is why the plugin also checks the lock the daemon holds for its whole life.
 
-use crate::fsutil;
 use crate::install::DIR_MODE;
 use cni_config::ready::{self as contract, READY_MODE, ReadyMarker};
 use std::fs::File;
@@ -144,13 +143,13 @@ impl Publisher {
         let path = contract::marker_path(&self.run_dir);
         match &g.want {
             Some(met) => {
-                let present = fsutil::regular_mode(&path).is_some();
+                let present = node_fs::regular_mode(&path).is_some();
                 if g.written.as_ref() == Some(met) && present {
                     return;
                 }
                 let m = ReadyMarker::for_this_process(met.clone());
                 let bytes = serde_json::to_vec(&m).expect("plain struct serializes");
-                match fsutil::atomic_write_mode(&path, &bytes, READY_MODE) {
+                match node_fs::atomic_write_mode(&path, &bytes, READY_MODE) {
                     Ok(()) => {
                         tracing::info!(ready = ?met, marker = %path.display(), "node ready: the plugin's STATUS now succeeds");
                         g.written = Some(met.clone());
@@ -162,7 +161,7 @@ impl Publisher {
                 }
             }
             None => {
-                if g.written.is_none() && !path.exists() && !fsutil::is_symlink(&path) {
+                if g.written.is_none() && !path.exists() && !node_fs::is_symlink(&path) {
                     return;
                 }
                 remove_marker(&path);
@@ -210,8 +209,8 @@ fn remove_marker(path: &Path) {
 /// Opens (creating, mode READY_MODE) the lock file. A link planted at its name is replaced,
 /// never followed: the lock must be on a file in our run dir.
 fn open_lock(run_dir: &Path, path: &Path) -> std::io::Result<File> {
-    fsutil::ensure_dir(run_dir, DIR_MODE, true)?;
-    if fsutil::is_symlink(path) {
+    node_fs::ensure_dir(run_dir, DIR_MODE, true)?;
+    if node_fs::is_symlink(path) {
         std::fs::remove_file(path)?;
     }
     let f = std::fs::OpenOptions::new()
@@ -273,9 +272,9 @@ mod tests {
         p.set(&Conditions::installed());
         assert!(wait(|| contract::check(&run).is_ok()));
         let marker = contract::marker_path(&run);
-        assert_eq!(fsutil::regular_mode(&marker), Some(READY_MODE));
+        assert_eq!(node_fs::regular_mode(&marker), Some(READY_MODE));
         assert_eq!(
-            fsutil::regular_mode(&contract::lock_path(&run)),
+            node_fs::regular_mode(&contract::lock_path(&run)),
             Some(READY_MODE)
         );
         // Deleted behind our back: the next pass puts it back.
@@ -288,7 +287,7 @@ mod tests {
         std::fs::remove_file(&marker).unwrap();
         std::os::unix::fs::symlink(&target, &marker).unwrap();
         p.set(&Conditions::installed());
-        assert!(!fsutil::is_symlink(&marker));
+        assert!(!node_fs::is_symlink(&marker));
         assert_eq!(std::fs::read(&target).unwrap(), b"keep");
         p.set(&Conditions::default());
         assert!(!marker.exists());

@@ -4,11 +4,10 @@
 //! are re-armed before every pass, which also picks up a directory that was deleted and
 //! recreated (a new inode). The CNI config dir is watched recursively: a symlinked config
 //! whose target lives in a subdirectory of it (which we keep a link, see
-//! `fsutil::conf_write_target`) is rewritten there.
+//! `node_fs::conf_write_target`) is rewritten there.
 
 use crate::config::Config;
 use crate::discovery;
-use crate::fsutil;
 use notify::event::{EventKind, ModifyKind};
 use notify::{RecursiveMode, Watcher as _};
 use std::path::{Path, PathBuf};
@@ -52,7 +51,7 @@ impl Filter {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        if fsutil::is_temp_name(&name, None) {
+        if node_fs::is_temp_name(&name, None) {
             return 0; // our own (or another atomic writer's) scratch file; the rename follows
         }
         let mut cat = 0;
