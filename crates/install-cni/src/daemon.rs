@@ -4,12 +4,13 @@
 
 use crate::backend;
 use crate::config::Config;
-use crate::http::{self, Routes, State};
 use crate::install::{Installer, Outcome};
 use crate::podcache::{NamespaceCache, PodCache};
 use crate::throttle::{Throttle, culprit_hint};
 use crate::watch::{self, Filter, Watch};
 use cni_config::PluginSettings;
+use node_status::State;
+use node_status::http::{self, Routes};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -113,7 +114,7 @@ pub async fn main(cfg: Config) -> Result<(), StartError> {
     let entry = plugin_settings(&cfg, &decision).to_plugin_entry();
     let state = Arc::new(State::new());
     // Before the first pass: the plugin's STATUS follows every readiness change from here on.
-    state.set_publisher(crate::readiness::Publisher::start(&cfg.run_dir));
+    state.set_publisher(node_status::readiness::Publisher::start(&cfg.run_dir));
 
     let health_addr = SocketAddr::new(cfg.listen_address, cfg.health_port);
     let metrics_addr = SocketAddr::new(cfg.listen_address, cfg.monitoring_port);
@@ -157,6 +158,7 @@ pub async fn main(cfg: Config) -> Result<(), StartError> {
 
     let watch = Watch::new(Filter::new(&cfg))?;
     let installer = Installer::new(cfg.clone(), entry);
+    state.register(installer.metrics.clone());
     let (mut installer, signal) = run(installer, state.clone(), watch, shutdown).await;
 
     state.set_not_ready("shutting down");
@@ -220,16 +222,15 @@ async fn start_pod_consumers(
         }
     };
     let cache = PodCache::new();
-    state.set_pod_cache(cache.clone());
+    state.register(Arc::new(cache.clone()));
     // Subscribe before the cache runs: every consumer sees the first list whole.
+    // One family, two reporters: the reconciler and the ambient agent.
+    let checks = Arc::new(node_status::metrics::pod_rules_checks());
+    if cfg.reconcile.enabled || cfg.ambient.enabled {
+        state.register(checks.clone());
+    }
     if cfg.repair.enabled {
-        crate::repair::start(
-            cfg,
-            backend,
-            state.clone(),
-            client.clone(),
-            cache.subscribe(),
-        );
+        crate::repair::start(cfg, backend, &state, client.clone(), cache.subscribe());
     }
     // ONE namespace list + watch, for whoever reads namespaces' labels or annotations.
     let controller_mode = cfg.reconcile.enabled && cfg.reconcile.controller_mode;
@@ -238,14 +239,15 @@ async fn start_pod_consumers(
         crate::reconcile::start(
             cfg,
             backend,
-            state.clone(),
+            &state,
+            checks.clone(),
             client.clone(),
             &cache,
             namespaces.as_ref(),
         );
     }
     if let (true, Some(ns)) = (cfg.ambient.enabled, &namespaces) {
-        crate::ambient::start(cfg, backend, state, client.clone(), &cache, ns);
+        crate::ambient::start(cfg, backend, state, checks, client.clone(), &cache, ns);
     }
     if let Some(ns) = namespaces {
         tokio::spawn(ns.run(kube::Api::all(client.clone()), cfg.pod_watch_timeout));
@@ -299,7 +301,7 @@ pub async fn run(
                     last_note = None;
                 }
                 if !changes.is_empty() || first {
-                    state.count("SUCCESS");
+                    installer.metrics.inc(&["SUCCESS"]);
                 }
                 if !changes.is_empty() {
                     let took = started.elapsed();
@@ -341,7 +343,7 @@ pub async fn run(
                 }
             }
             Err(e) => {
-                state.count(e.result_label());
+                installer.metrics.inc(&[e.result_label()]);
                 state.set_not_ready(&e.to_string());
                 tracing::error!(error = %e, result = e.result_label(), retry_in_s = backoff.as_secs(), "install pass failed");
                 last_note = None;

@@ -7,11 +7,13 @@ use crate::config::{Config, STANDALONE_CONF_NAME};
 use crate::discovery::{self, ConfFile, ConfPlan};
 use crate::kubeconfig::{self, Trust};
 use node_fs::Stamp;
+use node_status::metrics::Counters;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Failure of a pass; the label is Istio's `istio_cni_installs_total{result}` value.
 #[derive(Debug, thiserror::Error)]
@@ -22,6 +24,24 @@ pub enum InstallError {
     Kubeconfig(String),
     #[error("writing the CNI config: {0}")]
     CniConfig(String),
+}
+
+/// Istio's `result` label values of `istio_cni_installs_total`, in exposition order.
+pub const RESULTS: [&str; 4] = [
+    "SUCCESS",
+    "COPY_BINARIES_FAILURE",
+    "CREATE_KUBECONFIG_FAILURE",
+    "CREATE_CNI_CONFIG_FAILURE",
+];
+
+/// `istio_cni_installs_total{result}`: successful passes and each kind of failure.
+pub fn install_counters() -> Counters {
+    Counters::by(
+        "istio_cni_installs_total",
+        "Total number of CNI plugins installed by the Istio CNI installer",
+        &["result"],
+        &RESULTS,
+    )
 }
 
 impl InstallError {
@@ -68,10 +88,9 @@ pub struct Installer {
     pub primary_types: Vec<String>,
     /// Names of files in the net dir seen last (culprit hints).
     pub conf_dir_names: Vec<String>,
+    /// `istio_cni_installs_total` (registered with the daemon's status by the caller).
+    pub metrics: Arc<Counters>,
 }
-
-/// Mode of every directory we create (run dir, missing CNI dirs), whatever the umask.
-pub const DIR_MODE: u32 = 0o755;
 
 /// EROFS on Linux.
 const EROFS: i32 = 30;
@@ -94,6 +113,7 @@ impl Installer {
             touched: Default::default(),
             primary_types: Vec::new(),
             conf_dir_names: Vec::new(),
+            metrics: Arc::new(install_counters()),
         }
     }
 
@@ -115,7 +135,7 @@ impl Installer {
     fn copy_binaries(&mut self, changes: &mut Vec<String>) -> Result<(), InstallError> {
         let e = |what: String| InstallError::CopyBinaries(what);
         for dir in &self.cfg.bin_target_dirs {
-            node_fs::ensure_dir(dir, DIR_MODE, false)
+            node_fs::ensure_dir(dir, node_fs::DIR_MODE, false)
                 .map_err(|x| e(format!("{}: {x}{}", dir.display(), err_hint(&x))))?;
             for name in &self.cfg.binaries {
                 let src = self.cfg.bin_source_dir.join(name);
@@ -193,7 +213,7 @@ impl Installer {
         let text = self.render_kubeconfig()?;
         let path = self.cfg.kubeconfig_path();
         // Our run dir: created 0755 whatever the umask; a planted symlink there is refused.
-        node_fs::ensure_dir(&self.cfg.run_dir, DIR_MODE, true).map_err(|x| {
+        node_fs::ensure_dir(&self.cfg.run_dir, node_fs::DIR_MODE, true).map_err(|x| {
             InstallError::Kubeconfig(format!("run dir (CNI_AGENT_RUN_DIR): {x}{}", err_hint(&x)))
         })?;
         // A symlink at the kubeconfig's path reads as absent: the rename replaces the link.
@@ -307,7 +327,7 @@ impl Installer {
                 if node_fs::stamp(&path).ok() != stamps.get(&file).copied() {
                     return Ok(None);
                 }
-                node_fs::ensure_dir(&self.cfg.net_dir, DIR_MODE, false).map_err(e)?;
+                node_fs::ensure_dir(&self.cfg.net_dir, node_fs::DIR_MODE, false).map_err(e)?;
                 // A symlinked config stays a link (its target in the net dir is written).
                 let target = node_fs::conf_write_target(&self.cfg.net_dir, &path).map_err(e)?;
                 if rename_to.is_some() && target != path {

@@ -132,7 +132,7 @@ async fn remove_while_ready(
 }
 
 /// Starts the removal task when NODE_TAINT_KEY is set (no-op otherwise).
-pub async fn start(cfg: &crate::config::Config, state: &crate::http::State) {
+pub async fn start(cfg: &crate::config::Config, state: &node_status::State) {
     let Some(key) = cfg.node_taint_key.clone() else {
         return;
     };

@@ -17,6 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// something recognisable that the next pass deletes.
 const TMP_MARK: &str = ".tmp.";
 
+/// Mode of every directory the daemon creates (run dir, missing CNI dirs), whatever the umask.
+pub const DIR_MODE: u32 = 0o755;
+
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
 fn temp_path(target: &Path) -> PathBuf {

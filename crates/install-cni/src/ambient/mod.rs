@@ -13,11 +13,12 @@ pub mod plugin_server;
 pub mod upgrade;
 
 use crate::config::Config;
-use crate::http::State;
 use crate::podcache::{CacheEvent, NamespaceCache, PodCache};
 use agent::{Agent, AgentSettings, AmbientPodRef};
 use capture::{HostProbeConfig, Plan, ProbeSource};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use node_status::State;
+use node_status::metrics::Counters;
 use pod_policy::ambient::pod_settings;
 use pod_policy::bypass::finished;
 use pod_policy::{Decision, Policy, PolicyError};
@@ -133,6 +134,7 @@ pub fn start(
     cfg: &Config,
     backend: redirect::Backend,
     state: Arc<State>,
+    checks: Arc<Counters>,
     client: kube::Client,
     pods: &PodCache,
     namespaces: &NamespaceCache,
@@ -152,6 +154,7 @@ pub fn start(
         pods: pods.clone(),
         namespaces: namespaces.clone(),
         state,
+        checks,
         client,
     };
     tokio::spawn(run.run(pod_events, ns_events));
@@ -170,6 +173,8 @@ struct Runner {
     pods: PodCache,
     namespaces: NamespaceCache,
     state: Arc<State>,
+    /// `istio_cni_pod_rules_checks_total` (shared with the sidecar reconciler).
+    checks: Arc<Counters>,
     client: kube::Client,
 }
 
@@ -415,14 +420,14 @@ impl Runner {
     async fn reconcile(&self, agent: &Agent) {
         for (pod, _) in agent.enrolled().await {
             match agent.reconcile(&pod.uid).await {
-                Ok(drift) if drift.is_empty() => self.state.count_check("ok"),
+                Ok(drift) if drift.is_empty() => self.checks.inc(&["ok"]),
                 Ok(drift) => {
-                    self.state.count_check("drift");
-                    self.state.count_check("repaired");
+                    self.checks.inc(&["drift"]);
+                    self.checks.inc(&["repaired"]);
                     tracing::warn!(pod = %pod.label(), differences = ?drift, "ambient rules drifted; re-applied");
                 }
                 Err(e) => {
-                    self.state.count_check("failed");
+                    self.checks.inc(&["failed"]);
                     tracing::warn!(error = %e, "checking the ambient rules failed");
                 }
             }

@@ -492,6 +492,48 @@ impl Backoff {
     }
 }
 
+/// `istio_cni_pod_cache_*`: the node pod cache's list/watch counters and its size.
+impl node_status::metrics::Metrics for PodCache {
+    fn render(&self, out: &mut String) {
+        let st = self.stats();
+        for (name, help, v) in [
+            (
+                "lists_total",
+                "Pod lists made by the node pod cache",
+                st.lists,
+            ),
+            (
+                "watches_total",
+                "Pod watches opened by the node pod cache",
+                st.watches,
+            ),
+            (
+                "watch_errors_total",
+                "Pod watches ended by an ERROR event, an undecodable line or a transport error",
+                st.watch_errors,
+            ),
+            (
+                "watch_expired_total",
+                "Pod watches ended by 410 Gone",
+                st.gone,
+            ),
+            (
+                "watch_hangs_total",
+                "Pod watches abandoned after staying silent past their timeout",
+                st.hangs,
+            ),
+        ] {
+            node_status::metrics::counter(out, &format!("istio_cni_pod_cache_{name}"), help, v);
+        }
+        node_status::metrics::gauge(
+            out,
+            "istio_cni_pod_cache_pods",
+            "Pods of this node in the cache",
+            self.len() as u64,
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,12 +17,13 @@ pub mod controller;
 pub mod tracker;
 
 use crate::config::{Config, RepairConfig};
-use crate::http::State;
 use crate::podcache::{CacheEvent, NamespaceCache, PodCache, PodEvent, Subscription};
 use crate::podplan::{self, Verdict};
 use check::{Outcome, Target};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
+use node_status::State;
+use node_status::metrics::{Counters, Gauge};
 use redirect::BackendChoice;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -109,18 +110,34 @@ impl Settings {
 pub fn start(
     cfg: &Config,
     backend: redirect::Backend,
-    state: Arc<State>,
+    state: &State,
+    checks: Arc<Counters>,
     client: Client,
     pods: &PodCache,
     namespaces: Option<&NamespaceCache>,
 ) {
     let settings = Arc::new(Settings::from_config(cfg, backend, namespaces));
+    let metrics = Arc::new(Metrics {
+        checks,
+        pods: Arc::new(Gauge::new(
+            "istio_cni_reconcile_pods",
+            "Mesh pods of this node whose rules are reconciled",
+        )),
+    });
+    state.register(metrics.pods.clone());
     let sources = Sources {
         events: pods.subscribe(),
         pods: pods.clone(),
         namespaces: settings.controller.as_ref().map(|c| c.cache().subscribe()),
     };
-    tokio::spawn(run(settings, state, client, sources));
+    tokio::spawn(run(settings, metrics, client, sources));
+}
+
+/// What the reconciler counts: every check's result (a family shared with the ambient agent)
+/// and the pods it tracks.
+pub struct Metrics {
+    pub checks: Arc<Counters>,
+    pub pods: Arc<Gauge>,
 }
 
 /// What the reconciler follows.
@@ -135,7 +152,7 @@ pub struct Sources {
 }
 
 /// Checks pods as they come due until the pod cache is gone.
-pub async fn run(settings: Arc<Settings>, state: Arc<State>, client: Client, sources: Sources) {
+pub async fn run(settings: Arc<Settings>, metrics: Arc<Metrics>, client: Client, sources: Sources) {
     let Sources {
         events: mut pods,
         pods: cache,
@@ -167,14 +184,14 @@ pub async fn run(settings: Arc<Settings>, state: Arc<State>, client: Client, sou
                     while let Ok(ev) = pods.try_recv() {
                         tracker.on_event(ev);
                     }
-                    state.set_reconciled_pods(tracker.len());
+                    metrics.pods.set(tracker.len() as u64);
                 }
                 None => return,
             },
             Some(ev) = next_namespace(&mut namespaces) => {
                 if let CacheEvent::Applied(ns) = ev {
                     reevaluate(&mut tracker, &cache, ns.metadata.name.as_deref().unwrap_or(""));
-                    state.set_reconciled_pods(tracker.len());
+                    metrics.pods.set(tracker.len() as u64);
                 }
             }
             _ = sleep_until(wake) => {}
@@ -192,7 +209,13 @@ pub async fn run(settings: Arc<Settings>, state: Arc<State>, client: Client, sou
                 tracker.set_marked(&due.key);
             }
             report(
-                &settings, &state, &client, &due.pod, &due.key, outcome, failures,
+                &settings,
+                &metrics.checks,
+                &client,
+                &due.pod,
+                &due.key,
+                outcome,
+                failures,
             )
             .await;
             if !pods.is_empty() {
@@ -242,7 +265,7 @@ async fn check_blocking(settings: &Arc<Settings>, mut target: Target) -> (Target
 /// Metrics, log and Event for one outcome.
 async fn report(
     settings: &Settings,
-    state: &State,
+    checks: &Counters,
     client: &Client,
     pod: &Pod,
     key: &str,
@@ -251,12 +274,12 @@ async fn report(
 ) {
     match outcome {
         Outcome::Ok => {
-            state.count_check("ok");
+            checks.inc(&["ok"]);
             tracing::debug!(pod = %key, "redirect rules match the plan");
         }
         Outcome::Repaired { drift, backend } => {
-            state.count_check("drift");
-            state.count_check("repaired");
+            checks.inc(&["drift"]);
+            checks.inc(&["repaired"]);
             tracing::warn!(pod = %key, drift = ?drift, backend = %backend, "redirect rules drifted from the plan; re-applied");
             let msg = format!(
                 "redirect rules drifted from the plan ({}); re-applied atomically ({backend} backend)",
@@ -265,8 +288,8 @@ async fn report(
             emit(settings, client, pod, REASON_REPAIRED, &msg).await;
         }
         Outcome::Migrated { drift, from, to } => {
-            state.count_check("drift");
-            state.count_check("migrated");
+            checks.inc(&["drift"]);
+            checks.inc(&["migrated"]);
             let from = from
                 .iter()
                 .map(ToString::to_string)
@@ -280,8 +303,8 @@ async fn report(
             emit(settings, client, pod, REASON_MIGRATED, &msg).await;
         }
         Outcome::RepairFailed { drift, error } => {
-            state.count_check("drift");
-            state.count_check("failed");
+            checks.inc(&["drift"]);
+            checks.inc(&["failed"]);
             tracing::error!(pod = %key, drift = ?drift, error = %error, "redirect rules drifted from the plan; re-applying failed");
             let msg = format!(
                 "redirect rules drifted from the plan ({}); re-applying failed: {error}",
@@ -290,7 +313,7 @@ async fn report(
             emit(settings, client, pod, REASON_REPAIR_FAILED, &msg).await;
         }
         Outcome::Failed(error) => {
-            state.count_check("failed");
+            checks.inc(&["failed"]);
             // The first failure of an episode is news; the retries of a pod still starting
             // (or gone from the node) are not.
             if failures <= 1 {

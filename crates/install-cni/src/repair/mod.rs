@@ -18,7 +18,6 @@ pub mod filter;
 pub mod procfs;
 
 use crate::config::{Config, RepairAction, RepairConfig};
-use crate::http::State;
 use crate::podcache::{PodEvent, Subscription};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -26,6 +25,8 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::config::{AuthInfo, Cluster, Context, KubeConfigOptions, Kubeconfig};
 use kube::config::{NamedAuthInfo, NamedCluster, NamedContext};
 use kube::{Api, Client};
+use node_status::State;
+use node_status::metrics::Counters;
 use pod_policy::selector_text::Selector;
 use redirect::BackendChoice;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -304,7 +305,8 @@ struct Retry {
 pub struct Controller {
     client: Client,
     settings: Arc<Settings>,
-    state: Arc<State>,
+    /// `istio_cni_repair_pods_repaired_total{type,result}`.
+    metrics: Arc<Counters>,
     action: Option<RepairAction>,
     /// Latest object per `namespace/name`.
     cache: HashMap<String, Pod>,
@@ -317,7 +319,7 @@ pub struct Controller {
 }
 
 impl Controller {
-    pub fn new(client: Client, settings: Settings, state: Arc<State>) -> Controller {
+    pub fn new(client: Client, settings: Settings, metrics: Arc<Counters>) -> Controller {
         // Validated at startup (config::repair_config); an unparsable one selects nothing.
         Controller {
             client,
@@ -327,7 +329,7 @@ impl Controller {
             fields: Selector::fields(&settings.repair.field_selectors)
                 .unwrap_or_else(|_| Selector::nothing()),
             settings: Arc::new(settings),
-            state,
+            metrics,
             cache: HashMap::new(),
             done: HashSet::new(),
             retries: HashMap::new(),
@@ -448,7 +450,7 @@ impl Controller {
         };
         match result {
             Ok(Done::Success(what)) => {
-                self.state.count_repair(action.as_str(), "success");
+                self.metrics.inc(&[action.as_str(), "success"]);
                 tracing::info!(pod = %key, action = action.as_str(), "{what}");
                 self.retries.remove(key);
                 self.done.insert(filter::uid(&pod).to_string());
@@ -458,13 +460,13 @@ impl Controller {
                 self.emit(&pod, warning, reason, &msg).await;
             }
             Ok(Done::Skip(why)) => {
-                self.state.count_repair(action.as_str(), "skip");
+                self.metrics.inc(&[action.as_str(), "skip"]);
                 tracing::info!(pod = %key, action = action.as_str(), "pod detected as broken; skipped: {why}");
                 self.retries.remove(key);
                 self.done.insert(filter::uid(&pod).to_string());
             }
             Err(f) => {
-                self.state.count_repair(action.as_str(), "fail");
+                self.metrics.inc(&[action.as_str(), "fail"]);
                 let give_up = f.permanent || attempt >= MAX_ATTEMPTS;
                 if give_up {
                     tracing::error!(pod = %key, action = action.as_str(), attempt, error = %f.message, "pod detected as broken; giving up");
@@ -542,20 +544,38 @@ async fn sleep_until(due: Option<Instant>) {
     }
 }
 
+/// `type` and `result` label values of `istio_cni_repair_pods_repaired_total`.
+pub const REPAIR_TYPES: [&str; 3] = ["repair", "delete", "label"];
+pub const REPAIR_RESULTS: [&str; 3] = ["success", "fail", "skip"];
+
+/// `istio_cni_repair_pods_repaired_total{type,result}` (Istio's).
+pub fn repair_counters() -> Counters {
+    Counters::new(
+        "istio_cni_repair_pods_repaired_total",
+        "Total number of pods repaired by repair controller",
+        &["type", "result"],
+        REPAIR_TYPES
+            .iter()
+            .flat_map(|t| REPAIR_RESULTS.iter().map(move |r| vec![*t, *r])),
+    )
+}
+
 /// Starts the controller on the node pod cache's subscription `pods`.
 pub fn start(
     cfg: &Config,
     backend: redirect::Backend,
-    state: Arc<State>,
+    state: &State,
     client: Client,
     pods: Subscription,
 ) {
+    let metrics = Arc::new(repair_counters());
+    state.register(metrics.clone());
     let settings = Settings {
         repair: cfg.repair.clone(),
         policy: cfg.sidecar_policy(),
         backend: BackendChoice::Fixed(backend),
     };
-    tokio::spawn(Controller::new(client, settings, state).run(pods));
+    tokio::spawn(Controller::new(client, settings, metrics).run(pods));
 }
 
 /// Writes `ev` (about `pod`); a failure is logged, never fatal.

@@ -5,8 +5,8 @@
 //! removed when they stop being met or the daemon shuts down; a SIGKILLed daemon cannot remove
 //! it, which is why the plugin also checks the lock the daemon holds for its whole life.
 
-use crate::install::DIR_MODE;
 use cni_config::ready::{self as contract, READY_MODE, ReadyMarker};
+use node_fs::DIR_MODE;
 use std::fs::File;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -20,7 +20,7 @@ pub struct Conditions {
     pub installed: bool,
     /// Ambient mode: ztunnel is connected to the daemon. `None` while ambient is not in use.
     /// Part of `/readyz` and of the node taint's removal, not of the plugin's STATUS (see
-    /// `http::State::publish`).
+    /// `State::publish`).
     pub ztunnel_connected: Option<bool>,
 }
 
@@ -219,7 +219,7 @@ fn open_lock(run_dir: &Path, path: &Path) -> std::io::Result<File> {
         .create(true)
         .truncate(false)
         .mode(READY_MODE)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)?;
     f.set_permissions(std::fs::Permissions::from_mode(READY_MODE))?;
     Ok(f)
@@ -228,7 +228,7 @@ fn open_lock(run_dir: &Path, path: &Path) -> std::io::Result<File> {
 fn try_lock(f: &File) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     // SAFETY: flock on a descriptor we own; no memory is passed.
-    let rc = unsafe { nix::libc::flock(f.as_raw_fd(), nix::libc::LOCK_EX | nix::libc::LOCK_NB) };
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if rc == 0 {
         Ok(())
     } else {
