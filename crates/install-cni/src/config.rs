@@ -970,7 +970,7 @@ impl Config {
             binaries: vec!["istio-cni".into(), "istio-nftables".into()],
             sa_dir,
             repair: RepairConfig::disabled(),
-            pod_watch_timeout: crate::podcache::DEFAULT_WATCH_TIMEOUT,
+            pod_watch_timeout: node_view::cache::DEFAULT_WATCH_TIMEOUT,
             reconcile: ReconcileConfig::disabled(),
             node_taint_key: None,
             ambient: AmbientSettings::disabled(),
@@ -998,6 +998,19 @@ impl Config {
         pod_policy::Policy {
             scope: self.scope(),
             ambient: None,
+        }
+    }
+
+    /// How the daemon reaches the API server.
+    pub fn api_server(&self) -> node_view::client::ApiServer {
+        node_view::client::ApiServer {
+            host: self.k8s_host.clone(),
+            port: self.k8s_port,
+            protocol: self.k8s_protocol.clone(),
+            ca_file: self.kube_ca_file.clone(),
+            skip_tls_verify: self.skip_tls_verify,
+            token_file: self.token_path(),
+            kubeconfig: self.repair.kubeconfig.clone(),
         }
     }
 

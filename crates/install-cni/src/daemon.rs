@@ -5,12 +5,12 @@
 use crate::backend;
 use crate::config::Config;
 use crate::install::{Installer, Outcome};
-use crate::podcache::{NamespaceCache, PodCache};
 use crate::throttle::{Throttle, culprit_hint};
 use crate::watch::{self, Filter, Watch};
 use cni_config::PluginSettings;
 use node_status::State;
 use node_status::http::{self, Routes};
+use node_view::cache::{NamespaceCache, PodCache};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -190,7 +190,7 @@ async fn ambient_shutdown(cfg: &Config) -> Option<crate::ambient::upgrade::Shutd
     if !cfg.ambient.enabled {
         return None;
     }
-    let lookup = match crate::repair::client(cfg).await {
+    let lookup = match node_view::client::client(&cfg.api_server()).await {
         Ok(c) => upgrade::lookup(c, &cfg.pod_namespace).await,
         Err(e) => Err(e.to_string()),
     };
@@ -214,7 +214,7 @@ async fn start_pod_consumers(
     if !cfg.repair.enabled && !cfg.reconcile.enabled && !cfg.ambient.enabled {
         return None;
     }
-    let client = match crate::repair::client(cfg).await {
+    let client = match node_view::client::client(&cfg.api_server()).await {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, "repair controller, reconcile and the ambient agent not started: no Kubernetes client");

@@ -6,7 +6,6 @@ use kube::config::{
     AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
 };
 use secrecy::SecretString;
-use std::net::IpAddr;
 
 pub const CLUSTER_NAME: &str = "local";
 pub const USER_NAME: &str = "istio-cni";
@@ -29,14 +28,6 @@ pub enum Trust {
     SkipVerify,
 }
 
-/// `host:port` with brackets for IPv6 literals (Go's `net.JoinHostPort`).
-pub fn join_host_port(host: &str, port: u16) -> String {
-    match host.parse::<IpAddr>() {
-        Ok(IpAddr::V6(_)) => format!("[{host}]:{port}"),
-        _ => format!("{host}:{port}"),
-    }
-}
-
 pub fn build(
     protocol: &str,
     host: &str,
@@ -51,7 +42,10 @@ pub fn build(
         return Err(KubeconfigError::EmptyToken);
     }
     let mut cluster = Cluster {
-        server: Some(format!("{protocol}://{}", join_host_port(host, port))),
+        server: Some(format!(
+            "{protocol}://{}",
+            node_view::client::join_host_port(host, port)
+        )),
         ..Default::default()
     };
     match trust {
@@ -112,16 +106,6 @@ pub fn describe(kc: &Kubeconfig) -> String {
 mod tests {
     use super::*;
     use secrecy::ExposeSecret;
-
-    #[test]
-    fn ipv6_hosts_get_brackets() {
-        assert_eq!(join_host_port("10.96.0.1", 443), "10.96.0.1:443");
-        assert_eq!(join_host_port("fd00::1", 6443), "[fd00::1]:6443");
-        assert_eq!(
-            join_host_port("kubernetes.default.svc", 443),
-            "kubernetes.default.svc:443"
-        );
-    }
 
     #[test]
     fn round_trips_through_kube() {

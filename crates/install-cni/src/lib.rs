@@ -11,7 +11,6 @@ pub mod daemon;
 pub mod discovery;
 pub mod install;
 pub mod kubeconfig;
-pub mod podcache;
 pub mod podplan;
 pub mod reconcile;
 pub mod repair;

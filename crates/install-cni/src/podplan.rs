@@ -3,13 +3,13 @@
 //! host's /proc by the pod IP) → Plan (from the namespace's addresses). Shared by the repair
 //! controller and the continuous reconciler, so both program exactly what ADD would.
 
-use crate::repair::procfs;
 use k8s_openapi::api::core::v1::Pod;
 use pod_policy::{Decision, Labels, PodConfig, Policy};
 use redirect::capture::{Config, Plan};
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+pub use node_view::running::locate;
 pub use pod_policy::bypass::{finished, pod_ip};
 
 /// What the plugin would do with a pod.
@@ -32,12 +32,6 @@ pub fn verdict(pod: &Pod, policy: &Policy) -> Result<Verdict, String> {
         )),
         Err(e) => Err(format!("invalid pod configuration: {e}")),
     }
-}
-
-/// The pod's network namespace under the host's /proc. Blocking.
-pub fn locate(proc_root: &Path, ip: IpAddr) -> Result<PathBuf, String> {
-    procfs::find_pod_netns(proc_root, ip)
-        .map_err(|e| format!("finding the pod's network namespace: {e}"))
 }
 
 /// The plan for `config` in the namespace, plus its addresses (to confirm the namespace still

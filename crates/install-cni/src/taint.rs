@@ -136,7 +136,7 @@ pub async fn start(cfg: &crate::config::Config, state: &node_status::State) {
     let Some(key) = cfg.node_taint_key.clone() else {
         return;
     };
-    let client = match crate::repair::client(cfg).await {
+    let client = match node_view::client::client(&cfg.api_server()).await {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, key, "node taint removal not started: no Kubernetes client");

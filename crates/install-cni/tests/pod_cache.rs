@@ -5,9 +5,9 @@
 mod common;
 
 use common::kube_api::{FakeKube, broken_pod};
-use install_cni::podcache::{PodCache, PodEvent, Subscription};
 use kube::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use node_view::cache::{PodCache, PodEvent, Subscription};
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(15);

@@ -13,12 +13,12 @@ pub mod plugin_server;
 pub mod upgrade;
 
 use crate::config::Config;
-use crate::podcache::{CacheEvent, NamespaceCache, PodCache};
 use agent::{Agent, AgentSettings, AmbientPodRef};
 use capture::{HostProbeConfig, Plan, ProbeSource};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use node_status::State;
 use node_status::metrics::Counters;
+use node_view::cache::{CacheEvent, NamespaceCache, PodCache};
 use pod_policy::ambient::pod_settings;
 use pod_policy::bypass::finished;
 use pod_policy::{Decision, Policy, PolicyError};
@@ -277,7 +277,7 @@ impl Runner {
             match self.locate(&pod).await {
                 Ok(f) => found.push(f),
                 Err(e) => {
-                    tracing::warn!(pod = %crate::podcache::key(pod.as_ref()), error = %e, "startup: ambient pod's namespace not found; ztunnel keeps what it has for it");
+                    tracing::warn!(pod = %node_view::cache::key(pod.as_ref()), error = %e, "startup: ambient pod's namespace not found; ztunnel keeps what it has for it");
                     if !status_ips(&pod).is_empty() {
                         unlocated.extend(pod.metadata.uid.clone());
                     }
@@ -361,7 +361,7 @@ impl Runner {
     /// Enrolls or releases the pod as its labels (and its namespace's) now say.
     async fn on_pod(&self, agent: &Agent, pod: &Pod) {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let key = crate::podcache::key(pod);
+        let key = node_view::cache::key(pod);
         match (self.wants(pod), agent.is_enrolled(&uid).await) {
             (true, false) => match self.locate(pod).await {
                 Ok((r, fd)) => match agent.enroll(r, fd).await {

@@ -7,12 +7,12 @@
 //! that gives up mid-way cannot cut an enroll in half (the agent finishes or rolls back).
 
 use super::agent::Agent;
-use crate::podcache::PodCache;
 use cni_config::ambient::{AddPodRequest, CMD_ADD_PATH, CMD_DEL_PATH, DelPodRequest};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
 use k8s_openapi::api::core::v1::Pod;
+use node_view::cache::PodCache;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};

@@ -11,10 +11,10 @@
 //! Inherent race: a container may send traffic before the rules exist (the pod runs before the
 //! daemon sees it). The repair controller's `istio-validation` check remains the strict way.
 
-use crate::podcache::NamespaceCache;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
+use node_view::cache::NamespaceCache;
 
 pub const INITIALIZE: &str = "istio-pod-network-controller/initialize";
 pub const INITIALIZED: &str = "istio-pod-network-controller/initialized";

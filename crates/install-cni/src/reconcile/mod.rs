@@ -17,13 +17,13 @@ pub mod controller;
 pub mod tracker;
 
 use crate::config::{Config, RepairConfig};
-use crate::podcache::{CacheEvent, NamespaceCache, PodCache, PodEvent, Subscription};
 use crate::podplan::{self, Verdict};
 use check::{Outcome, Target};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use node_status::State;
 use node_status::metrics::{Counters, Gauge};
+use node_view::cache::{CacheEvent, NamespaceCache, PodCache, PodEvent, Subscription};
 use redirect::BackendChoice;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -97,7 +97,7 @@ impl Settings {
             Verdict::Mesh(pc) => pc.config,
         };
         Ok(Target {
-            key: crate::podcache::key(pod),
+            key: node_view::cache::key(pod),
             ip: podplan::pod_ip(pod)?,
             config: Box::new(config),
             netns: None,

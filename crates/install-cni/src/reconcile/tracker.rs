@@ -8,8 +8,8 @@
 //! with backoff and never holds up other pods.
 
 use super::check::Target;
-use crate::podcache::PodEvent;
 use k8s_openapi::api::core::v1::Pod;
+use node_view::cache::PodEvent;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -88,7 +88,7 @@ impl Tracker {
     pub fn on_event(&mut self, ev: PodEvent) {
         match ev {
             PodEvent::Applied(p) => self.applied(p),
-            PodEvent::Deleted(p) => self.forget(&crate::podcache::key(p.as_ref())),
+            PodEvent::Deleted(p) => self.forget(&node_view::cache::key(p.as_ref())),
             PodEvent::Synced => self.synced = true,
         }
     }
@@ -101,7 +101,7 @@ impl Tracker {
     }
 
     fn applied(&mut self, pod: Arc<Pod>) {
-        let key = crate::podcache::key(pod.as_ref());
+        let key = node_view::cache::key(pod.as_ref());
         let target = match (self.eligible)(&pod) {
             Ok(t) => t,
             Err(why) => {
@@ -255,7 +255,7 @@ mod tests {
                 return Err("not in the mesh".into());
             }
             Ok(Target {
-                key: crate::podcache::key(p),
+                key: node_view::cache::key(p),
                 ip: crate::podplan::pod_ip(p)?,
                 config: Box::new(redirect::capture::Config::cni_default()),
                 netns: None,

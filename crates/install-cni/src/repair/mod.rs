@@ -15,22 +15,18 @@
 //! failures are retried with backoff, at most [`MAX_ATTEMPTS`] times per episode.
 
 pub mod filter;
-pub mod procfs;
 
 use crate::config::{Config, RepairAction, RepairConfig};
-use crate::podcache::{PodEvent, Subscription};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::config::{AuthInfo, Cluster, Context, KubeConfigOptions, Kubeconfig};
-use kube::config::{NamedAuthInfo, NamedCluster, NamedContext};
 use kube::{Api, Client};
 use node_status::State;
 use node_status::metrics::Counters;
+use node_view::cache::{PodEvent, Subscription};
 use pod_policy::selector_text::Selector;
 use redirect::BackendChoice;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -44,91 +40,6 @@ pub const COMPONENT: &str = "cni-repair";
 pub const REASON_REPAIR: &str = "RepairBrokenPod";
 pub const REASON_DELETE: &str = "DeleteBrokenPod";
 pub const REASON_LABEL: &str = "LabelBrokenPod";
-
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    #[error("reading kubeconfig {path}: {source}")]
-    Kubeconfig {
-        path: PathBuf,
-        source: kube::config::KubeconfigError,
-    },
-    #[error("building the Kubernetes client: {0}")]
-    Client(#[from] kube::Error),
-    #[error("service-account token {0} is missing (not running in a pod?)")]
-    NoToken(PathBuf),
-}
-
-/// The API client: `KUBECONFIG` when given (tests, running outside a pod), else in-cluster from
-/// KUBERNETES_SERVICE_* with the service account's CA and token FILE (re-read by kube, so
-/// projected-token rotation needs nothing from us).
-pub async fn client(cfg: &Config) -> Result<Client, ClientError> {
-    let (kc, path) = match &cfg.repair.kubeconfig {
-        Some(p) => (
-            Kubeconfig::read_from(p).map_err(|source| ClientError::Kubeconfig {
-                path: p.clone(),
-                source,
-            })?,
-            p.clone(),
-        ),
-        None => {
-            let token = cfg.token_path();
-            if !token.exists() {
-                return Err(ClientError::NoToken(token));
-            }
-            (in_cluster(cfg, &token), cfg.sa_dir.clone())
-        }
-    };
-    let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .map_err(|source| ClientError::Kubeconfig { path, source })?;
-    config.connect_timeout = Some(Duration::from_secs(10));
-    // Longer than the watch's server-side timeout (290 s), so a quiet watch is not cut.
-    config.read_timeout = Some(Duration::from_secs(300));
-    config.write_timeout = Some(Duration::from_secs(10));
-    Ok(Client::try_from(config)?)
-}
-
-fn in_cluster(cfg: &Config, token: &Path) -> Kubeconfig {
-    let mut cluster = Cluster {
-        server: Some(format!(
-            "{}://{}",
-            cfg.k8s_protocol,
-            crate::kubeconfig::join_host_port(&cfg.k8s_host, cfg.k8s_port)
-        )),
-        ..Default::default()
-    };
-    if cfg.skip_tls_verify {
-        cluster.insecure_skip_tls_verify = Some(true);
-    } else {
-        cluster.certificate_authority = Some(cfg.kube_ca_file.display().to_string());
-    }
-    Kubeconfig {
-        clusters: vec![NamedCluster {
-            name: "in-cluster".into(),
-            cluster: Some(cluster),
-            other: Default::default(),
-        }],
-        auth_infos: vec![NamedAuthInfo {
-            name: "install-cni".into(),
-            auth_info: Some(AuthInfo {
-                token_file: Some(token.display().to_string()),
-                ..Default::default()
-            }),
-            other: Default::default(),
-        }],
-        contexts: vec![NamedContext {
-            name: "in-cluster".into(),
-            context: Some(Context {
-                cluster: "in-cluster".into(),
-                user: Some("install-cni".into()),
-                ..Default::default()
-            }),
-            other: Default::default(),
-        }],
-        current_context: Some("in-cluster".into()),
-        ..Default::default()
-    }
-}
 
 /// What the repair needs besides the pod: the same inputs the plugin gets from its config.
 #[derive(Clone, Debug)]

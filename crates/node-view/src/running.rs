@@ -30,6 +30,12 @@ pub enum FindError {
     Ambiguous { ip: IpAddr, paths: Vec<PathBuf> },
 }
 
+/// The network namespace of the running pod with `ip` under the host's /proc, as a message
+/// for logs and Events on failure. Blocking.
+pub fn locate(proc_root: &Path, ip: IpAddr) -> Result<PathBuf, String> {
+    find_pod_netns(proc_root, ip).map_err(|e| format!("finding the pod's network namespace: {e}"))
+}
+
 /// One namespace and the process that represents it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Candidate {

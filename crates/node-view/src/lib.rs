@@ -1,0 +1,13 @@
+//! The node daemon's view of Kubernetes, shared by every job so the node never opens a second
+//! watch or scans /proc twice for the same thing:
+//!
+//! - [`client`]: how the daemon reaches the API server (in-cluster or `KUBECONFIG`);
+//! - [`cache`]: ONE list + watch of this node's pods (and one of namespaces), with client-go's
+//!   fault handling, fanned out to subscribers (repair, reconcile, the ambient agent);
+//! - [`running`]: a running pod's network namespace, found through the host's /proc by its IP.
+
+pub mod cache;
+pub mod client;
+pub mod running;
+
+pub use cache::{CacheEvent, NamespaceCache, PodCache, PodEvent, Subscription};
