@@ -2,7 +2,6 @@
 //! until SIGTERM/SIGINT, then clean up. Runs on a current-thread runtime: the work is a few
 //! file operations per change, and one thread keeps RSS and CPU small on every node.
 
-use crate::backend;
 use crate::config::Config;
 use crate::install::{Installer, Outcome};
 use crate::throttle::{Throttle, culprit_hint};
@@ -40,7 +39,7 @@ pub enum StartError {
 }
 
 /// The plugin entry for this node: settings plus the backend decision.
-pub fn plugin_settings(cfg: &Config, decision: &backend::Decision) -> PluginSettings {
+pub fn plugin_settings(cfg: &Config, decision: &redirect::node::Decision) -> PluginSettings {
     PluginSettings {
         plugin_log_level: cfg.plugin_log_level.clone(),
         cni_agent_run_dir: cfg.run_dir.display().to_string(),
@@ -59,25 +58,8 @@ pub fn plugin_settings(cfg: &Config, decision: &backend::Decision) -> PluginSett
     }
 }
 
-pub fn decide_backend(cfg: &Config) -> backend::Decision {
-    let needs_probe = cfg.backend_choice == redirect::BackendChoice::Auto && !cfg.native_nftables;
-    let facts = if needs_probe {
-        backend::probe()
-    } else {
-        backend::NodeFacts::default()
-    };
-    if needs_probe {
-        if let Some(e) = &facts.nft_error {
-            tracing::info!(error = %e, "no nftables information from the host namespace; deciding without it");
-        }
-        if let Some(e) = &facts.legacy_save_error {
-            tracing::info!(error = %e, "could not read iptables-legacy state");
-        }
-        tracing::debug!(?facts, "host namespace facts");
-    }
-    let d = backend::decide(cfg.backend_choice, cfg.native_nftables, &facts);
-    tracing::info!(backend = %d.backend, reason = %d.reason, "node redirect backend");
-    d
+pub fn decide_backend(cfg: &Config) -> redirect::node::Decision {
+    redirect::node::decide_here(cfg.backend_choice, cfg.native_nftables)
 }
 
 type Shutdown = Pin<Box<dyn Future<Output = &'static str>>>;

@@ -5,7 +5,6 @@
 //! decision, throttle) is separate from I/O (`install`, `watch`, `http`, `daemon`).
 
 pub mod ambient;
-pub mod backend;
 pub mod config;
 pub mod daemon;
 pub mod discovery;

@@ -265,6 +265,25 @@ pub fn has_legacy_rules_with(tools: &Tools) -> Result<bool, LegacyError> {
     Ok(false)
 }
 
+/// The IPv4 tables the legacy ip_tables module has instantiated in the calling thread's
+/// namespace (`ip_tables_names`; empty when nobody ever used legacy iptables here).
+pub fn instantiated_ipv4_tables() -> Vec<String> {
+    std::fs::read_to_string(Fam::V4.names_file())
+        .map(|t| {
+            t.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `iptables-legacy-save` of the calling thread's namespace.
+pub fn save_ipv4(tools: &Tools) -> Result<String, LegacyError> {
+    tools.save(Fam::V4)
+}
+
 /// Whether our ISTIO_* chains exist in iptables-legacy in the current namespace.
 pub fn has_our_chains() -> Result<bool, LegacyError> {
     has_our_chains_with(&Tools::default())

@@ -4,6 +4,7 @@
 //! [`apply`], [`check`] and [`cleanup`] hold the namespace's lock ([`netns::NsLock`]) for
 //! their whole work, so calls on one namespace never interleave (see `locked`). [`migrate`]
 //! moves a running pod's rules from one backend to the other without a capture gap.
+//! [`node`] decides, once per node, which backend its pods get.
 
 use capture::{Facts, Plan};
 use netns::NsLock;
@@ -16,6 +17,7 @@ pub use capture;
 pub use migrate::{MigrateOptions, Migration, migrate, migrate_with};
 
 mod migrate;
+pub mod node;
 
 /// The mechanism that programs the rules.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //! legacy canary chain, with an nftables table, or both; detection runs inside each through
 //! the `netns` crate exactly as the daemon runs it in the host namespace.
 
-use install_cni::backend;
+use redirect::node as backend;
 use redirect::{Backend, BackendChoice};
 use std::path::PathBuf;
 use std::process::Command;

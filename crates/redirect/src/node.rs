@@ -1,10 +1,9 @@
 //! Which rule backend pods on this node get (`redirect_backend` in the plugin config). One
-//! decision per node, made once from the host namespace and written into the config, so the
-//! plugin and anything else on the node cannot disagree (Istio #57827, #49279).
+//! decision per node, made once by the node daemon from the host namespace and written into
+//! the config, so the plugin and anything else on the node cannot disagree (Istio #57827,
+//! #49279).
 
-use redirect::{Backend, BackendChoice};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use crate::{Backend, BackendChoice};
 
 /// Chains kubelet creates to advertise which iptables flavour the node uses.
 pub const HINT_CHAINS: &[&str] = &["KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"];
@@ -129,45 +128,21 @@ pub fn decide(choice: BackendChoice, native_nftables: bool, f: &NodeFacts) -> De
     }
 }
 
-fn find_tool(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
 /// Probes the namespace of the calling THREAD (usable inside `netns::run_in`): the save tool
 /// inherits the thread's namespace, and /proc/thread-self (not /proc/self, which follows the
 /// main thread) shows this thread's tables.
 pub fn probe() -> NodeFacts {
     let mut f = NodeFacts {
-        legacy_tables: read_lines(Path::new("/proc/thread-self/net/ip_tables_names")),
+        legacy_tables: iptables_legacy::instantiated_ipv4_tables(),
         ..Default::default()
     };
     if f.legacy_tables.is_empty() {
         // No legacy table was ever used here: nothing to save, and running the tool is skipped.
         f.legacy_save = Some(LegacySave::default());
     } else {
-        match find_tool("iptables-legacy-save") {
-            Some(tool) => match Command::new(&tool).output() {
-                Ok(out) if out.status.success() => {
-                    f.legacy_save = Some(parse_legacy_save(&String::from_utf8_lossy(&out.stdout)))
-                }
-                Ok(out) => {
-                    f.legacy_save_error = Some(format!(
-                        "{} exited with {}: {}",
-                        tool.display(),
-                        out.status,
-                        String::from_utf8_lossy(&out.stderr).trim()
-                    ))
-                }
-                Err(e) => f.legacy_save_error = Some(format!("{}: {e}", tool.display())),
-            },
-            None => {
-                f.legacy_save_error =
-                    Some("iptables-legacy-save not found on PATH, /usr/sbin, /sbin".into())
-            }
+        match iptables_legacy::save_ipv4(&iptables_legacy::Tools::default()) {
+            Ok(text) => f.legacy_save = Some(parse_legacy_save(&text)),
+            Err(e) => f.legacy_save_error = Some(e.to_string()),
         }
     }
     match nft_backend::list_tables() {
@@ -188,16 +163,27 @@ pub fn probe() -> NodeFacts {
     f
 }
 
-fn read_lines(p: &Path) -> Vec<String> {
-    std::fs::read_to_string(p)
-        .map(|t| {
-            t.lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .map(String::from)
-                .collect()
-        })
-        .unwrap_or_default()
+/// The node's decision, probing the calling thread's namespace (the host's, for the daemon)
+/// only when the configuration leaves it open; what was seen and decided is logged.
+pub fn decide_here(choice: BackendChoice, native_nftables: bool) -> Decision {
+    let needs_probe = choice == BackendChoice::Auto && !native_nftables;
+    let facts = if needs_probe {
+        probe()
+    } else {
+        NodeFacts::default()
+    };
+    if needs_probe {
+        if let Some(e) = &facts.nft_error {
+            tracing::info!(error = %e, "no nftables information from the host namespace; deciding without it");
+        }
+        if let Some(e) = &facts.legacy_save_error {
+            tracing::info!(error = %e, "could not read iptables-legacy state");
+        }
+        tracing::debug!(?facts, "host namespace facts");
+    }
+    let d = decide(choice, native_nftables, &facts);
+    tracing::info!(backend = %d.backend, reason = %d.reason, "node redirect backend");
+    d
 }
 
 #[cfg(test)]
