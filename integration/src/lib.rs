@@ -14,6 +14,7 @@
 //! * [`ambient`]: an ambient node (the agent, a real ztunnel, the full fake API, a fake
 //!   kubelet) and pods ADDed through the chain.
 //! * [`cni`]: the CNI client side (`cnitool`, a local Kubernetes API server serving Pod JSON).
+//! * [`install_fixtures`]: Istio's install-cni fixtures and how our install is compared.
 //! * [`kube_api`]: the fake Kubernetes API (pods, namespaces, nodes, events; get, list, watch).
 //! * [`dns`]: one DNS A query from inside a namespace (who answers: ztunnel's DNS proxy?).
 //! * [`ztunnel`]: a real ztunnel (built by `scripts/build-ztunnel.sh`) in its own namespace,
@@ -41,6 +42,7 @@ pub mod cni;
 pub mod cri;
 pub mod dns;
 pub mod golden;
+pub mod install_fixtures;
 pub mod kube_api;
 pub mod node;
 mod ns;

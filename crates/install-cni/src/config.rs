@@ -68,8 +68,7 @@ pub const ENV_VARS: &[&str] = &[
     "KUBECONFIG",
 ];
 
-/// Name of the standalone config file (Istio's).
-pub const STANDALONE_CONF_NAME: &str = "YYY-istio-cni.conf";
+pub use cni_installer::settings::STANDALONE_CONF_NAME;
 
 const LOG_LEVELS: &[&str] = &["panic", "fatal", "error", "warn", "info", "debug", "trace"];
 
@@ -873,7 +872,7 @@ impl Config {
                 "expected a file name, not a path",
             ));
         }
-        if !conf_name.is_empty() && crate::discovery::format_of(&conf_name).is_none() {
+        if !conf_name.is_empty() && cni_installer::discovery::format_of(&conf_name).is_none() {
             return Err(bad(
                 "CNI_CONF_NAME",
                 conf_name,
@@ -998,6 +997,23 @@ impl Config {
         pod_policy::Policy {
             scope: self.scope(),
             ambient: None,
+        }
+    }
+
+    /// The installer's part.
+    pub fn installer(&self) -> cni_installer::Settings {
+        cni_installer::Settings {
+            cni_conf_name: self.cni_conf_name.clone(),
+            chained: self.chained,
+            net_dir: self.net_dir.clone(),
+            run_dir: self.run_dir.clone(),
+            kubeconfig_mode: self.kubeconfig_mode,
+            conf_mode: self.conf_mode,
+            api: self.api_server(),
+            bin_source_dir: self.bin_source_dir.clone(),
+            bin_target_dirs: self.bin_target_dirs.clone(),
+            binaries: self.binaries.clone(),
+            sa_dir: self.sa_dir.clone(),
         }
     }
 

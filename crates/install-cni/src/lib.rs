@@ -7,12 +7,7 @@
 pub mod ambient;
 pub mod config;
 pub mod daemon;
-pub mod discovery;
-pub mod install;
-pub mod kubeconfig;
 pub mod podplan;
 pub mod reconcile;
 pub mod repair;
 pub mod taint;
-pub mod throttle;
-pub mod watch;

@@ -3,9 +3,9 @@
 //! one quiet re-check instead of an endless self-triggered loop, and "changes" below is the
 //! list of things that were really repaired.
 
-use crate::config::{Config, STANDALONE_CONF_NAME};
 use crate::discovery::{self, ConfFile, ConfPlan};
 use crate::kubeconfig::{self, Trust};
+use crate::settings::{STANDALONE_CONF_NAME, Settings};
 use node_fs::Stamp;
 use node_status::metrics::Counters;
 use serde_json::Value;
@@ -78,7 +78,7 @@ struct Undo {
 }
 
 pub struct Installer {
-    cfg: Config,
+    cfg: Settings,
     entry: Value,
     /// dst path → (dst stamp, src stamp) after our last verified copy.
     bins: HashMap<PathBuf, (Stamp, Stamp)>,
@@ -105,7 +105,7 @@ fn err_hint(e: &io::Error) -> &'static str {
 }
 
 impl Installer {
-    pub fn new(cfg: Config, entry: Value) -> Installer {
+    pub fn new(cfg: Settings, entry: Value) -> Installer {
         Installer {
             cfg,
             entry,
@@ -117,7 +117,7 @@ impl Installer {
         }
     }
 
-    pub fn config(&self) -> &Config {
+    pub fn settings(&self) -> &Settings {
         &self.cfg
     }
 
@@ -177,27 +177,27 @@ impl Installer {
     /// The kubeconfig text for the current token/CA.
     pub fn render_kubeconfig(&self) -> Result<String, InstallError> {
         let e = InstallError::Kubeconfig;
-        let token_path = self.cfg.token_path();
+        let token_path = self.cfg.api.token_file.clone();
         let token = fs::read_to_string(&token_path).map_err(|x| {
             e(format!(
                 "reading the service-account token {}: {x}",
                 token_path.display()
             ))
         })?;
-        let trust = if self.cfg.skip_tls_verify {
+        let trust = if self.cfg.api.skip_tls_verify {
             Trust::SkipVerify
         } else {
-            Trust::Ca(fs::read(&self.cfg.kube_ca_file).map_err(|x| {
+            Trust::Ca(fs::read(&self.cfg.api.ca_file).map_err(|x| {
                 e(format!(
                     "reading the CA {}: {x}",
-                    self.cfg.kube_ca_file.display()
+                    self.cfg.api.ca_file.display()
                 ))
             })?)
         };
         let kc = kubeconfig::build(
-            &self.cfg.k8s_protocol,
-            &self.cfg.k8s_host,
-            self.cfg.k8s_port,
+            &self.cfg.api.protocol,
+            &self.cfg.api.host,
+            self.cfg.api.port,
             &token,
             &trust,
         )

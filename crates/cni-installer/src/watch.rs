@@ -6,8 +6,8 @@
 //! whose target lives in a subdirectory of it (which we keep a link, see
 //! `node_fs::conf_write_target`) is rewritten there.
 
-use crate::config::Config;
 use crate::discovery;
+use crate::settings::Settings;
 use notify::event::{EventKind, ModifyKind};
 use notify::{RecursiveMode, Watcher as _};
 use std::path::{Path, PathBuf};
@@ -29,7 +29,7 @@ pub struct Filter {
 }
 
 impl Filter {
-    pub fn new(cfg: &Config) -> Filter {
+    pub fn new(cfg: &Settings) -> Filter {
         Filter {
             bin_dirs: cfg.bin_target_dirs.clone(),
             binaries: cfg.binaries.clone(),
@@ -176,7 +176,7 @@ mod tests {
 
     #[test]
     fn classifies_paths() {
-        let cfg = Config::for_dirs(
+        let cfg = Settings::for_dirs(
             "/n".into(),
             "/r".into(),
             "/src".into(),

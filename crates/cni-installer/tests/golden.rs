@@ -2,12 +2,12 @@
 //! merge/standalone/kubeconfig code. JSON is compared semantically; in the istio-cni entry,
 //! Istio's ambient-only fields must be absent or at their off value, ours are extra.
 
-mod common;
-
 use cni_config::PluginSettings;
-use common::{assert_conflist_matches, assert_entry_matches, golden, golden_json};
-use install_cni::discovery::{self, ConfFile, ConfPlan};
-use install_cni::kubeconfig::{self, Trust};
+use cni_installer::discovery::{self, ConfFile, ConfPlan};
+use cni_installer::kubeconfig::{self, Trust};
+use integration::install_fixtures::{
+    assert_conflist_matches, assert_entry_matches, golden, golden_json, types,
+};
 use kube::config::Kubeconfig;
 use serde_json::Value;
 
@@ -87,7 +87,7 @@ fn invalid_lists_are_not_primaries() {
 fn prefixed_type_is_not_ours() {
     // type "prefix-istio-cni" is some other plugin: chained into, not removed.
     let out = written(plan("10-p.conf", "testdata/istio-cni-prefixed.conf"));
-    assert_eq!(common::types(&out), vec!["prefix-istio-cni", "istio-cni"]);
+    assert_eq!(types(&out), vec!["prefix-istio-cni", "istio-cni"]);
 }
 
 #[test]

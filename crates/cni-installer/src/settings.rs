@@ -1,0 +1,69 @@
+//! What the installer needs to know (Istio's install-cni settings, already validated by the
+//! daemon's configuration).
+
+use node_view::client::ApiServer;
+use std::path::PathBuf;
+
+/// Name of the standalone config file (Istio's).
+pub const STANDALONE_CONF_NAME: &str = "YYY-istio-cni.conf";
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// Primary CNI config file to patch (`None`: the first valid file, as kubelet picks).
+    pub cni_conf_name: Option<String>,
+    /// Chain into the primary config (`false`: a standalone `YYY-istio-cni.conf`).
+    pub chained: bool,
+    /// The host's CNI config directory, as mounted.
+    pub net_dir: PathBuf,
+    /// The plugin's run dir (kubeconfig, log, sockets, readiness marker).
+    pub run_dir: PathBuf,
+    pub kubeconfig_mode: u32,
+    /// Mode for CNI config files we create (existing files keep theirs).
+    pub conf_mode: u32,
+    /// The API server the plugin's kubeconfig points at, with the service account's CA and
+    /// token.
+    pub api: ApiServer,
+    pub bin_source_dir: PathBuf,
+    pub bin_target_dirs: Vec<PathBuf>,
+    pub binaries: Vec<String>,
+    /// The service-account directory, watched for token rotation.
+    pub sa_dir: PathBuf,
+}
+
+impl Settings {
+    /// Settings for tests and the bench (no environment involved).
+    pub fn for_dirs(
+        net_dir: PathBuf,
+        run_dir: PathBuf,
+        bin_source: PathBuf,
+        bin_target: PathBuf,
+        sa_dir: PathBuf,
+    ) -> Settings {
+        Settings {
+            cni_conf_name: None,
+            chained: true,
+            net_dir,
+            run_dir,
+            kubeconfig_mode: 0o600,
+            conf_mode: 0o600,
+            api: ApiServer {
+                host: "10.96.0.1".into(),
+                port: 443,
+                protocol: "https".into(),
+                ca_file: sa_dir.join("ca.crt"),
+                skip_tls_verify: false,
+                token_file: sa_dir.join("token"),
+                kubeconfig: None,
+            },
+            bin_source_dir: bin_source,
+            bin_target_dirs: vec![bin_target],
+            binaries: vec!["istio-cni".into(), "istio-nftables".into()],
+            sa_dir,
+        }
+    }
+
+    /// The plugin's kubeconfig in the run dir.
+    pub fn kubeconfig_path(&self) -> PathBuf {
+        self.run_dir.join(cni_config::KUBECONFIG_FILE)
+    }
+}
