@@ -177,7 +177,7 @@ impl Installer {
     /// The kubeconfig text for the current token/CA.
     pub fn render_kubeconfig(&self) -> Result<String, InstallError> {
         let e = InstallError::Kubeconfig;
-        let token_path = self.cfg.api.token_file.clone();
+        let token_path = self.cfg.api.token_file();
         let token = fs::read_to_string(&token_path).map_err(|x| {
             e(format!(
                 "reading the service-account token {}: {x}",

@@ -21,13 +21,11 @@ pub struct Settings {
     /// Mode for CNI config files we create (existing files keep theirs).
     pub conf_mode: u32,
     /// The API server the plugin's kubeconfig points at, with the service account's CA and
-    /// token.
+    /// token (its directory is watched for token rotation).
     pub api: ApiServer,
     pub bin_source_dir: PathBuf,
     pub bin_target_dirs: Vec<PathBuf>,
     pub binaries: Vec<String>,
-    /// The service-account directory, watched for token rotation.
-    pub sa_dir: PathBuf,
 }
 
 impl Settings {
@@ -52,13 +50,12 @@ impl Settings {
                 protocol: "https".into(),
                 ca_file: sa_dir.join("ca.crt"),
                 skip_tls_verify: false,
-                token_file: sa_dir.join("token"),
+                service_account_dir: sa_dir,
                 kubeconfig: None,
             },
             bin_source_dir: bin_source,
             bin_target_dirs: vec![bin_target],
             binaries: vec!["istio-cni".into(), "istio-nftables".into()],
-            sa_dir,
         }
     }
 

@@ -34,7 +34,7 @@ impl Filter {
             bin_dirs: cfg.bin_target_dirs.clone(),
             binaries: cfg.binaries.clone(),
             net_dir: cfg.net_dir.clone(),
-            sa_dir: cfg.sa_dir.clone(),
+            sa_dir: cfg.api.service_account_dir.clone(),
         }
     }
 

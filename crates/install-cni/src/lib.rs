@@ -1,13 +1,14 @@
-//! install-cni: the node daemon that installs the istio-cni plugin, keeps it installed and
-//! removes it on shutdown (Istio's `install-cni` contract, istio-reference §5).
+//! install-cni: the node daemon, as Istio ships it (istio-reference §5). This crate only wires
+//! the jobs together; each job is a crate of its own:
 //!
-//! Pure logic (config validation, CNI config discovery/merge, kubeconfig building, backend
-//! decision, throttle) is separate from I/O (`install`, `watch`, `http`, `daemon`).
+//! - `cni_installer`: installs the plugin (binaries, kubeconfig, CNI config), keeps it
+//!   installed, removes it on shutdown;
+//! - `node_view`: the node's Kubernetes view (API client, one pod watch, running pods);
+//! - `guardian`: repair, continuous reconcile and migration, controller mode, node taint;
+//! - `ambient_agent`: the ambient node agent (plugin events, ZDS to ztunnel, host probe rule);
+//! - `node_status`: readiness (`/readyz`, the plugin's STATUS), health and metrics.
+//!
+//! [`config`] turns Istio's environment into each job's settings; [`daemon`] starts them.
 
-pub mod ambient;
 pub mod config;
 pub mod daemon;
-pub mod podplan;
-pub mod reconcile;
-pub mod repair;
-pub mod taint;

@@ -1,5 +1,5 @@
 use clap::Parser;
-use install_cni::config::{Args, Config, ENV_VARS};
+use install_cni::config::{Args, Config, env_vars};
 use std::process::ExitCode;
 
 fn init_logging(level: &str) {
@@ -21,7 +21,7 @@ fn main() -> ExitCode {
     // clap exits with status 2 and a message naming the flag/variable on unparseable values.
     let args = Args::parse();
     if args.list_env {
-        for v in ENV_VARS {
+        for v in env_vars() {
             println!("{v}");
         }
         return ExitCode::SUCCESS;

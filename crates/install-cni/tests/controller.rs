@@ -9,7 +9,7 @@ mod common;
 use common::kube_api::{FakeKube, broken_pod};
 use common::running::{RunningPod, proc_root};
 use common::*;
-use install_cni::podplan::{self, Verdict};
+use guardian::podplan::{self, Verdict};
 use integration::Probe;
 use k8s_openapi::api::core::v1::Pod;
 use redirect::capture::Plan;

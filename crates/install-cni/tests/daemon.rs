@@ -531,7 +531,7 @@ fn help_and_list_env() {
         .lines()
         .map(String::from)
         .collect();
-    assert_eq!(listed, install_cni::config::ENV_VARS);
+    assert_eq!(listed, install_cni::config::env_vars());
     let help = std::process::Command::new(bin())
         .arg("--help")
         .output()

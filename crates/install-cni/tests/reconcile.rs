@@ -10,7 +10,7 @@ mod common;
 use common::kube_api::{FakeKube, broken_pod};
 use common::running::{RunningPod, proc_root};
 use common::*;
-use install_cni::podplan::{self, Verdict};
+use guardian::podplan::{self, Verdict};
 use integration::Probe;
 use k8s_openapi::api::core::v1::Pod;
 use redirect::capture::Plan;
@@ -446,7 +446,7 @@ fn a_bad_interval_is_a_startup_error_naming_the_variable() {
 #[test]
 #[ignore]
 fn bench_check_cost() {
-    use install_cni::reconcile::check::{self, Outcome, Target};
+    use guardian::reconcile::check::{self, Outcome, Target};
     integration::require_root();
     let env = Env::new();
     let mesh = RunningPod::new();
@@ -465,7 +465,7 @@ fn bench_check_cost() {
         config: Box::new(pc.config),
         netns: None,
     };
-    let wait = install_cni::reconcile::LOCK_WAIT;
+    let wait = guardian::reconcile::LOCK_WAIT;
     let measure = |n: usize, cached: bool, mut before: Box<dyn FnMut()>| -> Vec<Duration> {
         let mut t = fresh.clone();
         assert_eq!(check::run(&mut t, &proc, nft_backend, wait), Outcome::Ok);

@@ -2,9 +2,54 @@
 //! framework: three fixed GET routes do not justify the binary size or the RSS).
 
 use crate::State;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+#[derive(Debug, thiserror::Error)]
+#[error("binding {what} on {addr}: {source}")]
+pub struct BindError {
+    pub what: &'static str,
+    pub addr: SocketAddr,
+    pub source: std::io::Error,
+}
+
+async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, BindError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| BindError { what, addr, source })
+}
+
+fn local(l: &TcpListener) -> String {
+    l.local_addr().map(|a| a.to_string()).unwrap_or_default()
+}
+
+/// Binds the health and metrics listeners (one listener when both ports are the same) and
+/// serves them in the background; port 0 takes any free port (logged).
+pub async fn listen(
+    address: IpAddr,
+    health_port: u16,
+    metrics_port: u16,
+    state: Arc<State>,
+) -> Result<(), BindError> {
+    let health_addr = SocketAddr::new(address, health_port);
+    let metrics_addr = SocketAddr::new(address, metrics_port);
+    let routes = |health, metrics| Routes { health, metrics };
+    if health_port != 0 && health_port == metrics_port {
+        let l = bind("health+metrics", health_addr).await?;
+        tracing::info!(health_addr = %local(&l), metrics_addr = %local(&l), "listening");
+        tokio::spawn(serve(l, state, routes(true, true)));
+    } else {
+        let h = bind("health (HEALTH_PORT)", health_addr).await?;
+        let m = bind("metrics (MONITORING_PORT)", metrics_addr).await?;
+        tracing::info!(health_addr = %local(&h), metrics_addr = %local(&m), "listening");
+        tokio::spawn(serve(h, state.clone(), routes(true, false)));
+        tokio::spawn(serve(m, state, routes(false, true)));
+    }
+    Ok(())
+}
 
 /// Which routes a listener serves.
 #[derive(Clone, Copy, Debug)]
@@ -71,7 +116,7 @@ async fn handle(mut conn: TcpStream, state: &State, routes: Routes) -> std::io::
 }
 
 /// Serves until the task is dropped. Each connection gets 5 s (a stuck scraper cannot pile up).
-pub async fn serve(listener: TcpListener, state: std::sync::Arc<State>, routes: Routes) {
+pub async fn serve(listener: TcpListener, state: Arc<State>, routes: Routes) {
     loop {
         let Ok((conn, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;

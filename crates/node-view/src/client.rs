@@ -18,13 +18,18 @@ pub struct ApiServer {
     pub protocol: String,
     pub ca_file: PathBuf,
     pub skip_tls_verify: bool,
-    /// The service account's token file (re-read by kube on every request: rotation is free).
-    pub token_file: PathBuf,
+    /// The projected service-account directory (`token`, `ca.crt`).
+    pub service_account_dir: PathBuf,
     /// A kubeconfig to use instead of the in-cluster facts.
     pub kubeconfig: Option<PathBuf>,
 }
 
 impl ApiServer {
+    /// The service account's token (re-read by kube on every request: rotation is free).
+    pub fn token_file(&self) -> PathBuf {
+        self.service_account_dir.join("token")
+    }
+
     /// `protocol://host:port`, IPv6 hosts bracketed.
     pub fn server_url(&self) -> String {
         format!(
@@ -69,10 +74,11 @@ pub async fn client(api: &ApiServer) -> Result<Client, ClientError> {
             p.clone(),
         ),
         None => {
-            if !api.token_file.exists() {
-                return Err(ClientError::NoToken(api.token_file.clone()));
+            let token = api.token_file();
+            if !token.exists() {
+                return Err(ClientError::NoToken(token));
             }
-            (in_cluster(api), api.token_file.clone())
+            (in_cluster(api), api.service_account_dir.clone())
         }
     };
     let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
@@ -104,7 +110,7 @@ fn in_cluster(api: &ApiServer) -> Kubeconfig {
         auth_infos: vec![NamedAuthInfo {
             name: "install-cni".into(),
             auth_info: Some(AuthInfo {
-                token_file: Some(api.token_file.display().to_string()),
+                token_file: Some(api.token_file().display().to_string()),
                 ..Default::default()
             }),
             other: Default::default(),

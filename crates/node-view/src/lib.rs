@@ -11,3 +11,19 @@ pub mod client;
 pub mod running;
 
 pub use cache::{CacheEvent, NamespaceCache, PodCache, PodEvent, Subscription};
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The node's identity and how it reaches the API server (validated by the daemon's
+/// configuration).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub api: client::ApiServer,
+    /// This node's name: the pod watch's `spec.nodeName`.
+    pub node_name: String,
+    /// The host's /proc as mounted (`<proc_root>/1/ns/net` is the host's namespace).
+    pub proc_root: PathBuf,
+    /// `timeoutSeconds` of the pod and namespace watches.
+    pub watch_timeout: Duration,
+}

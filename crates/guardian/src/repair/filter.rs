@@ -1,13 +1,13 @@
 //! Which pods the repair controller acts on (Istio's `matchesFilter`, istio-reference §6). Pure.
 
-use crate::config::RepairConfig;
+use crate::settings::RepairSettings;
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
 
 /// Istio's filter: the sidecar annotation is present (when one is configured), and some init
 /// container named `init_container_name` (any, when empty) is NOT currently terminated
 /// successfully while its LAST termination matches the exit code (0: any) and, when set, the
 /// termination message (both trimmed).
-pub fn matches(cfg: &RepairConfig, pod: &Pod) -> bool {
+pub fn matches(cfg: &RepairSettings, pod: &Pod) -> bool {
     if !cfg.sidecar_annotation.is_empty() {
         let has = pod
             .metadata
@@ -82,10 +82,10 @@ mod tests {
                "lastState": {"terminated": {"exitCode": code, "reason": "Error", "message": "iptables not set up"}}})
     }
 
-    fn cfg() -> RepairConfig {
-        RepairConfig {
+    fn cfg() -> RepairSettings {
+        RepairSettings {
             enabled: true,
-            ..RepairConfig::disabled()
+            ..RepairSettings::disabled()
         }
     }
 

@@ -16,8 +16,8 @@ pub mod check;
 pub mod controller;
 pub mod tracker;
 
-use crate::config::{Config, RepairConfig};
 use crate::podplan::{self, Verdict};
+use crate::settings::{Node, ReconcileSettings, RepairSettings};
 use check::{Outcome, Target};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
@@ -25,7 +25,6 @@ use node_status::State;
 use node_status::metrics::{Counters, Gauge};
 use node_view::cache::{CacheEvent, NamespaceCache, PodCache, PodEvent, Subscription};
 use redirect::BackendChoice;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -46,33 +45,29 @@ const EVENT_DRIFT_LINES: usize = 5;
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub interval: Duration,
-    /// The plugin's policy (sidecar pods; ambient pods are the agent's).
-    pub policy: pod_policy::Policy,
-    pub proc_root: PathBuf,
-    pub backend: BackendChoice,
-    pub node_name: String,
+    /// The node (name, /proc, backend, the plugin's policy for sidecar pods).
+    pub node: Node,
     /// The repair controller's settings when it runs (its broken pods are its own).
-    pub repair: Option<RepairConfig>,
+    pub repair: Option<RepairSettings>,
     /// Controller mode: only opted-in pods, programmed on first sight and annotated.
     pub controller: Option<controller::Namespaces>,
 }
 
 impl Settings {
-    /// `namespaces`: the daemon's namespace cache (controller mode needs it).
-    pub fn from_config(
-        cfg: &Config,
-        backend: redirect::Backend,
+    /// `repair`: the repair controller's settings when it runs; `namespaces`: the daemon's
+    /// namespace cache (controller mode needs it).
+    pub fn new(
+        reconcile: &ReconcileSettings,
+        node: Node,
+        repair: Option<RepairSettings>,
         namespaces: Option<&NamespaceCache>,
     ) -> Settings {
         Settings {
-            interval: cfg.reconcile.interval,
-            policy: cfg.sidecar_policy(),
-            proc_root: cfg.repair.proc_root.clone(),
-            backend: BackendChoice::Fixed(backend),
-            node_name: cfg.repair.node_name.clone(),
-            repair: cfg.repair.enabled.then(|| cfg.repair.clone()),
+            interval: reconcile.interval,
+            node,
+            repair,
             controller: namespaces
-                .filter(|_| cfg.reconcile.controller_mode)
+                .filter(|_| reconcile.controller_mode)
                 .map(|n| controller::Namespaces::new(n.clone())),
         }
     }
@@ -92,7 +87,7 @@ impl Settings {
         {
             return Err(format!("not opted in ({})", controller::INITIALIZE));
         }
-        let config = match podplan::verdict(pod, &self.policy)? {
+        let config = match podplan::verdict(pod, &self.node.policy)? {
             Verdict::Skip(why) => return Err(why),
             Verdict::Mesh(pc) => pc.config,
         };
@@ -108,15 +103,13 @@ impl Settings {
 /// Starts the reconciler on the node pod cache (subscribed now, so the first list is seen
 /// whole); in controller mode also on the namespace cache.
 pub fn start(
-    cfg: &Config,
-    backend: redirect::Backend,
+    settings: Settings,
     state: &State,
     checks: Arc<Counters>,
     client: Client,
     pods: &PodCache,
-    namespaces: Option<&NamespaceCache>,
 ) {
-    let settings = Arc::new(Settings::from_config(cfg, backend, namespaces));
+    let settings = Arc::new(settings);
     let metrics = Arc::new(Metrics {
         checks,
         pods: Arc::new(Gauge::new(
@@ -161,7 +154,7 @@ pub async fn run(settings: Arc<Settings>, metrics: Arc<Metrics>, client: Client,
     let mut namespaces = namespaces;
     tracing::info!(
         interval_ms = settings.interval.as_millis() as u64,
-        proc_root = %settings.proc_root.display(),
+        proc_root = %settings.node.proc_root.display(),
         controller_mode = settings.controller.is_some(),
         "continuous reconcile of mesh pods' redirect rules"
     );
@@ -255,7 +248,12 @@ async fn check_blocking(settings: &Arc<Settings>, mut target: Target) -> (Target
     let s = settings.clone();
     let fallback = target.clone();
     tokio::task::spawn_blocking(move || {
-        let outcome = check::run(&mut target, &s.proc_root, s.backend, LOCK_WAIT);
+        let outcome = check::run(
+            &mut target,
+            &s.node.proc_root,
+            BackendChoice::Fixed(s.node.backend),
+            LOCK_WAIT,
+        );
         (target, outcome)
     })
     .await
@@ -347,7 +345,7 @@ pub fn summary(drift: &[String]) -> String {
 }
 
 async fn emit(settings: &Settings, client: &Client, pod: &Pod, reason: &str, message: &str) {
-    let ev = crate::repair::event_from(COMPONENT, pod, &settings.node_name, true, reason, message);
+    let ev = crate::repair::event_from(COMPONENT, pod, &settings.node.name, true, reason, message);
     crate::repair::post_event(client, pod, &ev).await;
 }
 

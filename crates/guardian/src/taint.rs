@@ -131,19 +131,8 @@ async fn remove_while_ready(
     }
 }
 
-/// Starts the removal task when NODE_TAINT_KEY is set (no-op otherwise).
-pub async fn start(cfg: &crate::config::Config, state: &node_status::State) {
-    let Some(key) = cfg.node_taint_key.clone() else {
-        return;
-    };
-    let client = match node_view::client::client(&cfg.api_server()).await {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::warn!(error = %e, key, "node taint removal not started: no Kubernetes client");
-            return;
-        }
-    };
-    let node = cfg.repair.node_name.clone();
+/// Starts the removal task (NODE_TAINT_KEY is set).
+pub fn start(key: String, node: String, client: kube::Client, state: &node_status::State) {
     tracing::info!(node, key, "will remove the node taint once ready");
     tokio::spawn(run(Api::all(client), node, key, state.subscribe_ready()));
 }

@@ -6,7 +6,7 @@
 //! request (field and value named); 500 otherwise. The work runs in its own task: a plugin
 //! that gives up mid-way cannot cut an enroll in half (the agent finishes or rolls back).
 
-use super::agent::Agent;
+use crate::agent::Agent;
 use cni_config::ambient::{AddPodRequest, CMD_ADD_PATH, CMD_DEL_PATH, DelPodRequest};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
@@ -93,7 +93,7 @@ impl Handler {
             Ok(p) => p,
             Err(e) => return reply(StatusCode::SERVICE_UNAVAILABLE, e),
         };
-        let mut r = match super::pod_ref(&pod, req.ips.clone()) {
+        let mut r = match crate::pod_ref(&pod, req.ips.clone()) {
             Ok(r) => r,
             Err(e) => return reply(StatusCode::BAD_REQUEST, format!("pod {pod_label}: {e}")),
         };
@@ -112,7 +112,7 @@ impl Handler {
         };
         match self.agent.enroll(r, netns).await {
             Ok(()) => {
-                super::annotate(&self.client, &pod, true);
+                crate::annotate(&self.client, &pod, true);
                 reply(StatusCode::OK, "")
             }
             Err(e) if e.is_unavailable() => reply(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),

@@ -12,7 +12,6 @@ pub mod agent;
 pub mod plugin_server;
 pub mod upgrade;
 
-use crate::config::Config;
 use agent::{Agent, AgentSettings, AmbientPodRef};
 use capture::{HostProbeConfig, Plan, ProbeSource};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -29,6 +28,58 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc::UnboundedReceiver;
+
+/// Ambient mode (Istio's `AMBIENT_*` settings).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub enabled: bool,
+    /// The configured selectors; empty: Istio's defaults (see `effective_selectors`).
+    pub selectors: Vec<pod_policy::EnablementSelector>,
+    pub dns_capture: bool,
+    pub ipv6: bool,
+    pub reconcile_on_startup: bool,
+    pub detection_retry: bool,
+    pub ztunnel_socket: PathBuf,
+    pub disable_safe_upgrade: bool,
+}
+
+impl Settings {
+    pub fn disabled() -> Settings {
+        Settings {
+            enabled: false,
+            selectors: Vec::new(),
+            dns_capture: true,
+            ipv6: true,
+            reconcile_on_startup: true,
+            detection_retry: false,
+            ztunnel_socket: PathBuf::from("/var/run/ztunnel/ztunnel.sock"),
+            disable_safe_upgrade: false,
+        }
+    }
+
+    pub fn effective_selectors(&self) -> Vec<pod_policy::EnablementSelector> {
+        if self.selectors.is_empty() {
+            pod_policy::selector::default_selectors()
+        } else {
+            self.selectors.clone()
+        }
+    }
+}
+
+/// What the agent knows about the node besides its own settings.
+#[derive(Clone, Debug)]
+pub struct NodeContext {
+    /// The plugin's policy in ambient mode (the same decision the plugin makes on ADD).
+    pub policy: Policy,
+    /// The host's /proc as mounted (running pods' namespaces; kubelet's uid).
+    pub proc_root: PathBuf,
+    /// The plugin's run dir (where `pluginevent.sock` is served).
+    pub run_dir: PathBuf,
+    /// The node's backend for in-pod rules.
+    pub backend: redirect::Backend,
+    /// Each ambient pod's rules are checked this often (`None`: reconcile is off).
+    pub reconcile_interval: Option<Duration>,
+}
 
 /// Pods that should be served but are not (ztunnel was down, the netns not found yet) are
 /// retried this often.
@@ -131,8 +182,8 @@ pub fn annotate(client: &kube::Client, pod: &Pod, enabled: bool) {
 /// Subscribes now (so the first lists are seen whole) and starts the agent in the background.
 /// `namespaces`: the daemon's namespace cache (started by the caller).
 pub fn start(
-    cfg: &Config,
-    backend: redirect::Backend,
+    settings: &Settings,
+    node: NodeContext,
     state: Arc<State>,
     checks: Arc<Counters>,
     client: kube::Client,
@@ -142,15 +193,15 @@ pub fn start(
     let pod_events = pods.subscribe();
     let ns_events = namespaces.subscribe();
     let run = Runner {
-        policy: cfg.ambient_policy(),
-        proc_root: cfg.repair.proc_root.clone(),
-        run_dir: cfg.run_dir.clone(),
-        ztunnel_socket: cfg.ambient.ztunnel_socket.clone(),
-        reconcile_on_startup: cfg.ambient.reconcile_on_startup,
-        reconcile_interval: cfg.reconcile.enabled.then_some(cfg.reconcile.interval),
-        backend: redirect::BackendChoice::Fixed(backend),
-        dns_capture: cfg.ambient.dns_capture,
-        ipv6: cfg.ambient.ipv6,
+        policy: node.policy,
+        proc_root: node.proc_root,
+        run_dir: node.run_dir,
+        ztunnel_socket: settings.ztunnel_socket.clone(),
+        reconcile_on_startup: settings.reconcile_on_startup,
+        reconcile_interval: node.reconcile_interval,
+        backend: redirect::BackendChoice::Fixed(node.backend),
+        dns_capture: settings.dns_capture,
+        ipv6: settings.ipv6,
         pods: pods.clone(),
         namespaces: namespaces.clone(),
         state,
@@ -305,7 +356,7 @@ impl Runner {
         };
         let proc_root = self.proc_root.clone();
         let fd = tokio::task::spawn_blocking(move || -> Result<OwnedFd, String> {
-            let path = crate::podplan::locate(&proc_root, ip)?;
+            let path = node_view::running::locate(&proc_root, ip)?;
             std::fs::File::open(&path)
                 .map(OwnedFd::from)
                 .map_err(|e| format!("opening {}: {e}", path.display()))

@@ -16,7 +16,7 @@
 
 pub mod filter;
 
-use crate::config::{Config, RepairAction, RepairConfig};
+use crate::settings::{Node, RepairAction, RepairSettings};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
@@ -44,11 +44,10 @@ pub const REASON_LABEL: &str = "LabelBrokenPod";
 /// What the repair needs besides the pod: the same inputs the plugin gets from its config.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    pub repair: RepairConfig,
-    /// The plugin's policy (sidecar pods; its bypass keeps this DaemonSet's pods unrepaired).
-    pub policy: pod_policy::Policy,
-    /// The node's backend, as written into the plugin config.
-    pub backend: BackendChoice,
+    pub repair: RepairSettings,
+    /// The node (its name, /proc, backend, and the plugin's policy, whose bypass keeps this
+    /// DaemonSet's own pods unrepaired).
+    pub node: Node,
 }
 
 /// A finished action.
@@ -84,7 +83,7 @@ impl Failure {
 /// proc root ([`crate::podplan`]'s steps). Blocking (namespace threads, netlink).
 pub fn repair_pod(s: &Settings, pod: &Pod) -> Result<Done, Failure> {
     use crate::podplan::{self, Verdict};
-    let pc = match podplan::verdict(pod, &s.policy) {
+    let pc = match podplan::verdict(pod, &s.node.policy) {
         Ok(Verdict::Skip(why)) => return Ok(Done::Skip(why)),
         Ok(Verdict::Mesh(pc)) => pc,
         Err(e) => return Err(Failure::permanent(e)),
@@ -93,9 +92,9 @@ pub fn repair_pod(s: &Settings, pod: &Pod) -> Result<Done, Failure> {
         tracing::warn!(pod = %filter::key(pod), warning = %w, "pod configuration");
     }
     let ip = podplan::pod_ip(pod).map_err(Failure::retry)?;
-    let netns = podplan::locate(&s.repair.proc_root, ip).map_err(Failure::retry)?;
+    let netns = podplan::locate(&s.node.proc_root, ip).map_err(Failure::retry)?;
     let (plan, _) = podplan::plan_in(&pc.config, &netns).map_err(Failure::retry)?;
-    let d = redirect::apply(&plan, Some(&netns), s.backend)
+    let d = redirect::apply(&plan, Some(&netns), BackendChoice::Fixed(s.node.backend))
         .map_err(|e| Failure::retry(format!("programming {}: {e}", netns.display())))?;
     Ok(Done::Success(format!(
         "redirect programmed in {} ({} backend)",
@@ -121,7 +120,7 @@ async fn delete_pod(client: &Client, pod: &Pod) -> Result<Done, Failure> {
     }
 }
 
-async fn label_pod(client: &Client, cfg: &RepairConfig, pod: &Pod) -> Result<Done, Failure> {
+async fn label_pod(client: &Client, cfg: &RepairSettings, pod: &Pod) -> Result<Done, Failure> {
     let (ns, name) = ns_name(pod);
     if pod
         .metadata
@@ -407,22 +406,17 @@ impl Controller {
     }
 
     async fn emit(&self, pod: &Pod, warning: bool, reason: &str, message: &str) {
-        let ev = event_for(
-            pod,
-            &self.settings.repair.node_name,
-            warning,
-            reason,
-            message,
-        );
+        let ev = event_for(pod, &self.settings.node.name, warning, reason, message);
         post_event(&self.client, pod, &ev).await;
     }
 
     /// Acts on the node pod cache's notifications until the cache is gone.
     pub async fn run(mut self, mut pods: Subscription) {
         let r = &self.settings.repair;
+        let node = &self.settings.node.name;
         tracing::info!(
-            node = %r.node_name,
-            field_selector = %r.field_selector(),
+            node = %node,
+            field_selector = %r.field_selector(node),
             label_selector = %r.label_selectors,
             action = self.action.map_or("none", |a| a.as_str()),
             "repair controller watching pods"
@@ -472,20 +466,9 @@ pub fn repair_counters() -> Counters {
 }
 
 /// Starts the controller on the node pod cache's subscription `pods`.
-pub fn start(
-    cfg: &Config,
-    backend: redirect::Backend,
-    state: &State,
-    client: Client,
-    pods: Subscription,
-) {
+pub fn start(settings: Settings, state: &State, client: Client, pods: Subscription) {
     let metrics = Arc::new(repair_counters());
     state.register(metrics.clone());
-    let settings = Settings {
-        repair: cfg.repair.clone(),
-        policy: cfg.sidecar_policy(),
-        backend: BackendChoice::Fixed(backend),
-    };
     tokio::spawn(Controller::new(client, settings, metrics).run(pods));
 }
 
@@ -527,15 +510,19 @@ mod tests {
     #[test]
     fn plugin_rules_decide_what_a_repair_programs() {
         let s = Settings {
-            repair: RepairConfig::disabled(),
-            policy: pod_policy::Policy {
-                scope: pod_policy::Scope {
-                    exclude_namespaces: vec!["kube-system".into()],
-                    cni_namespace: "istio-system".into(),
+            repair: RepairSettings::disabled(),
+            node: Node {
+                name: "node-a".into(),
+                proc_root: "/host/proc".into(),
+                backend: redirect::Backend::Nft,
+                policy: pod_policy::Policy {
+                    scope: pod_policy::Scope {
+                        exclude_namespaces: vec!["kube-system".into()],
+                        cni_namespace: "istio-system".into(),
+                    },
+                    ambient: None,
                 },
-                ambient: None,
             },
-            backend: BackendChoice::Auto,
         };
         let pod = |ns: &str, name: &str, extra: serde_json::Value| -> Pod {
             let mut v = serde_json::json!({

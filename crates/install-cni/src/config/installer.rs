@@ -1,0 +1,102 @@
+//! The file installer's settings (`CNI_*`, `MOUNTED_CNI_NET_DIR`, `KUBECONFIG_MODE`, ...).
+
+use super::{ConfigError, absolute, bad, parse_bool, parse_mode, split_list};
+use clap::{ArgAction, Args};
+use node_view::client::ApiServer;
+use std::path::PathBuf;
+
+#[derive(Args, Debug, Clone)]
+pub struct InstallArgs {
+    /// Primary CNI config file to patch (empty: the first valid file in the net dir, like kubelet).
+    #[arg(long, env = "CNI_CONF_NAME", default_value = "")]
+    pub cni_conf_name: String,
+
+    /// Chain into the primary CNI config (true) or write a standalone YYY-istio-cni.conf (false).
+    #[arg(long, env = "CHAINED_CNI_PLUGIN", default_value = "true", value_parser = parse_bool, action = ArgAction::Set)]
+    pub chained_cni_plugin: bool,
+
+    /// Host CNI config directory as mounted in the container.
+    #[arg(
+        long,
+        env = "MOUNTED_CNI_NET_DIR",
+        default_value = "/host/etc/cni/net.d"
+    )]
+    pub mounted_cni_net_dir: PathBuf,
+
+    /// Host directory for the plugin's kubeconfig and log (the plugin reads it from its config).
+    #[arg(long, env = "CNI_AGENT_RUN_DIR", default_value = cni_config::DEFAULT_RUN_DIR)]
+    pub cni_agent_run_dir: PathBuf,
+
+    /// File mode of the kubeconfig, octal.
+    #[arg(long, env = "KUBECONFIG_MODE", default_value = "0600", value_parser = parse_mode)]
+    pub kubeconfig_mode: u32,
+
+    /// New CNI config files get mode 0640 instead of 0600.
+    #[arg(long, env = "CNI_CONF_GROUP_READ", default_value = "false", value_parser = parse_bool, action = ArgAction::Set)]
+    pub cni_conf_group_read: bool,
+
+    /// Directory in the image holding the binaries to install.
+    #[arg(long, env = "CNI_BIN_SOURCE_DIR", default_value = "/opt/cni/bin")]
+    pub cni_bin_source_dir: PathBuf,
+
+    /// Comma-separated host bin directories to install into.
+    #[arg(long, env = "CNI_BIN_TARGET_DIRS", default_value = "/host/opt/cni/bin")]
+    pub cni_bin_target_dirs: String,
+
+    /// Comma-separated binary names copied from the source dir.
+    #[arg(long, env = "CNI_BINARIES", default_value = "istio-cni,istio-nftables")]
+    pub cni_binaries: String,
+}
+
+/// The installer's settings; `api` is the API server the plugin's kubeconfig points at.
+pub fn settings(a: &InstallArgs, api: ApiServer) -> Result<cni_installer::Settings, ConfigError> {
+    let bin_target_dirs: Vec<PathBuf> = split_list(&a.cni_bin_target_dirs)
+        .into_iter()
+        .map(PathBuf::from)
+        .collect();
+    if bin_target_dirs.is_empty() {
+        return Err(bad(
+            "CNI_BIN_TARGET_DIRS",
+            &a.cni_bin_target_dirs,
+            "no directory given",
+        ));
+    }
+    let binaries = split_list(&a.cni_binaries);
+    if binaries.is_empty() || binaries.iter().any(|b| b.contains('/')) {
+        return Err(bad(
+            "CNI_BINARIES",
+            &a.cni_binaries,
+            "expected comma-separated file names",
+        ));
+    }
+    let conf_name = a.cni_conf_name.trim().to_string();
+    if conf_name.contains('/') {
+        return Err(bad(
+            "CNI_CONF_NAME",
+            conf_name,
+            "expected a file name, not a path",
+        ));
+    }
+    if !conf_name.is_empty() && cni_installer::discovery::format_of(&conf_name).is_none() {
+        return Err(bad(
+            "CNI_CONF_NAME",
+            conf_name,
+            "expected a .conf or .conflist file name",
+        ));
+    }
+    absolute("MOUNTED_CNI_NET_DIR", &a.mounted_cni_net_dir)?;
+    absolute("CNI_AGENT_RUN_DIR", &a.cni_agent_run_dir)?;
+    absolute("CNI_BIN_SOURCE_DIR", &a.cni_bin_source_dir)?;
+    Ok(cni_installer::Settings {
+        cni_conf_name: (!conf_name.is_empty()).then_some(conf_name),
+        chained: a.chained_cni_plugin,
+        net_dir: a.mounted_cni_net_dir.clone(),
+        run_dir: a.cni_agent_run_dir.clone(),
+        kubeconfig_mode: a.kubeconfig_mode,
+        conf_mode: if a.cni_conf_group_read { 0o640 } else { 0o600 },
+        api,
+        bin_source_dir: a.cni_bin_source_dir.clone(),
+        bin_target_dirs,
+        binaries,
+    })
+}
