@@ -12,8 +12,9 @@
 //!   decision, its namespace through `node_view::running`, the plan from its addresses).
 //!
 //! Every job reads the node through `node_view` (one pod watch, one /proc discovery) and reports
-//! into `node_status`.
+//! into `node_status` ([`metrics`]).
 
+pub mod metrics;
 pub mod podplan;
 pub mod reconcile;
 pub mod repair;

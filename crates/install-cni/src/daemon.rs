@@ -58,14 +58,14 @@ pub async fn main(cfg: Config) -> Result<(), StartError> {
     )
     .await?;
 
-    // After the listeners (metrics must be up to count repairs), before the install loop (Istio's
-    // order); never blocks the install: the watches connect and retry on their own.
-    let _pod_cache = start_kubernetes_jobs(&cfg, backend, &state).await;
-
     let entry = cfg.plugin_settings(backend).to_plugin_entry();
     let watch = Watch::new(Filter::new(i))?;
     let installer = Installer::new(i.clone(), entry);
     state.register(installer.metrics.clone());
+    let guardian_metrics = guardian::metrics::Metrics::registered(&state);
+    // After the listeners (metrics must be up to count repairs), before the install loop (Istio's
+    // order); never blocks the install: the watches connect and retry on their own.
+    let _pod_cache = start_kubernetes_jobs(&cfg, backend, &state, &guardian_metrics).await;
     let (installer, signal) =
         cni_installer::run::run(installer, state.clone(), watch, shutdown).await;
     stop(&cfg, installer, &state, signal).await;
@@ -116,6 +116,7 @@ async fn start_kubernetes_jobs(
     cfg: &Config,
     backend: redirect::Backend,
     state: &Arc<State>,
+    metrics: &guardian::metrics::Metrics,
 ) -> Option<PodCache> {
     if !cfg.repair.enabled {
         tracing::info!("repair controller disabled (REPAIR_ENABLED=false)");
@@ -142,7 +143,7 @@ async fn start_kubernetes_jobs(
             state,
         );
     }
-    watches_pods.then(|| start_pod_consumers(cfg, backend, state, client))
+    watches_pods.then(|| start_pod_consumers(cfg, backend, state, metrics, client))
 }
 
 /// The node pod cache and namespace cache, their consumers subscribed before either runs (so
@@ -151,22 +152,19 @@ fn start_pod_consumers(
     cfg: &Config,
     backend: redirect::Backend,
     state: &Arc<State>,
+    metrics: &guardian::metrics::Metrics,
     client: kube::Client,
 ) -> PodCache {
     let cache = PodCache::new();
     state.register(Arc::new(cache.clone()));
-    // One family, two reporters: the reconciler and the ambient agent.
-    let checks = Arc::new(node_status::metrics::pod_rules_checks());
-    if cfg.reconcile.enabled || cfg.ambient.enabled {
-        state.register(checks.clone());
-    }
     let node = cfg.guarded_node(backend);
     if cfg.repair.enabled {
         let settings = guardian::repair::Settings {
             repair: cfg.repair.clone(),
             node: node.clone(),
         };
-        guardian::repair::start(settings, state, client.clone(), cache.subscribe());
+        let repaired = metrics.repaired.clone();
+        guardian::repair::start(settings, repaired, client.clone(), cache.subscribe());
     }
     // ONE namespace list + watch, for whoever reads namespaces' labels or annotations.
     let controller_mode = cfg.reconcile.enabled && cfg.reconcile.controller_mode;
@@ -175,7 +173,7 @@ fn start_pod_consumers(
         let repair = cfg.repair.enabled.then(|| cfg.repair.clone());
         let settings =
             guardian::reconcile::Settings::new(&cfg.reconcile, node, repair, namespaces.as_ref());
-        guardian::reconcile::start(settings, state, checks.clone(), client.clone(), &cache);
+        guardian::reconcile::start(settings, metrics.reconcile(), client.clone(), &cache);
     }
     if let (true, Some(ns)) = (cfg.ambient.enabled, &namespaces) {
         let agent_node = ambient_agent::NodeContext {
@@ -185,14 +183,14 @@ fn start_pod_consumers(
             backend,
             reconcile_interval: cfg.reconcile.enabled.then_some(cfg.reconcile.interval),
         };
-        let (pods, client) = (&cache, client.clone());
+        let (checks, client) = (metrics.checks.clone(), client.clone());
         ambient_agent::start(
             &cfg.ambient,
             agent_node,
             state.clone(),
             checks,
             client,
-            pods,
+            &cache,
             ns,
         );
     }

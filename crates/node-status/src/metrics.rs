@@ -125,22 +125,6 @@ impl Metrics for Gauge {
     }
 }
 
-/// `result` label values of `istio_cni_pod_rules_checks_total`: a check finds the rules `ok`
-/// or in `drift` (or cannot be made: `failed`); a drift is then `repaired`, `migrated` (the
-/// rules were on the other backend than the node's), or counts `failed`.
-pub const CHECK_RESULTS: [&str; 5] = ["ok", "drift", "repaired", "migrated", "failed"];
-
-/// Checks of pods' live rules against their plan. One family that two jobs report into: the
-/// reconciler (sidecar pods) and the ambient agent (ambient pods).
-pub fn pod_rules_checks() -> Counters {
-    Counters::by(
-        "istio_cni_pod_rules_checks_total",
-        "Checks of mesh pods' live redirect rules against their plan, by result",
-        &["result"],
-        &CHECK_RESULTS,
-    )
-}
-
 /// `# HELP` and `# TYPE` lines.
 pub fn header(out: &mut String, name: &str, help: &str, kind: &str) {
     out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));

@@ -21,7 +21,6 @@ use crate::settings::{Node, ReconcileSettings, RepairSettings};
 use check::{Outcome, Target};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
-use node_status::State;
 use node_status::metrics::{Counters, Gauge};
 use node_view::cache::{CacheEvent, NamespaceCache, PodCache, PodEvent, Subscription};
 use redirect::BackendChoice;
@@ -102,22 +101,9 @@ impl Settings {
 
 /// Starts the reconciler on the node pod cache (subscribed now, so the first list is seen
 /// whole); in controller mode also on the namespace cache.
-pub fn start(
-    settings: Settings,
-    state: &State,
-    checks: Arc<Counters>,
-    client: Client,
-    pods: &PodCache,
-) {
+pub fn start(settings: Settings, metrics: Metrics, client: Client, pods: &PodCache) {
     let settings = Arc::new(settings);
-    let metrics = Arc::new(Metrics {
-        checks,
-        pods: Arc::new(Gauge::new(
-            "istio_cni_reconcile_pods",
-            "Mesh pods of this node whose rules are reconciled",
-        )),
-    });
-    state.register(metrics.pods.clone());
+    let metrics = Arc::new(metrics);
     let sources = Sources {
         events: pods.subscribe(),
         pods: pods.clone(),

@@ -21,7 +21,6 @@ use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Client};
-use node_status::State;
 use node_status::metrics::Counters;
 use node_view::cache::{PodEvent, Subscription};
 use pod_policy::selector_text::Selector;
@@ -449,26 +448,9 @@ async fn sleep_until(due: Option<Instant>) {
     }
 }
 
-/// `type` and `result` label values of `istio_cni_repair_pods_repaired_total`.
-pub const REPAIR_TYPES: [&str; 3] = ["repair", "delete", "label"];
-pub const REPAIR_RESULTS: [&str; 3] = ["success", "fail", "skip"];
-
-/// `istio_cni_repair_pods_repaired_total{type,result}` (Istio's).
-pub fn repair_counters() -> Counters {
-    Counters::new(
-        "istio_cni_repair_pods_repaired_total",
-        "Total number of pods repaired by repair controller",
-        &["type", "result"],
-        REPAIR_TYPES
-            .iter()
-            .flat_map(|t| REPAIR_RESULTS.iter().map(move |r| vec![*t, *r])),
-    )
-}
-
 /// Starts the controller on the node pod cache's subscription `pods`.
-pub fn start(settings: Settings, state: &State, client: Client, pods: Subscription) {
-    let metrics = Arc::new(repair_counters());
-    state.register(metrics.clone());
+/// `metrics`: `istio_cni_repair_pods_repaired_total` ([`crate::metrics`]).
+pub fn start(settings: Settings, metrics: Arc<Counters>, client: Client, pods: Subscription) {
     tokio::spawn(Controller::new(client, settings, metrics).run(pods));
 }
 
