@@ -257,44 +257,83 @@ fn parse_duration(field: &str, v: &str) -> Result<Duration, ConfigError> {
 
 impl Args {
     pub fn settings(&self) -> Result<Settings, ConfigError> {
-        use capture::*;
-        let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-        let db = IdDb::parse(&read("/etc/passwd"), &read("/etc/group"));
-        let d = Config::default();
-        let or = |v: &Option<String>| v.clone().unwrap_or_default();
+        let config = self.capture_config()?;
+        let backend = self.backend_choice()?;
+        // Accepted for compatibility; validate their spelling all the same.
+        flag_bool("--cni-mode", &self.cni_mode, None)?;
+        flag_bool("--reconcile", &self.reconcile, None)?;
+        flag_bool("--force-apply", &self.force_apply, None)?;
+        let network_namespace = self
+            .network_namespace
+            .as_deref()
+            .filter(|p| !p.is_empty())
+            .map(|p| foreign_namespace(p, self.allow_current_namespace))
+            .transpose()?;
+        let validation = self.validation_probe(config.inbound_capture_port)?;
+        Ok(Settings {
+            config,
+            network_namespace,
+            dry_run: flag_bool("--dry-run", &self.dry_run, None)?,
+            skip_rule_apply: flag_bool("--skip-rule-apply", &self.skip_rule_apply, None)?,
+            run_validation: flag_bool("--run-validation", &self.run_validation, None)?,
+            cleanup_only: flag_bool("--cleanup-only", &self.cleanup_only, None)?,
+            check: self.check,
+            backend,
+            validation,
+        })
+    }
 
+    /// `-u`/`-g` as text: the flags, else istio-iptables' defaults (the uid of `$ENVOY_USER`,
+    /// istio-proxy, else 1337; the gid defaults to the uid).
+    fn proxy_ids(&self, db: &capture::IdDb) -> (String, String) {
         let uid_text = match self.proxy_uid.as_deref() {
             Some(u) if !u.trim().is_empty() => u.to_string(),
-            // istio-iptables: the uid of $ENVOY_USER (istio-proxy), else 1337.
             _ => {
                 let user = env("ENVOY_USER").unwrap_or_else(|| "istio-proxy".into());
-                db.lookup(IdKind::User, &user).unwrap_or(1337).to_string()
+                db.lookup(capture::IdKind::User, &user)
+                    .unwrap_or(1337)
+                    .to_string()
             }
         };
         let gid_text = match self.proxy_gid.as_deref() {
             Some(g) if !g.trim().is_empty() => g.to_string(),
             _ => uid_text.clone(),
         };
+        (uid_text, gid_text)
+    }
 
-        let config = Config {
-            proxy_port: self
-                .envoy_port
-                .as_deref()
-                .map(|v| parse_port("--envoy-port", v))
-                .transpose()?
-                .unwrap_or(d.proxy_port),
-            inbound_capture_port: self
-                .inbound_capture_port
-                .as_deref()
-                .map(|v| parse_port("--inbound-capture-port", v))
-                .transpose()?
-                .unwrap_or(d.inbound_capture_port),
-            inbound_tunnel_port: self
-                .inbound_tunnel_port
-                .as_deref()
-                .map(|v| parse_port("--inbound-tunnel-port", v))
-                .transpose()?
-                .unwrap_or(d.inbound_tunnel_port),
+    /// Every istio-iptables flag and environment variable as a validated capture `Config`.
+    fn capture_config(&self) -> Result<capture::Config, ConfigError> {
+        use capture::*;
+        let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+        let db = IdDb::parse(&read("/etc/passwd"), &read("/etc/group"));
+        let d = Config::default();
+        let or = |v: &Option<String>| v.clone().unwrap_or_default();
+        let port = |flag: &str, v: &Option<String>, default: u16| -> Result<u16, ConfigError> {
+            v.as_deref()
+                .map(|v| parse_port(flag, v))
+                .transpose()
+                .map(|p| p.unwrap_or(default))
+        };
+        let mark = |flag: &str, v: &Option<String>, default: u32| -> Result<u32, ConfigError> {
+            v.as_deref()
+                .map(|v| parse_u32(flag, v))
+                .transpose()
+                .map(|m| m.unwrap_or(default))
+        };
+        let (uid_text, gid_text) = self.proxy_ids(&db);
+        Ok(Config {
+            proxy_port: port("--envoy-port", &self.envoy_port, d.proxy_port)?,
+            inbound_capture_port: port(
+                "--inbound-capture-port",
+                &self.inbound_capture_port,
+                d.inbound_capture_port,
+            )?,
+            inbound_tunnel_port: port(
+                "--inbound-tunnel-port",
+                &self.inbound_tunnel_port,
+                d.inbound_tunnel_port,
+            )?,
             proxy_uids: parse_id_list("--proxy-uid", &uid_text, IdKind::User, &db)?,
             proxy_gids: parse_id_list("--proxy-gid", &gid_text, IdKind::Group, &db)?,
             inbound_mode: parse_interception_mode(
@@ -330,18 +369,16 @@ impl Args {
                 "--kube-virt-interfaces",
                 &or(&self.kube_virt_interfaces),
             )?,
-            tproxy_mark: self
-                .tproxy_mark
-                .as_deref()
-                .map(|v| parse_u32("--istio-inbound-tproxy-mark", v))
-                .transpose()?
-                .unwrap_or(d.tproxy_mark),
-            tproxy_route_table: self
-                .tproxy_route_table
-                .as_deref()
-                .map(|v| parse_u32("--istio-inbound-tproxy-route-table", v))
-                .transpose()?
-                .unwrap_or(d.tproxy_route_table),
+            tproxy_mark: mark(
+                "--istio-inbound-tproxy-mark",
+                &self.tproxy_mark,
+                d.tproxy_mark,
+            )?,
+            tproxy_route_table: mark(
+                "--istio-inbound-tproxy-route-table",
+                &self.tproxy_route_table,
+                d.tproxy_route_table,
+            )?,
             redirect_dns: flag_bool(
                 "--redirect-dns",
                 &self.redirect_dns,
@@ -370,50 +407,48 @@ impl Args {
                 .as_deref()
                 .map(|v| parse_ip_list("--dns-servers", v))
                 .transpose()?,
-        };
+        })
+    }
 
-        // Backend: --backend, else FORCE_IPTABLES_BINARY, else --native-nftables, else auto.
-        let backend = if let Some(b) = &self.backend {
-            b.parse()
-                .map_err(|e: String| ConfigError::new("--backend", b, e))?
-        } else if let Some(f) = self
+    /// `--backend`, else `FORCE_IPTABLES_BINARY`, else `--native-nftables`, else auto.
+    fn backend_choice(&self) -> Result<BackendChoice, ConfigError> {
+        if let Some(b) = &self.backend {
+            return b
+                .parse()
+                .map_err(|e: String| ConfigError::new("--backend", b, e));
+        }
+        if let Some(f) = self
             .force_iptables_binary
             .as_deref()
             .filter(|f| !f.is_empty())
         {
-            match f {
-                "legacy" => BackendChoice::Fixed(Backend::IptablesLegacy),
-                "nft" => BackendChoice::Fixed(Backend::Nft),
-                _ => {
-                    return Err(ConfigError::new(
-                        "--force-iptables-binary",
-                        f,
-                        "expected legacy or nft",
-                    ));
-                }
-            }
-        } else if flag_bool("--native-nftables", &self.native_nftables, None)? {
-            BackendChoice::Fixed(Backend::Nft)
-        } else {
-            BackendChoice::Auto
-        };
-        // Accepted for compatibility; validate their spelling all the same.
-        flag_bool("--cni-mode", &self.cni_mode, None)?;
-        flag_bool("--reconcile", &self.reconcile, None)?;
-        flag_bool("--force-apply", &self.force_apply, None)?;
+            return match f {
+                "legacy" => Ok(BackendChoice::Fixed(Backend::IptablesLegacy)),
+                "nft" => Ok(BackendChoice::Fixed(Backend::Nft)),
+                _ => Err(ConfigError::new(
+                    "--force-iptables-binary",
+                    f,
+                    "expected legacy or nft",
+                )),
+            };
+        }
+        Ok(
+            if flag_bool("--native-nftables", &self.native_nftables, None)? {
+                BackendChoice::Fixed(Backend::Nft)
+            } else {
+                BackendChoice::Auto
+            },
+        )
+    }
 
-        let network_namespace = self
-            .network_namespace
-            .as_deref()
-            .filter(|p| !p.is_empty())
-            .map(|p| foreign_namespace(p, self.allow_current_namespace))
-            .transpose()?;
-        let validation = Probe {
-            listen_port: config.inbound_capture_port,
+    /// `--run-validation`'s probe (istio-iptables' defaults: port 15002, 5 s).
+    fn validation_probe(&self, listen_port: u16) -> Result<Probe, ConfigError> {
+        Ok(Probe {
+            listen_port,
             probe_port: self
                 .probe_port
                 .as_deref()
-                .map(|v| parse_port("--iptables-probe-port", v))
+                .map(|v| capture::parse_port("--iptables-probe-port", v))
                 .transpose()?
                 .unwrap_or(15002),
             timeout: self
@@ -422,17 +457,6 @@ impl Args {
                 .map(|v| parse_duration("--probe-timeout", v))
                 .transpose()?
                 .unwrap_or(Duration::from_secs(5)),
-        };
-        Ok(Settings {
-            config,
-            network_namespace,
-            dry_run: flag_bool("--dry-run", &self.dry_run, None)?,
-            skip_rule_apply: flag_bool("--skip-rule-apply", &self.skip_rule_apply, None)?,
-            run_validation: flag_bool("--run-validation", &self.run_validation, None)?,
-            cleanup_only: flag_bool("--cleanup-only", &self.cleanup_only, None)?,
-            check: self.check,
-            backend,
-            validation,
         })
     }
 }
