@@ -159,6 +159,13 @@ impl Expect {
         }
     }
 
+    fn udp(what: &str, from: From, spec: ConnectSpec, land: (&'static str, u16)) -> Expect {
+        Expect {
+            transport: Transport::Udp,
+            ..Expect::tcp(what, from, spec, land)
+        }
+    }
+
     /// Whether `out` is what was expected.
     pub fn matches(&self, out: &Outcome) -> bool {
         match (self.land, out.landed()) {
@@ -183,118 +190,99 @@ pub fn expectations(kind: PodKind, a: &Addrs) -> Vec<Expect> {
     let envoy = |dst: IpAddr, port| ConnectSpec::new(dst, port).uid(PROXY_UID).gid(PROXY_UID);
     let node = ConnectSpec::new;
     let (pod, gw) = (a.pod_v4, a.gw_v4);
-    let mut v = Vec::new();
-    match kind {
-        PodKind::Sidecar => {
-            v.push(Expect::tcp(
-                "app -> node:80",
-                From::Pod,
-                app(gw, 80),
-                ("pod", 15001),
-            ));
-            v.push(Expect::tcp(
+    let (t, udp) = (Expect::tcp, Expect::udp);
+    let lo = "127.0.0.1".parse().unwrap();
+    let mut v = match kind {
+        PodKind::Sidecar => vec![
+            t("app -> node:80", From::Pod, app(gw, 80), ("pod", 15001)),
+            t(
                 "node -> pod:8080",
                 From::Node,
                 node(pod, 8080),
                 ("pod", 15006),
-            ));
-            v.push(Expect::tcp(
+            ),
+            t(
                 "envoy (uid 1337) -> node:80",
                 From::Pod,
                 envoy(gw, 80),
                 ("world", 80),
-            ));
-            v.push(Expect::tcp(
+            ),
+            t(
                 "kubelet -> pod:15021 (health)",
                 From::Node,
                 node(pod, 15021),
                 ("pod", 15021),
-            ));
-            v.push(Expect::tcp(
+            ),
+            t(
                 "app -> 127.0.0.1:8080",
                 From::Pod,
-                app("127.0.0.1".parse().unwrap(), 8080),
+                app(lo, 8080),
                 ("pod", 8080),
-            ));
-        }
-        PodKind::Tproxy => {
-            v.push(Expect::tcp(
+            ),
+        ],
+        PodKind::Tproxy => vec![
+            t(
                 "node -> pod:8080 (TPROXY)",
                 From::Node,
                 node(pod, 8080),
                 ("pod", 15006),
-            ));
-            v.push(Expect::tcp(
-                "app -> node:80",
-                From::Pod,
-                app(gw, 80),
-                ("pod", 15001),
-            ));
-            v.push(Expect::tcp(
+            ),
+            t("app -> node:80", From::Pod, app(gw, 80), ("pod", 15001)),
+            t(
                 "kubelet -> pod:15021 (health)",
                 From::Node,
                 node(pod, 15021),
                 ("pod", 15021),
-            ));
-        }
-        PodKind::DnsCapture => {
-            v.push(Expect {
-                what: "app -> node:53/udp (DNS)".into(),
-                from: From::Pod,
-                transport: Transport::Udp,
-                spec: app(gw, 53),
-                land: Some(("pod", 15053)),
-            });
-            v.push(Expect {
-                what: "envoy -> node:53/udp (DNS upstream)".into(),
-                from: From::Pod,
-                transport: Transport::Udp,
-                spec: envoy(gw, 53),
-                land: Some(("world", 53)),
-            });
-            v.push(Expect::tcp(
-                "app -> node:80",
+            ),
+        ],
+        PodKind::DnsCapture => vec![
+            udp(
+                "app -> node:53/udp (DNS)",
                 From::Pod,
-                app(gw, 80),
-                ("pod", 15001),
-            ));
-        }
+                app(gw, 53),
+                ("pod", 15053),
+            ),
+            udp(
+                "envoy -> node:53/udp (DNS upstream)",
+                From::Pod,
+                envoy(gw, 53),
+                ("world", 53),
+            ),
+            t("app -> node:80", From::Pod, app(gw, 80), ("pod", 15001)),
+        ],
         PodKind::DualStack => {
             let pod6 = a.pod_v6.expect("the dual-stack pod has an IPv6 address");
-            v.push(Expect::tcp(
-                "app -> [node]:80 (IPv6)",
-                From::Pod,
-                app(a.gw_v6, 80),
-                ("pod", 15001),
-            ));
-            v.push(Expect::tcp(
-                "node -> [pod]:8080 (IPv6)",
-                From::Node,
-                node(pod6, 8080),
-                ("pod", 15006),
-            ));
-            v.push(Expect::tcp(
-                "app -> node:80 (IPv4)",
-                From::Pod,
-                app(gw, 80),
-                ("pod", 15001),
-            ));
+            vec![
+                t(
+                    "app -> [node]:80 (IPv6)",
+                    From::Pod,
+                    app(a.gw_v6, 80),
+                    ("pod", 15001),
+                ),
+                t(
+                    "node -> [pod]:8080 (IPv6)",
+                    From::Node,
+                    node(pod6, 8080),
+                    ("pod", 15006),
+                ),
+                t(
+                    "app -> node:80 (IPv4)",
+                    From::Pod,
+                    app(gw, 80),
+                    ("pod", 15001),
+                ),
+            ]
         }
-        PodKind::ExcludedNamespace | PodKind::NoSidecar => {
-            v.push(Expect::tcp(
-                "app -> node:80",
-                From::Pod,
-                app(gw, 80),
-                ("world", 80),
-            ));
-            v.push(Expect::tcp(
+        PodKind::ExcludedNamespace | PodKind::NoSidecar => vec![
+            t("app -> node:80", From::Pod, app(gw, 80), ("world", 80)),
+            t(
                 "node -> pod:8080",
                 From::Node,
                 node(pod, 8080),
                 ("pod", 8080),
-            ));
-        }
-    }
+            ),
+        ],
+    };
     for e in &mut v {
         if e.land.is_none() {
             e.spec.timeout = SHORT_TIMEOUT;

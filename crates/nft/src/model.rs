@@ -244,14 +244,59 @@ fn rule_specs(
     out
 }
 
+/// A rule's matches as expressions, in the order nft itself emits them (interfaces, protocol,
+/// family, addresses, ports, then meta and conntrack keys), so listings read as `nft` writes them.
 fn matches_into(b: &mut RuleBuilder, rule: &capture::Rule, base: bool, ipv6: bool) {
     // With IPv6 off, IPv6 must not enter our chains at all (iptables installs nothing for it);
     // guarding the base-chain rules is enough since other chains are only reached from them.
     if rule.family == Family::Any && base && !ipv6 {
-        b.push(expr::meta_load(libc::NFT_META_NFPROTO as u32));
-        b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &[NFPROTO_IPV4]));
-        say!(b, "meta nfproto ipv4");
+        nfproto(b, false);
     }
+    interface_matches(b, rule);
+    let l4 = proto_match(b, rule);
+    if rule.family != Family::Any {
+        nfproto(b, rule.family == Family::V6);
+    }
+    for m in &rule.matches {
+        match m {
+            Match::Saddr { nets, negate } => addr_match(b, nets, *negate, true),
+            Match::Daddr { nets, negate } => addr_match(b, nets, *negate, false),
+            Match::FromAddr(a) => addr_match(b, &[IpNet::host(*a)], false, true),
+            Match::ToAddr(a) => addr_match(b, &[IpNet::host(*a)], false, false),
+            Match::DaddrInSet(name) => named_set_match(b, name, rule.family == Family::V6),
+            _ => {}
+        }
+    }
+    let l4name = l4.map(L4::name).unwrap_or("th");
+    for m in &rule.matches {
+        match m {
+            Match::DstPort { ports, negate } => port_match(b, l4name, 2, "dport", ports, *negate),
+            Match::SrcPort(p) => port_match(b, l4name, 0, "sport", &[*p], false),
+            _ => {}
+        }
+    }
+    for m in &rule.matches {
+        meta_match(b, m);
+    }
+}
+
+fn nfproto(b: &mut RuleBuilder, v6: bool) {
+    b.push(expr::meta_load(libc::NFT_META_NFPROTO as u32));
+    b.push(expr::cmp(
+        libc::NFT_CMP_EQ as u32,
+        &[if v6 { NFPROTO_IPV6 } else { NFPROTO_IPV4 }],
+    ));
+    say!(
+        b,
+        if v6 {
+            "meta nfproto ipv6"
+        } else {
+            "meta nfproto ipv4"
+        }
+    );
+}
+
+fn interface_matches(b: &mut RuleBuilder, rule: &capture::Rule) {
     for m in &rule.matches {
         if let Match::InIface(v) | Match::OutIface(v) = m {
             let (key, word) = if matches!(m, Match::InIface(_)) {
@@ -275,6 +320,10 @@ fn matches_into(b: &mut RuleBuilder, rule: &capture::Rule, base: bool, ipv6: boo
             say!(b, format!("oifname != \"{name}\""));
         }
     }
+}
+
+/// `meta l4proto`; the protocol, for the port matches that follow.
+fn proto_match(b: &mut RuleBuilder, rule: &capture::Rule) -> Option<L4> {
     let mut l4 = None;
     for m in &rule.matches {
         if let Match::Proto(p) = m {
@@ -288,105 +337,76 @@ fn matches_into(b: &mut RuleBuilder, rule: &capture::Rule, base: bool, ipv6: boo
             say!(b, format!("meta l4proto {}", p.name()));
         }
     }
-    if rule.family != Family::Any {
-        let v6 = rule.family == Family::V6;
-        b.push(expr::meta_load(libc::NFT_META_NFPROTO as u32));
-        b.push(expr::cmp(
-            libc::NFT_CMP_EQ as u32,
-            &[if v6 { NFPROTO_IPV6 } else { NFPROTO_IPV4 }],
-        ));
-        say!(
-            b,
-            if v6 {
-                "meta nfproto ipv6"
+    l4
+}
+
+/// Socket owner, packet mark and conntrack matches.
+fn meta_match(b: &mut RuleBuilder, m: &Match) {
+    match m {
+        Match::Uid { ids, negate } | Match::Gid { ids, negate } => {
+            let (key, word) = if matches!(m, Match::Uid { .. }) {
+                (libc::NFT_META_SKUID, "skuid")
             } else {
-                "meta nfproto ipv4"
+                (libc::NFT_META_SKGID, "skgid")
+            };
+            // "None of" is one comparison per id (as Istio's nft mode writes it).
+            for id in ids {
+                b.push(expr::meta_load(key as u32));
+                b.push(expr::cmp(cmp_op(*negate), &id.id.to_ne_bytes()));
+                say!(b, format!("meta {word} {}{}", neq(*negate), id.id));
             }
-        );
-    }
-    for m in &rule.matches {
-        match m {
-            Match::Saddr { nets, negate } => addr_match(b, nets, *negate, true),
-            Match::Daddr { nets, negate } => addr_match(b, nets, *negate, false),
-            Match::FromAddr(a) => addr_match(b, &[IpNet::host(*a)], false, true),
-            Match::ToAddr(a) => addr_match(b, &[IpNet::host(*a)], false, false),
-            Match::DaddrInSet(name) => named_set_match(b, name, rule.family == Family::V6),
-            _ => {}
         }
-    }
-    let l4name = l4.map(L4::name).unwrap_or("th");
-    for m in &rule.matches {
-        match m {
-            Match::DstPort { ports, negate } => port_match(b, l4name, 2, "dport", ports, *negate),
-            Match::SrcPort(p) => port_match(b, l4name, 0, "sport", &[*p], false),
-            _ => {}
+        Match::Mark { mark, negate } => {
+            b.push(expr::meta_load(libc::NFT_META_MARK as u32));
+            b.push(expr::cmp(cmp_op(*negate), &mark.to_ne_bytes()));
+            say!(b, format!("meta mark {}{mark:#010x}", neq(*negate)));
         }
-    }
-    for m in &rule.matches {
-        match m {
-            Match::Uid { ids, negate } | Match::Gid { ids, negate } => {
-                let (key, word) = if matches!(m, Match::Uid { .. }) {
-                    (libc::NFT_META_SKUID, "skuid")
-                } else {
-                    (libc::NFT_META_SKGID, "skgid")
-                };
-                // "None of" is one comparison per id (as Istio's nft mode writes it).
-                for id in ids {
-                    b.push(expr::meta_load(key as u32));
-                    b.push(expr::cmp(cmp_op(*negate), &id.id.to_ne_bytes()));
-                    say!(b, format!("meta {word} {}{}", neq(*negate), id.id));
-                }
-            }
-            Match::Mark { mark, negate } => {
-                b.push(expr::meta_load(libc::NFT_META_MARK as u32));
-                b.push(expr::cmp(cmp_op(*negate), &mark.to_ne_bytes()));
-                say!(b, format!("meta mark {}{mark:#010x}", neq(*negate)));
-            }
-            Match::MarkMasked { mark, mask, negate } => {
-                b.push(expr::meta_load(libc::NFT_META_MARK as u32));
-                b.push(expr::bitwise_and(&mask.to_ne_bytes()));
-                b.push(expr::cmp(cmp_op(*negate), &mark.to_ne_bytes()));
-                let op = if *negate { "!=" } else { "==" };
-                say!(b, format!("meta mark & {mask:#010x} {op} {mark:#010x}"));
-            }
-            Match::ConnMarkMasked { mark, mask } => {
-                b.push(expr::ct_load(libc::NFT_CT_MARK as u32));
-                b.push(expr::bitwise_and(&mask.to_ne_bytes()));
-                b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &mark.to_ne_bytes()));
-                say!(b, format!("ct mark & {mask:#010x} == {mark:#010x}"));
-            }
-            Match::SocketExists => {
-                // `meta skuid` only loads for a packet with a full local socket (else the
-                // rule stops), as `-m owner --socket-exists`; every uid is >= 0.
-                b.push(expr::meta_load(libc::NFT_META_SKUID as u32));
-                b.push(expr::cmp(libc::NFT_CMP_GTE as u32, &0u32.to_ne_bytes()));
-                say!(b, "meta skuid >= 0");
-            }
-            Match::ConnMark(mark) => {
-                b.push(expr::ct_load(libc::NFT_CT_MARK as u32));
-                b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &mark.to_ne_bytes()));
-                say!(b, format!("ct mark {mark:#010x}"));
-            }
-            Match::CtState(states) => {
-                let mut mask = 0u32;
-                let mut words = Vec::new();
-                for s in states {
-                    let (bit, word) = match s {
-                        CtState::Invalid => (1, "invalid"),
-                        CtState::Established => (2, "established"),
-                        CtState::Related => (4, "related"),
-                    };
-                    mask |= bit;
-                    words.push(word);
-                }
-                b.push(expr::ct_load(libc::NFT_CT_STATE as u32));
-                b.push(expr::bitwise_and(&mask.to_ne_bytes()));
-                b.push(expr::cmp(libc::NFT_CMP_NEQ as u32, &0u32.to_ne_bytes()));
-                say!(b, format!("ct state {}", words.join(",")));
-            }
-            _ => {}
+        Match::MarkMasked { mark, mask, negate } => {
+            b.push(expr::meta_load(libc::NFT_META_MARK as u32));
+            b.push(expr::bitwise_and(&mask.to_ne_bytes()));
+            b.push(expr::cmp(cmp_op(*negate), &mark.to_ne_bytes()));
+            let op = if *negate { "!=" } else { "==" };
+            say!(b, format!("meta mark & {mask:#010x} {op} {mark:#010x}"));
         }
+        Match::ConnMarkMasked { mark, mask } => {
+            b.push(expr::ct_load(libc::NFT_CT_MARK as u32));
+            b.push(expr::bitwise_and(&mask.to_ne_bytes()));
+            b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &mark.to_ne_bytes()));
+            say!(b, format!("ct mark & {mask:#010x} == {mark:#010x}"));
+        }
+        Match::SocketExists => {
+            // `meta skuid` only loads for a packet with a full local socket (else the
+            // rule stops), as `-m owner --socket-exists`; every uid is >= 0.
+            b.push(expr::meta_load(libc::NFT_META_SKUID as u32));
+            b.push(expr::cmp(libc::NFT_CMP_GTE as u32, &0u32.to_ne_bytes()));
+            say!(b, "meta skuid >= 0");
+        }
+        Match::ConnMark(mark) => {
+            b.push(expr::ct_load(libc::NFT_CT_MARK as u32));
+            b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &mark.to_ne_bytes()));
+            say!(b, format!("ct mark {mark:#010x}"));
+        }
+        Match::CtState(states) => ct_state_match(b, states),
+        _ => {}
     }
+}
+
+fn ct_state_match(b: &mut RuleBuilder, states: &[CtState]) {
+    let mut mask = 0u32;
+    let mut words = Vec::new();
+    for s in states {
+        let (bit, word) = match s {
+            CtState::Invalid => (1, "invalid"),
+            CtState::Established => (2, "established"),
+            CtState::Related => (4, "related"),
+        };
+        mask |= bit;
+        words.push(word);
+    }
+    b.push(expr::ct_load(libc::NFT_CT_STATE as u32));
+    b.push(expr::bitwise_and(&mask.to_ne_bytes()));
+    b.push(expr::cmp(libc::NFT_CMP_NEQ as u32, &0u32.to_ne_bytes()));
+    say!(b, format!("ct state {}", words.join(",")));
 }
 
 fn addr_match(b: &mut RuleBuilder, nets: &[IpNet], negate: bool, source: bool) {

@@ -9,14 +9,15 @@
 //! type, body). Faults for the adversarial tests: ERROR events, undecodable lines, 410, hung
 //! watches (open, silent), reset connections.
 
+mod server;
+
 use serde_json::{Value, json};
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 #[derive(Clone, Debug)]
 pub struct Req {
@@ -117,7 +118,7 @@ impl FakeKube {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { break };
                 let i = i2.clone();
-                std::thread::spawn(move || serve(conn, &i));
+                std::thread::spawn(move || server::serve(conn, &i));
             }
         });
         FakeKube { port, inner }
@@ -480,315 +481,11 @@ pub fn broken_pod(ns: &str, name: &str, uid: &str, ip: &str, node: &str, code: i
     })
 }
 
-fn serve(mut conn: TcpStream, inner: &Inner) {
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let head_end = loop {
-        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break p + 4;
-        }
-        match conn.read(&mut chunk) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
-    let header = |name: &str| -> String {
-        head.lines()
-            .find_map(|l| {
-                let (k, v) = l.split_once(':')?;
-                k.trim()
-                    .eq_ignore_ascii_case(name)
-                    .then(|| v.trim().to_string())
-            })
-            .unwrap_or_default()
-    };
-    let len: usize = header("content-length").parse().unwrap_or(0);
-    while buf.len() < head_end + len {
-        match conn.read(&mut chunk) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-    let body = String::from_utf8_lossy(&buf[head_end..(head_end + len).min(buf.len())]).to_string();
-    let mut words = head.split_whitespace();
-    let method = words.next().unwrap_or("").to_string();
-    let target = words.next().unwrap_or("").to_string();
-    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
-    let req = Req {
-        method: method.clone(),
-        path: path.to_string(),
-        query: query.to_string(),
-        content_type: header("content-type"),
-        body: body.clone(),
-    };
-    inner.requests.lock().unwrap().push(req);
-
-    let reply = |conn: &mut TcpStream, status: &str, v: &Value| {
-        let b = v.to_string();
-        let _ = write!(
-            conn,
-            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
-            b.len()
-        );
-    };
-    {
-        let mut fail = inner.fail.lock().unwrap();
-        if let Some(n) = fail.get_mut(&method)
-            && *n > 0
-        {
-            *n -= 1;
-            drop(fail);
-            return reply(
-                &mut conn,
-                "500 Internal Server Error",
-                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                        "message": "injected failure", "reason": "InternalError", "code": 500}),
-            );
-        }
-    }
-    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let find = |ns: &str, name: &str| -> Option<Value> {
-        inner
-            .pods
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|p| p["metadata"]["namespace"] == ns && p["metadata"]["name"] == name)
-            .cloned()
-    };
-    match (method.as_str(), parts.as_slice()) {
-        ("GET", ["api", "v1", "pods"]) if is_watch(query) => {
-            let from = resource_version_param(query);
-            let _ = conn.write_all(WATCH_HEAD);
-            let mut ws = inner.watchers.lock().unwrap();
-            let brownout = inner
-                .failing_watches
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok();
-            let expired = from < inner.compacted.load(Ordering::SeqCst);
-            if brownout || expired {
-                let st = if expired {
-                    status(410, "Expired", "too old resource version")
-                } else {
-                    status(500, "InternalError", "etcdserver: request timed out")
-                };
-                let line = format!("{}\n", json!({"type": "ERROR", "object": st}));
-                let _ = conn.write_all(chunked(&line).as_bytes());
-                let _ = conn.write_all(b"0\r\n\r\n");
-                return;
-            }
-            let watcher = Watcher {
-                stream: conn,
-                node: selected_node(query),
-            };
-            for (rv, line, node) in inner.history.lock().unwrap().iter() {
-                if *rv > from && watcher.wants(node.as_deref()) {
-                    let _ = (&watcher.stream).write_all(chunked(line).as_bytes());
-                }
-            }
-            ws.push(watcher);
-        }
-        ("GET", ["api", "v1", "pods"])
-            if inner
-                .hang_lists
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok() =>
-        {
-            inner.hung.lock().unwrap().push(conn);
-        }
-        ("GET", ["api", "v1", "pods"]) => {
-            let want = selected_node(query);
-            let items: Vec<Value> = inner
-                .pods
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|p| node_selected(want.as_deref(), p["spec"]["nodeName"].as_str()))
-                .cloned()
-                .collect();
-            // The version of the newest change (next_rv hands out the counter, then bumps it).
-            let rv = (inner.rv.load(Ordering::SeqCst) - 1).to_string();
-            reply(
-                &mut conn,
-                "200 OK",
-                &json!({"kind": "PodList", "apiVersion": "v1",
-                        "metadata": {"resourceVersion": rv}, "items": items}),
-            );
-        }
-        ("GET", ["api", "v1", "namespaces", ns, "pods", name]) => match find(ns, name) {
-            Some(p) => reply(&mut conn, "200 OK", &p),
-            None => reply(
-                &mut conn,
-                "404 Not Found",
-                &status(404, "NotFound", &format!("pods \"{name}\" not found")),
-            ),
-        },
-        ("GET", ["api", "v1", "namespaces"]) if is_watch(query) => {
-            let from = resource_version_param(query);
-            let _ = conn.write_all(WATCH_HEAD);
-            let mut ws = inner.ns_watchers.lock().unwrap();
-            for (rv, line, _) in inner.ns_history.lock().unwrap().iter() {
-                if *rv > from {
-                    let _ = conn.write_all(chunked(line).as_bytes());
-                }
-            }
-            ws.push(conn);
-        }
-        ("GET", ["api", "v1", "namespaces"]) => {
-            let items: Vec<Value> = inner.namespaces.lock().unwrap().values().cloned().collect();
-            let rv = (inner.rv.load(Ordering::SeqCst) - 1).to_string();
-            reply(
-                &mut conn,
-                "200 OK",
-                &json!({"kind": "NamespaceList", "apiVersion": "v1",
-                        "metadata": {"resourceVersion": rv}, "items": items}),
-            );
-        }
-        ("DELETE", ["api", "v1", "namespaces", ns, "pods", name]) => match find(ns, name) {
-            Some(p) => reply(&mut conn, "200 OK", &p),
-            None => reply(
-                &mut conn,
-                "404 Not Found",
-                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                        "reason": "NotFound", "code": 404}),
-            ),
-        },
-        ("PATCH", ["api", "v1", "namespaces", ns, "pods", name, "status"]) => {
-            // Merge patch of labels and annotations (what the status subresource lets a
-            // client change in metadata): stored, and sent to the watches as MODIFIED, as a
-            // real API server does. A pod not stored is answered but not kept.
-            let patch: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-            let mut pods = inner.pods.lock().unwrap();
-            let stored = pods
-                .iter_mut()
-                .find(|p| p["metadata"]["namespace"] == *ns && p["metadata"]["name"] == *name);
-            let Some(p) = stored else {
-                drop(pods);
-                let mut p = json!({"metadata": {}});
-                merge_metadata(&mut p, &patch);
-                return reply(&mut conn, "200 OK", &p);
-            };
-            merge_metadata(p, &patch);
-            p["metadata"]["resourceVersion"] =
-                inner.rv.fetch_add(1, Ordering::SeqCst).to_string().into();
-            let p = p.clone();
-            drop(pods);
-            push(inner, "MODIFIED", &p);
-            reply(&mut conn, "200 OK", &p);
-        }
-        ("GET", ["api", "v1", "namespaces", name]) => {
-            match inner.namespaces.lock().unwrap().get(*name).cloned() {
-                Some(ns) => reply(&mut conn, "200 OK", &ns),
-                None => reply(
-                    &mut conn,
-                    "404 Not Found",
-                    &status(404, "NotFound", "namespace not found"),
-                ),
-            }
-        }
-        ("PATCH", ["api", "v1", "namespaces", ns, "pods", name]) => {
-            // Merge patch of annotations: stored, and sent to the watches as MODIFIED.
-            let patch: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-            let mut pods = inner.pods.lock().unwrap();
-            let Some(p) = pods
-                .iter_mut()
-                .find(|p| p["metadata"]["namespace"] == *ns && p["metadata"]["name"] == *name)
-            else {
-                drop(pods);
-                return reply(
-                    &mut conn,
-                    "404 Not Found",
-                    &status(404, "NotFound", "pod not found"),
-                );
-            };
-            if let Some(a) = patch["metadata"]["annotations"].as_object() {
-                for (k, v) in a {
-                    p["metadata"]["annotations"][k] = v.clone();
-                }
-            }
-            p["metadata"]["resourceVersion"] =
-                inner.rv.fetch_add(1, Ordering::SeqCst).to_string().into();
-            let p = p.clone();
-            drop(pods);
-            push(inner, "MODIFIED", &p);
-            reply(&mut conn, "200 OK", &p);
-        }
-        ("GET", ["api", "v1", "nodes", name]) => {
-            let mut nodes = inner.nodes.lock().unwrap();
-            let Some(node) = nodes.get_mut(*name) else {
-                drop(nodes);
-                return reply(
-                    &mut conn,
-                    "404 Not Found",
-                    &status(404, "NotFound", "node not found"),
-                );
-            };
-            let got = node.clone();
-            if inner
-                .race_node_gets
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok()
-            {
-                // Another writer (say, the node lifecycle controller) changes the node.
-                node["metadata"]["resourceVersion"] =
-                    inner.rv.fetch_add(1, Ordering::SeqCst).to_string().into();
-                node["metadata"]["labels"]["touched"] = "yes".into();
-            }
-            drop(nodes);
-            reply(&mut conn, "200 OK", &got);
-        }
-        ("PATCH", ["api", "v1", "nodes", name]) => {
-            let patch: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-            let mut nodes = inner.nodes.lock().unwrap();
-            let Some(node) = nodes.get_mut(*name) else {
-                drop(nodes);
-                return reply(
-                    &mut conn,
-                    "404 Not Found",
-                    &status(404, "NotFound", "node not found"),
-                );
-            };
-            let want = &patch["metadata"]["resourceVersion"];
-            if !want.is_null() && *want != node["metadata"]["resourceVersion"] {
-                drop(nodes);
-                return reply(
-                    &mut conn,
-                    "409 Conflict",
-                    &status(
-                        409,
-                        "Conflict",
-                        "the object has been modified; please apply your changes to the latest version and try again",
-                    ),
-                );
-            }
-            if let Some(t) = patch["spec"].get("taints") {
-                node["spec"]["taints"] = t.clone();
-            }
-            node["metadata"]["resourceVersion"] =
-                inner.rv.fetch_add(1, Ordering::SeqCst).to_string().into();
-            let n = node.clone();
-            drop(nodes);
-            reply(&mut conn, "200 OK", &n);
-        }
-        ("POST", ["api", "v1", "namespaces", _, "events"]) => {
-            let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-            reply(&mut conn, "201 Created", &v);
-        }
-        _ => reply(
-            &mut conn,
-            "404 Not Found",
-            &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                    "reason": "NotFound", "code": 404}),
-        ),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::BufRead;
+    use std::io::{BufRead, Read};
+    use std::time::Duration;
 
     fn get(port: u16, target: &str) -> (u16, String) {
         let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
