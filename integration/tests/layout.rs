@@ -146,11 +146,11 @@ fn files_and_functions_fit_in_a_readers_head() {
             offenders.push(format!("{}: fn {name} is {n} lines", f.display()));
         }
     }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
     println!(
         "layout: {} source files, none over {MAX_FILE_LINES} lines, no function over {MAX_FN_LINES}",
         files.len()
     );
-    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
 }
 
 #[test]
@@ -217,11 +217,11 @@ fn crates_form_a_tree_and_no_crate_uses_a_binary_crate() {
     for n in deps.keys() {
         visit(n, &deps, &mut Vec::new(), &mut done, &mut offenders);
     }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
     println!(
         "layout: {} crates, {} with binaries ({}), no crate depends on one, no cycle",
         names.len(),
         has_bin.len(),
         has_bin.iter().copied().collect::<Vec<_>>().join(", ")
     );
-    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
 }
