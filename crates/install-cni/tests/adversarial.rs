@@ -617,3 +617,71 @@ fn watch_faults_recover_quickly() {
         report.join(", ")
     );
 }
+
+/// Issue 21 item 1: files and links planted at the daemon's temp names (`<name>.tmp.<pid>.<n>`
+/// was predictable) made every install pass fail with EEXIST. Now every repair still goes
+/// through, nothing is written through a planted link, and nothing planted is removed but
+/// the stale temp files the installer always clears next to the binaries.
+#[test]
+fn planted_temp_names_do_not_block_the_install() {
+    let env = Env::new();
+    fs::write(env.net.join("10-calico.conflist"), calico()).unwrap();
+    let d = env.start(&[]);
+    d.wait_ready(T);
+    let outside = env.tmp.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    let secret = outside.join("secret");
+    fs::write(&secret, "do not overwrite").unwrap();
+    // Every name the old scheme would use next, as regular files and as links.
+    let mut planted = Vec::new();
+    for (dir, name) in [
+        (&env.run, "istio-cni-kubeconfig"),
+        (&env.net, "10-calico.conflist"),
+    ] {
+        for n in 0..400 {
+            let p = dir.join(format!("{name}.tmp.{}.{n}", d.pid()));
+            if n % 2 == 0 {
+                fs::write(&p, "planted").unwrap();
+            } else {
+                symlink(&secret, &p).unwrap();
+            }
+            planted.push(p);
+        }
+    }
+    // Three repairs: a rotated token, the primary dropping our entry, a deleted binary.
+    fs::write(env.sa.join("token"), "rotated-token").unwrap();
+    atomic_write(&env.net.join("10-calico.conflist"), &calico());
+    fs::remove_file(env.bin.join("istio-cni")).unwrap();
+    let deadline = Instant::now() + T;
+    let repaired = || {
+        fs::read_to_string(env.kubeconfig()).is_ok_and(|k| k.contains("rotated-token"))
+            && has_ours(&env.net.join("10-calico.conflist"))
+            && env.bin.join("istio-cni").is_file()
+    };
+    while !repaired() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(repaired(), "not repaired:\n{}", d.log());
+    assert_eq!(
+        d.metric("istio_cni_installs_total{result=\"CREATE_KUBECONFIG_FAILURE\"}"),
+        0.0,
+        "{}",
+        d.log()
+    );
+    assert_eq!(
+        d.metric("istio_cni_installs_total{result=\"CREATE_CNI_CONFIG_FAILURE\"}"),
+        0.0
+    );
+    assert_eq!(fs::read_to_string(&secret).unwrap(), "do not overwrite");
+    let kept = planted
+        .iter()
+        .filter(|p| fs::symlink_metadata(p).is_ok())
+        .count();
+    assert_eq!(kept, planted.len(), "planted files were removed");
+    let (st, log) = d.stop();
+    assert!(st.success(), "{log}");
+    println!(
+        "planted temp names: {} planted (files and links), 3 repairs done, 0 install failures, 0 writes through a link",
+        planted.len()
+    );
+}

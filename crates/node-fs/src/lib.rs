@@ -2,33 +2,52 @@
 //! (kubelet, the container runtime exec'ing the plugin) see the old file or the new one, never
 //! a torn one, and a running plugin binary keeps its old inode.
 //!
-//! Links and modes: no write follows a symlink we did not create. Temp files are created with
-//! O_EXCL (never through a planted link), a rename replaces a link at the destination instead
-//! of writing through it, and every file and directory we create gets its mode set explicitly
-//! (fchmod after create), so the umask neither widens nor narrows it.
+//! Links and modes: no write follows a symlink we did not create. Temp files get unpredictable
+//! names (`<name>.tmp.<random>`, as Istio's) and are created with O_EXCL, so a file or link
+//! planted at a temp name is never written through, and a collision is retried with a fresh
+//! name instead of failing the write; a temp file is only ever removed by the write that made
+//! it. A rename replaces a link at the destination instead of writing through it, and every
+//! file and directory we create gets its mode set explicitly (fchmod after create), so the
+//! umask neither widens nor narrows it.
 
 use std::fs;
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Temp files are `<name>.tmp.<pid>.<n>` (Istio: `<name>.tmp.<rand>`), so a crash leaves
-/// something recognisable that the next pass deletes.
+/// Temp files are `<name>.tmp.<random>` (Istio's), so a crash leaves something recognisable
+/// that the next pass deletes.
 const TMP_MARK: &str = ".tmp.";
 
 /// Mode of every directory the daemon creates (run dir, missing CNI dirs), whatever the umask.
 pub const DIR_MODE: u32 = 0o755;
 
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-fn temp_path(target: &Path) -> PathBuf {
+/// A new, empty temp file next to `target` (`mode`, owner-only until the caller widens it):
+/// O_EXCL under a random name, a fresh name on every collision (tempfile's retries). Dropped
+/// unpersisted, it removes itself, and nothing else.
+fn temp_file(target: &Path, mode: u32) -> io::Result<tempfile::NamedTempFile> {
     let name = target
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    target.with_file_name(format!("{name}{TMP_MARK}{}.{n}", std::process::id()))
+    let dir = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    tempfile::Builder::new()
+        .prefix(&format!("{name}{TMP_MARK}"))
+        .rand_bytes(12)
+        .permissions(fs::Permissions::from_mode(mode))
+        .tempfile_in(dir)
+}
+
+/// Fsyncs and renames a finished temp file over `target`.
+fn persist(mut f: tempfile::NamedTempFile, target: &Path, mode: u32) -> io::Result<()> {
+    // chmod after create: the umask must not narrow the mode we were asked for.
+    f.as_file_mut()
+        .set_permissions(fs::Permissions::from_mode(mode))?;
+    f.as_file().sync_all()?;
+    f.persist(target).map(drop).map_err(|e| e.error)
 }
 
 /// Whether `file_name` is one of our temp files (for `name`, or any name if `None`).
@@ -71,45 +90,18 @@ pub fn atomic_write(path: &Path, bytes: &[u8], new_mode: u32) -> io::Result<()> 
 
 /// Atomically replaces `path` with `bytes`, mode `mode`.
 pub fn atomic_write_mode(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-    let tmp = temp_path(path);
-    let res = (|| {
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        // chmod after create: the umask must not narrow the mode we were asked for.
-        f.set_permissions(fs::Permissions::from_mode(mode))?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
-    if res.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    res
+    let mut f = temp_file(path, mode)?;
+    f.write_all(bytes)?;
+    persist(f, path, mode)
 }
 
 /// Atomically copies `src` to `dst` with mode `mode`.
 pub fn atomic_copy(src: &Path, dst: &Path, mode: u32) -> io::Result<()> {
-    let tmp = temp_path(dst);
-    let res = (|| {
-        let mut from = fs::File::open(src)?;
-        // O_EXCL, owner-only until complete; the final mode is set before the rename.
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        io::copy(&mut from, &mut f)?;
-        f.set_permissions(fs::Permissions::from_mode(mode))?;
-        f.sync_all()?;
-        fs::rename(&tmp, dst)
-    })();
-    if res.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    res
+    let mut from = fs::File::open(src)?;
+    // Owner-only until complete; the final mode is set before the rename.
+    let mut f = temp_file(dst, 0o600)?;
+    io::copy(&mut from, &mut f)?;
+    persist(f, dst, mode)
 }
 
 /// Whether two files have identical contents (compared in chunks, without loading either).
@@ -263,6 +255,49 @@ fn stamp_of(m: fs::Metadata) -> io::Result<Stamp> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 21 item 1: files and links planted at every name the old `<name>.tmp.<pid>.<n>`
+    /// scheme would have used made every write fail (EEXIST, forever). Writes now pick
+    /// unpredictable names, never write through a planted link and never remove what they
+    /// did not create.
+    #[test]
+    fn planted_temp_names_neither_block_nor_redirect_writes() {
+        let d = tempfile::tempdir().unwrap();
+        let victim = d.path().join("victim");
+        fs::write(&victim, b"keep").unwrap();
+        let targets = [d.path().join("kubeconfig"), d.path().join("istio-cni")];
+        let mut planted = Vec::new();
+        for t in &targets {
+            let name = t.file_name().unwrap().to_str().unwrap();
+            for n in 0..64 {
+                let p = d
+                    .path()
+                    .join(format!("{name}.tmp.{}.{n}", std::process::id()));
+                if n % 2 == 0 {
+                    fs::write(&p, b"planted").unwrap();
+                } else {
+                    std::os::unix::fs::symlink(&victim, &p).unwrap();
+                }
+                planted.push(p);
+            }
+        }
+        for round in 0..8 {
+            atomic_write_mode(&targets[0], format!("v{round}").as_bytes(), 0o600).unwrap();
+            atomic_copy(&victim, &targets[1], 0o755).unwrap();
+        }
+        assert_eq!(fs::read(&targets[0]).unwrap(), b"v7");
+        assert_eq!(regular_mode(&targets[1]), Some(0o755));
+        assert_eq!(
+            fs::read(&victim).unwrap(),
+            b"keep",
+            "written through a link"
+        );
+        for p in &planted {
+            assert!(fs::symlink_metadata(p).is_ok(), "{} removed", p.display());
+        }
+        // Only the targets, the victim and what was planted: no temp files left behind.
+        assert_eq!(fs::read_dir(d.path()).unwrap().count(), 3 + planted.len());
+    }
 
     #[test]
     fn write_preserves_mode_and_leaves_no_temps() {
