@@ -53,13 +53,25 @@ pub enum ApiMode {
     BadPod = 8,
     /// Answers after 1.5 s (slower than a short per-request timeout).
     Slow = 9,
+    /// 200 with the real Pod followed by `}}}}` (not exactly one JSON value).
+    TrailingGarbage = 10,
 }
 
 impl ApiMode {
     fn from_u8(v: u8) -> ApiMode {
         use ApiMode::*;
         [
-            Up, Hang, Status500, Status404, Status401, Status403, Status400, Garbage, BadPod, Slow,
+            Up,
+            Hang,
+            Status500,
+            Status404,
+            Status401,
+            Status403,
+            Status400,
+            Garbage,
+            BadPod,
+            Slow,
+            TrailingGarbage,
         ]
         .into_iter()
         .find(|m| *m as u8 == v)
@@ -215,7 +227,10 @@ fn serve(
                    "message": format!("{path} not found"), "reason": "NotFound", "code": 404}),
         ),
     };
-    let body = body.to_string();
+    let mut body = body.to_string();
+    if mode == ApiMode::TrailingGarbage {
+        body.push_str("}}}}");
+    }
     let _ = write!(
         conn,
         "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",

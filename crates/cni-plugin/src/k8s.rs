@@ -231,7 +231,7 @@ async fn attempt_once(
     let ns_text = get_text(client, "/api/v1/namespaces", namespace)
         .await
         .map_err(|e| e.context(&format!("namespace {namespace}")))?;
-    let ns = decode(&ns_text, "Namespace").map_err(permanent)?;
+    let ns = pod_policy::json::decode(&ns_text, "Namespace").map_err(permanent)?;
     Ok((pod, Some(ns)))
 }
 
@@ -269,19 +269,7 @@ async fn get_text(
 
 /// The Pod JSON the API returned, or an error naming the JSON path that did not decode.
 pub fn decode_pod(text: &str) -> Result<Pod, String> {
-    decode(text, "Pod")
-}
-
-fn decode<T: serde::de::DeserializeOwned>(text: &str, kind: &str) -> Result<T, String> {
-    let de = &mut serde_json::Deserializer::from_str(text);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        format!(
-            "the {kind} JSON does not decode at {}: {}",
-            if path == "." { "the top level" } else { &path },
-            e.inner()
-        )
-    })
+    pod_policy::json::decode(text, "Pod")
 }
 
 /// 404 (the pod may not be visible yet), 408, 429, 5xx and transport errors may go away; any

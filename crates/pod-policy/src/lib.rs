@@ -9,10 +9,12 @@
 //! - [`sidecar`]: Istio's sidecar checks and the annotations → istio-iptables flags mapping;
 //! - [`ambient`]: Istio's `PodRedirectionEnabled` and the ambient pod annotations;
 //! - [`selector`] / [`selector_text`]: Kubernetes label selectors, structured (enablement
-//!   selectors) and in the API server's text grammar (repair's selectors), one matcher.
+//!   selectors) and in the API server's text grammar (repair's selectors), one matcher;
+//! - [`json`]: the Pod and Namespace an API answered with, decoded strictly.
 
 pub mod ambient;
 pub mod bypass;
+pub mod json;
 pub mod selector;
 pub mod selector_text;
 pub mod sidecar;
