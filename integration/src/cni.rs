@@ -91,8 +91,9 @@ impl ApiMode {
     }
 }
 
-/// `GET /api/v1/namespaces/{ns}/pods/{name}` from a map; a 404 `Status` otherwise. Plain
-/// HTTP/1.1, one thread per connection, bound to 127.0.0.1 inside a namespace.
+/// `GET /api/v1/namespaces/{ns}/pods/{name}` (and the istio-cni DaemonSet, for the safe upgrade)
+/// from a map keyed by the object's path; a 404 `Status` otherwise. Plain HTTP/1.1, one thread
+/// per connection, bound to 127.0.0.1 inside a namespace.
 pub struct FakeApi {
     pub port: u16,
     pods: Arc<Mutex<HashMap<String, Value>>>,
@@ -137,7 +138,28 @@ impl FakeApi {
         self.pods
             .lock()
             .unwrap()
-            .insert(format!("{namespace}/{name}"), pod);
+            .insert(format!("/api/v1/namespaces/{namespace}/pods/{name}"), pod);
+    }
+
+    /// Serves the DaemonSet `namespace/name` (`deleting`: with a deletionTimestamp, as while
+    /// `helm uninstall` deletes it); `None` removes it.
+    pub fn put_daemonset(&self, namespace: &str, name: &str, deleting: Option<bool>) {
+        let path = format!("/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}");
+        let mut objects = self.pods.lock().unwrap();
+        match deleting {
+            None => {
+                objects.remove(&path);
+            }
+            Some(deleting) => {
+                let mut ds = json!({"kind": "DaemonSet", "apiVersion": "apps/v1",
+                    "metadata": {"name": name, "namespace": namespace, "uid": "ds-uid"},
+                    "spec": {"selector": {}, "template": {}}});
+                if deleting {
+                    ds["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z".into();
+                }
+                objects.insert(path, ds);
+            }
+        }
     }
 
     pub fn set_mode(&self, mode: ApiMode) {
@@ -212,13 +234,7 @@ fn serve(
         .next()
         .unwrap_or("")
         .to_string();
-    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let pod = match parts.as_slice() {
-        ["api", "v1", "namespaces", ns, "pods", name] => {
-            pods.lock().unwrap().get(&format!("{ns}/{name}")).cloned()
-        }
-        _ => None,
-    };
+    let pod = pods.lock().unwrap().get(&path).cloned();
     let (status, body) = match pod {
         Some(p) => ("200 OK", p),
         None => (

@@ -10,7 +10,6 @@
 
 pub mod agent;
 pub mod plugin_server;
-pub mod upgrade;
 
 use agent::{Agent, AgentSettings, AmbientPodRef};
 use capture::{HostProbeConfig, Plan, ProbeSource};
@@ -40,7 +39,6 @@ pub struct Settings {
     pub reconcile_on_startup: bool,
     pub detection_retry: bool,
     pub ztunnel_socket: PathBuf,
-    pub disable_safe_upgrade: bool,
 }
 
 impl Settings {
@@ -53,7 +51,6 @@ impl Settings {
             reconcile_on_startup: true,
             detection_retry: false,
             ztunnel_socket: PathBuf::from("/var/run/ztunnel/ztunnel.sock"),
-            disable_safe_upgrade: false,
         }
     }
 

@@ -5,7 +5,8 @@
 //!
 //! Pure logic (CNI config discovery and merging in [`discovery`], the kubeconfig in
 //! [`kubeconfig`], the storm [`throttle`]) is separate from I/O (one install pass and the
-//! cleanup in [`install`], the inotify [`watch`], the loop in [`run`]).
+//! cleanup in [`install`], the inotify [`watch`], the loop in [`run`]). On shutdown,
+//! [`upgrade`] decides whether the install stays for the next daemon (a rollout) or goes.
 
 pub mod discovery;
 pub mod install;
@@ -13,6 +14,7 @@ pub mod kubeconfig;
 pub mod run;
 pub mod settings;
 pub mod throttle;
+pub mod upgrade;
 pub mod watch;
 
 pub use settings::Settings;

@@ -19,7 +19,7 @@ const RESYNC: Duration = Duration::from_secs(60);
 const DEGRADED_POLL: Duration = Duration::from_secs(5);
 
 /// Resolves with the name of the signal that asks the daemon to stop.
-pub type Shutdown = Pin<Box<dyn Future<Output = &'static str>>>;
+pub type StopSignal = Pin<Box<dyn Future<Output = &'static str>>>;
 
 /// The watch-and-repair loop (Istio's `Run`). Returns on shutdown only: pass errors are
 /// retried with backoff, never fatal, so a transient error cannot crash-loop the pod.
@@ -27,7 +27,7 @@ pub async fn run(
     mut installer: Installer,
     state: Arc<State>,
     mut watch: Watch,
-    mut shutdown: Shutdown,
+    mut shutdown: StopSignal,
 ) -> (Installer, &'static str) {
     let mut throttle = Throttle::default();
     let mut backoff = BACKOFF_MIN;

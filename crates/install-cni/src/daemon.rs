@@ -5,9 +5,9 @@
 //! RSS and CPU small on every node.
 
 use crate::config::Config;
-use ambient_agent::upgrade;
 use cni_installer::install::Installer;
-use cni_installer::run::Shutdown;
+use cni_installer::run::StopSignal;
+use cni_installer::upgrade::{self, Shutdown};
 use cni_installer::watch::{Filter, Watch};
 use node_status::State;
 use node_view::cache::{NamespaceCache, PodCache};
@@ -23,7 +23,7 @@ pub enum StartError {
     Signal(std::io::Error),
 }
 
-fn shutdown_signal() -> Result<Shutdown, StartError> {
+fn shutdown_signal() -> Result<StopSignal, StartError> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).map_err(StartError::Signal)?;
     let mut int = signal(SignalKind::interrupt()).map_err(StartError::Signal)?;
@@ -72,16 +72,26 @@ pub async fn main(cfg: Config) -> Result<(), StartError> {
     Ok(())
 }
 
-/// Shutdown: readiness goes first; then, unless ambient's safe upgrade keeps the plugin for
-/// the next agent, the install (and the host probe rule) is removed.
+/// Shutdown: readiness goes first; then, unless the safe upgrade keeps the install for the
+/// next daemon (its DaemonSet lives on: a rollout), the install (and the host probe rule) is
+/// removed.
 async fn stop(cfg: &Config, mut installer: Installer, state: &State, signal: &str) {
     state.set_not_ready("shutting down");
     state.release_readiness();
-    if let Some(upgrade::Shutdown::Upgrade(why)) = ambient_shutdown(cfg).await {
-        tracing::info!(signal, %why, "shutting down; ambient safe upgrade: the plugin and the host probe rule stay");
-        return;
+    let client = async {
+        node_view::client::client(&cfg.view.api)
+            .await
+            .map_err(|e| e.to_string())
+    };
+    match upgrade::shutdown(&cfg.safe_upgrade, client).await {
+        Shutdown::Upgrade(why) => {
+            tracing::info!(signal, %why, "shutting down; safe upgrade: the plugin stays installed (and in ambient mode the host probe rule)");
+            return;
+        }
+        Shutdown::Uninstall(why) => {
+            tracing::info!(signal, %why, "shutting down; removing the install")
+        }
     }
-    tracing::info!(signal, "shutting down; removing the install");
     if cfg.ambient.enabled {
         match nft_backend::ambient_host::remove_all() {
             Ok(_) => tracing::info!("cleanup: host probe rule removed"),
@@ -95,18 +105,6 @@ async fn stop(cfg: &Config, mut installer: Installer, state: &State, signal: &st
     for e in errors {
         tracing::warn!("cleanup: {e}");
     }
-}
-
-/// Ambient mode: upgrade or uninstall (`None` outside ambient mode).
-async fn ambient_shutdown(cfg: &Config) -> Option<upgrade::Shutdown> {
-    if !cfg.ambient.enabled {
-        return None;
-    }
-    let lookup = match node_view::client::client(&cfg.view.api).await {
-        Ok(c) => upgrade::lookup(c, &cfg.scope.cni_namespace).await,
-        Err(e) => Err(e.to_string()),
-    };
-    Some(upgrade::decide(cfg.ambient.disable_safe_upgrade, lookup))
 }
 
 /// The jobs that talk to the API server, each when enabled: the node pod cache (ONE list +

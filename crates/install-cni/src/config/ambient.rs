@@ -32,10 +32,6 @@ pub struct AmbientArgs {
     #[arg(long, env = "ENABLE_AMBIENT_DETECTION_RETRY", default_value = "false", value_parser = parse_bool, action = ArgAction::Set)]
     pub enable_ambient_detection_retry: bool,
 
-    /// On shutdown, clean up even while the DaemonSet still exists (no safe upgrade).
-    #[arg(long, env = "AMBIENT_DISABLE_SAFE_UPGRADE", default_value = "false", value_parser = parse_bool, action = ArgAction::Set)]
-    pub ambient_disable_safe_upgrade: bool,
-
     /// The ZDS socket this agent serves; ztunnel connects to it.
     #[arg(
         long,
@@ -78,6 +74,5 @@ pub fn settings(a: &AmbientArgs) -> Result<ambient_agent::Settings, ConfigError>
         reconcile_on_startup: a.ambient_reconcile_pod_rules_on_startup,
         detection_retry: a.enable_ambient_detection_retry,
         ztunnel_socket: a.ztunnel_uds_address.clone(),
-        disable_safe_upgrade: a.ambient_disable_safe_upgrade,
     })
 }

@@ -73,6 +73,11 @@ pub struct Args {
     #[arg(long, env = "PLUGIN_LOG_LEVEL", default_value = "info", value_parser = parse_log_level)]
     pub plugin_log_level: String,
 
+    /// On shutdown, remove the install even while the DaemonSet still exists (no safe upgrade,
+    /// in either mode; Istio's name).
+    #[arg(long, env = "AMBIENT_DISABLE_SAFE_UPGRADE", default_value = "false", value_parser = parse_bool, action = ArgAction::Set)]
+    pub ambient_disable_safe_upgrade: bool,
+
     #[command(flatten)]
     pub view: view::ViewArgs,
 
@@ -118,6 +123,8 @@ pub struct Config {
     pub reconcile: guardian::ReconcileSettings,
     /// NODE_TAINT_KEY: the taint removed from this node (`view.node_name`) once ready.
     pub node_taint_key: Option<String>,
+    /// On shutdown, whether the install stays for the next daemon while the DaemonSet lives.
+    pub safe_upgrade: cni_installer::upgrade::Context,
     pub ambient: ambient_agent::Settings,
 }
 
@@ -157,6 +164,10 @@ impl Config {
             repair,
             reconcile,
             node_taint_key,
+            safe_upgrade: cni_installer::upgrade::Context {
+                disabled: a.ambient_disable_safe_upgrade,
+                namespace: a.pod_namespace.trim().to_string(),
+            },
             ambient,
         })
     }

@@ -1,0 +1,125 @@
+//! Safe upgrade (Istio's `ShouldStopCleanup`, for ambient mode; here for both modes): when the
+//! daemon stops because its DaemonSet is being rolled (it still exists and is not being
+//! deleted), the plugin stays installed. A sidecar pod created before the next daemon is up is
+//! then programmed by the plugin itself (it needs no daemon) and captured from its first packet;
+//! an ambient pod fails closed instead of starting without ztunnel, and the host probe rule
+//! stays for the pods ztunnel keeps serving. When the DaemonSet is gone or being deleted
+//! (uninstall), or the daemon does not run as one, everything is cleaned up.
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use std::time::Duration;
+
+/// The DaemonSet's name in the chart (`deploy/helm/istio-cni`); RBAC grants `get` on it alone.
+pub const DAEMONSET_NAME: &str = "istio-cni-node";
+const GET_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What shutdown should do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Shutdown {
+    /// Keep the plugin (and in ambient mode the host rule): a new daemon is coming (why).
+    Upgrade(String),
+    /// Remove everything (why).
+    Uninstall(String),
+}
+
+/// What the decision needs to know besides the DaemonSet itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Context {
+    /// `AMBIENT_DISABLE_SAFE_UPGRADE` (Istio's name; here it turns safe upgrade off in both
+    /// modes).
+    pub disabled: bool,
+    /// `POD_NAMESPACE`: the DaemonSet's namespace; empty when the daemon does not run as the
+    /// chart's DaemonSet (nothing will replace it).
+    pub namespace: String,
+}
+
+/// Whether the DaemonSet has to be looked up at all.
+pub fn needs_lookup(ctx: &Context) -> Option<Shutdown> {
+    if ctx.disabled {
+        return Some(Shutdown::Uninstall(
+            "AMBIENT_DISABLE_SAFE_UPGRADE=true".into(),
+        ));
+    }
+    if ctx.namespace.is_empty() {
+        return Some(Shutdown::Uninstall(
+            "not running as the istio-cni DaemonSet (POD_NAMESPACE is empty)".into(),
+        ));
+    }
+    None
+}
+
+/// Pure: the decision from the DaemonSet lookup.
+pub fn decide(lookup: Result<Option<DaemonSet>, String>) -> Shutdown {
+    match lookup {
+        Ok(Some(ds)) if ds.metadata.deletion_timestamp.is_none() => Shutdown::Upgrade(format!(
+            "DaemonSet {DAEMONSET_NAME} still exists: a new agent follows"
+        )),
+        Ok(Some(_)) => Shutdown::Uninstall(format!("DaemonSet {DAEMONSET_NAME} is being deleted")),
+        Ok(None) => Shutdown::Uninstall(format!("DaemonSet {DAEMONSET_NAME} is gone")),
+        // Cannot tell: keeping the plugin captures sidecar pods and fails ambient pods closed;
+        // removing it could let them start unprotected. Fail closed.
+        Err(e) => Shutdown::Upgrade(format!(
+            "DaemonSet {DAEMONSET_NAME} could not be read ({e}); keeping the plugin (fail closed)"
+        )),
+    }
+}
+
+/// The shutdown decision: the DaemonSet looked up (within 5 s) when it matters.
+pub async fn shutdown(
+    ctx: &Context,
+    client: impl std::future::Future<Output = Result<kube::Client, String>>,
+) -> Shutdown {
+    if let Some(d) = needs_lookup(ctx) {
+        return d;
+    }
+    let lookup = match client.await {
+        Ok(c) => lookup(c, &ctx.namespace).await,
+        Err(e) => Err(e),
+    };
+    decide(lookup)
+}
+
+pub async fn lookup(client: kube::Client, namespace: &str) -> Result<Option<DaemonSet>, String> {
+    let api: kube::Api<DaemonSet> = kube::Api::namespaced(client, namespace);
+    match tokio::time::timeout(GET_TIMEOUT, api.get_opt(DAEMONSET_NAME)).await {
+        Ok(Ok(ds)) => Ok(ds),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {GET_TIMEOUT:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ds(deleting: bool) -> DaemonSet {
+        let mut d = DaemonSet::default();
+        if deleting {
+            d.metadata.deletion_timestamp = Some(
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
+            );
+        }
+        d
+    }
+
+    #[test]
+    fn upgrade_only_while_the_daemonset_lives() {
+        assert!(matches!(decide(Ok(Some(ds(false)))), Shutdown::Upgrade(_)));
+        assert!(matches!(decide(Ok(Some(ds(true)))), Shutdown::Uninstall(_)));
+        assert!(matches!(decide(Ok(None)), Shutdown::Uninstall(_)));
+        assert!(matches!(decide(Err("x".into())), Shutdown::Upgrade(_)));
+        let ctx = |disabled, namespace: &str| Context {
+            disabled,
+            namespace: namespace.into(),
+        };
+        assert!(matches!(
+            needs_lookup(&ctx(true, "istio-system")),
+            Some(Shutdown::Uninstall(_))
+        ));
+        assert!(matches!(
+            needs_lookup(&ctx(false, "")),
+            Some(Shutdown::Uninstall(_))
+        ));
+        assert_eq!(needs_lookup(&ctx(false, "istio-system")), None);
+    }
+}
