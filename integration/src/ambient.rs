@@ -123,8 +123,9 @@ impl Default for AmbientOptions {
     }
 }
 
-/// A process named `kubelet` (a copy of sleep) running as [`KUBELET_UID`], with "kubelet" in
-/// its command line: what the agent's kubelet-uid scan of /proc looks for.
+/// A process named `kubelet` (sleep, exec'd through a symlink named `kubelet`) running as
+/// [`KUBELET_UID`], with "kubelet" in its command line: what the agent's kubelet-uid scan of
+/// /proc looks for (`comm` and `cmdline` come from the name exec'd).
 pub struct FakeKubelet {
     child: Child,
 }
@@ -134,7 +135,10 @@ impl FakeKubelet {
     pub fn start(dir: &Path, node: &TestNetns) -> io::Result<FakeKubelet> {
         std::fs::create_dir_all(dir)?;
         let bin = dir.join("kubelet");
-        std::fs::copy(sleep_binary()?, &bin)?;
+        // A link, not a copy: a copy's write descriptor, inherited by a child another test
+        // thread forks meanwhile, makes this exec fail with ETXTBSY ("Text file busy").
+        let _ = std::fs::remove_file(&bin);
+        std::os::unix::fs::symlink(sleep_binary()?, &bin)?;
         let mut cmd = Command::new(&bin);
         cmd.arg("infinity")
             .stdin(Stdio::null())
