@@ -8,9 +8,9 @@
 //! with the iptables-legacy backend and explained from `iptables-legacy-save`.
 
 use capture::{Config, Facts, Ipv6Mode, Plan};
+use explain::trace::{self, TraceHow};
+use explain::{self as ex, Connection, Direction, Landing, Protocol};
 use integration::*;
-use nft_backend::explain::{self as ex, Connection, Direction, Landing, Protocol};
-use nft_backend::trace::{self, TraceHow};
 use redirect::{Backend, BackendChoice};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Mutex;
@@ -283,7 +283,7 @@ fn run_scenario(
     let rs = match backend {
         Backend::Nft => ex::live_ruleset(Some(w.pod.path())).unwrap(),
         Backend::IptablesLegacy => ex::in_netns(Some(w.pod.path()), || {
-            Ok(iptables_legacy::explain::live_ruleset().unwrap())
+            Ok(explain::live_legacy::live_ruleset().unwrap())
         })
         .unwrap(),
     };
@@ -480,7 +480,7 @@ fn tproxy_without_listener_is_dropped_by_static_probe_and_trace() {
         let rs = match backend {
             Backend::Nft => ex::live_ruleset(Some(w.pod.path())).unwrap(),
             Backend::IptablesLegacy => ex::in_netns(Some(w.pod.path()), || {
-                Ok(iptables_legacy::explain::live_ruleset().unwrap())
+                Ok(explain::live_legacy::live_ruleset().unwrap())
             })
             .unwrap(),
         };

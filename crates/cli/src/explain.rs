@@ -2,10 +2,8 @@
 //! why (and, with `--trace`, what the kernel says).
 
 use clap::{Parser, ValueEnum};
-use nft_backend::explain::{
-    self as ex, Connection, Direction, ExplainError, Protocol, compare::Agreement,
-};
-use nft_backend::trace::{self, TraceHow};
+use explain::trace::{self, TraceHow};
+use explain::{self as ex, Connection, Direction, ExplainError, Protocol, compare::Agreement};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -259,7 +257,7 @@ fn ruleset(
     let nft = || ex::live_ruleset(netns);
     let legacy = || {
         ex::in_netns(netns, || {
-            iptables_legacy::explain::live_ruleset().map_err(|e| ExplainError::Io {
+            explain::live_legacy::live_ruleset().map_err(|e| ExplainError::Io {
                 context: "reading iptables-legacy rules".into(),
                 source: std::io::Error::other(e.to_string()),
             })

@@ -370,7 +370,7 @@ fn sigint_during_trace_wait_leaves_nothing_behind() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let chains = || nft_backend::trace::list_trace_chains(Some(w.pod.path())).unwrap();
+    let chains = || explain::trace::list_trace_chains(Some(w.pod.path())).unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while chains().is_empty() {
         assert!(

@@ -46,7 +46,6 @@
 //! apply repairs the same way. The nft backend has no states 2 or a table split: its rules are
 //! one batch, committed all or nothing, then the same routes (state 3).
 
-pub mod explain;
 mod render;
 mod save;
 mod tools;
@@ -282,6 +281,29 @@ pub fn instantiated_ipv4_tables() -> Vec<String> {
 /// `iptables-legacy-save` of the calling thread's namespace.
 pub fn save_ipv4(tools: &Tools) -> Result<String, LegacyError> {
     tools.save(Fam::V4)
+}
+
+/// A read-only view of the live iptables-legacy rules, for tools that read them (the
+/// `explain` crate).
+pub mod live {
+    use crate::tools::{Fam, Tools};
+    use crate::{LegacyError, save, tables_instantiated};
+
+    pub use crate::save::{SavedTable, parse};
+
+    /// The family's `*-legacy-save` output in the calling thread's namespace, when it holds
+    /// anything of ours (`None`: nothing, or no legacy table was ever used there).
+    pub fn our_save(tools: &Tools, v6: bool) -> Result<Option<String>, LegacyError> {
+        let fam = if v6 { Fam::V6 } else { Fam::V4 };
+        if !tables_instantiated(fam)? {
+            return Ok(None);
+        }
+        let text = tools.save(fam)?;
+        Ok(save::parse(&text)
+            .iter()
+            .any(SavedTable::has_ours)
+            .then_some(text))
+    }
 }
 
 /// Whether our ISTIO_* chains exist in iptables-legacy in the current namespace.

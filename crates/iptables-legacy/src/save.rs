@@ -10,7 +10,7 @@ pub(crate) fn is_ours(chain: &str) -> bool {
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct SavedTable {
+pub struct SavedTable {
     pub name: String,
     /// Every chain declared (`:NAME POLICY [..]`), built-in ones first as printed.
     pub chains: Vec<String>,
@@ -44,7 +44,7 @@ impl SavedTable {
 }
 
 /// Parses iptables-save output; unknown lines (comments, `COMMIT`) are skipped.
-pub(crate) fn parse(text: &str) -> Vec<SavedTable> {
+pub fn parse(text: &str) -> Vec<SavedTable> {
     let mut tables: Vec<SavedTable> = Vec::new();
     for line in text.lines() {
         if let Some(name) = line.strip_prefix('*') {

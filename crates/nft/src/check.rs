@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 
-pub(crate) fn msg_type(t: u32) -> u16 {
+pub fn msg_type(t: u32) -> u16 {
     (NFNL_SUBSYS_NFTABLES << 8) | t as u16
 }
 
@@ -32,11 +32,16 @@ fn family_name(f: u32) -> &'static str {
     }
 }
 
-pub(crate) fn cstr_to_string(p: *const libc::c_char) -> String {
+/// A string attribute libnftnl returned (empty when absent).
+///
+/// # Safety
+/// `p` is null or a NUL-terminated string that stays valid for the call (libnftnl's getters
+/// return strings owned by the object).
+pub unsafe fn cstr_to_string(p: *const libc::c_char) -> String {
     if p.is_null() {
         return String::new();
     }
-    // SAFETY: libnftnl returns NUL-terminated strings owned by the object.
+    // SAFETY: per the contract above.
     unsafe { std::ffi::CStr::from_ptr(p) }
         .to_string_lossy()
         .into_owned()
@@ -131,7 +136,11 @@ fn strip_set_suffix(l: &str) -> String {
     s
 }
 
-pub(crate) fn rule_text(r: *const sys::nftnl_rule) -> String {
+/// libnftnl's text of a rule (its expressions as `nft --debug` prints them).
+///
+/// # Safety
+/// `r` is a valid rule object for the call.
+pub unsafe fn rule_text(r: *const sys::nftnl_rule) -> String {
     let mut buf = vec![0u8; 64 * 1024];
     // SAFETY: buffer and rule are valid; snprintf NUL-terminates within `len`.
     let n = unsafe {

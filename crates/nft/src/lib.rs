@@ -10,18 +10,28 @@
 pub mod ambient_host;
 mod batch;
 mod check;
-pub mod explain;
-mod expr;
+pub mod expr;
 mod model;
-mod netlink;
+pub mod netlink;
 pub mod routes;
-pub mod trace;
 
 use capture::{Plan, Table};
 use mnl_impl as _; // links our Rust libmnl (mnl_* for libnftnl.a and the mnl crate)
 use std::io;
 
 pub use model::{expand_for_nft, render_text};
+
+/// A read-only view of the live nftables state, for tools that read it rather than program
+/// it (the `explain` crate): a netfilter netlink socket, the table list, and the text and
+/// attributes of dumped objects.
+pub mod live {
+    pub use crate::check::{cstr_to_string, msg_type, rule_text, tables};
+
+    /// A netfilter netlink socket in the calling thread's namespace.
+    pub fn socket() -> Result<crate::netlink::Socket, crate::NftError> {
+        crate::netlink::Socket::open().map_err(crate::open_err)
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum NftError {

@@ -1,4 +1,4 @@
-//! The live iptables-legacy rules as the explain evaluator's IR (`nft_backend::explain::ir`):
+//! The live iptables-legacy rules as the explain evaluator's IR ([`crate::ir`]):
 //! each `iptables-legacy-save` / `ip6tables-legacy-save` rule of the raw, mangle and nat tables
 //! becomes the expressions the kernel would evaluate for it in nft terms (`-m owner
 //! --uid-owner 1337` → `meta skuid == 1337`, `-d 10.0.0.0/8` → payload & mask == net, ...),
@@ -6,11 +6,9 @@
 //! namespace holds only our rules; anything else there is traversed too); a match or target
 //! this reader does not know becomes an `Unknown` expression, reported rather than guessed.
 
-use crate::tools::{Fam, Tools};
-use crate::{LegacyError, save, tables_instantiated};
-use nft_backend::explain::ir::{
-    Backend, BaseHook, Chain, Expr, Hook, Rule, Ruleset, Set, TableFamily, Verdict,
-};
+use crate::ir::{Backend, BaseHook, Chain, Expr, Hook, Rule, Ruleset, Set, TableFamily, Verdict};
+use iptables_legacy::live::{our_save, parse};
+use iptables_legacy::{LegacyError, Tools};
 use std::net::IpAddr;
 
 const REG1: u32 = 1;
@@ -27,13 +25,9 @@ pub fn live_ruleset_with(tools: &Tools) -> Result<Ruleset, LegacyError> {
         chains: Vec::new(),
         sets: Vec::new(),
     };
-    for fam in [Fam::V4, Fam::V6] {
-        if !tables_instantiated(fam)? {
-            continue;
-        }
-        let text = tools.save(fam)?;
-        if save::parse(&text).iter().any(save::SavedTable::has_ours) {
-            add_family(&mut rs, &text, fam == Fam::V6);
+    for v6 in [false, true] {
+        if let Some(text) = our_save(tools, v6)? {
+            add_family(&mut rs, &text, v6);
         }
     }
     Ok(rs)
@@ -55,7 +49,7 @@ pub fn add_family(rs: &mut Ruleset, save_text: &str, v6: bool) {
     } else {
         TableFamily::Ip
     };
-    for t in save::parse(save_text) {
+    for t in parse(save_text) {
         let Some((prio, nat)) = priority(&t.name) else {
             continue;
         };

@@ -577,7 +577,7 @@ fn cmp(op: u32, have: &[u8], want: &[u8]) -> Option<bool> {
 }
 
 fn ifname(n: &str) -> [u8; libc::IFNAMSIZ] {
-    crate::expr::ifname_bytes(n)
+    nft_backend::expr::ifname_bytes(n)
 }
 
 /// Membership as the kernel decides it: exact keys, or for an interval set the closest
@@ -621,7 +621,7 @@ pub fn ipv4_only(rs: &Ruleset) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::explain::ir::{Backend, Chain, Rule};
+    use crate::ir::{Backend, Chain, Rule};
 
     struct NoWorld;
     impl World for NoWorld {

@@ -1,22 +1,30 @@
-//! `istio-nftables explain`: where does a connection go through our live rules, and why.
+//! `istio-nftables explain`: where does a connection go through a pod's live rules, and why,
+//! and does the kernel agree.
 //!
-//! The live ruleset of our tables is dumped over netlink ([`dump`], or the iptables-legacy
-//! reader in that crate) into a small IR ([`ir`]); a synthetic first packet of the connection
+//! The live rules are read into a small IR ([`ir`]): our nft tables over netlink through the
+//! nft backend's read-only view ([`live_nft`]), or the iptables-legacy tables from
+//! `iptables-legacy-save` ([`live_legacy`]). A synthetic first packet of the connection
 //! (conntrack NEW, mark 0, the route's interfaces, the sender's uid/gid) walks it hook by hook
 //! in priority order with a register-level evaluator ([`eval`]); the path and the outcome are
 //! described with each rule's comment and nft text. An expression the evaluator does not know
-//! stops the walk with "cannot evaluate" instead of a guess. [`compare`] sets the kernel's own
-//! trace (`crate::trace`) beside it.
+//! stops the walk with "cannot evaluate" instead of a guess. [`trace`] asks the kernel (a
+//! temporary nftrace chain, the connection made for real) and [`compare`] sets its path beside
+//! the static one.
+//!
+//! This crate only reads rules (the tracer's temporary chain excepted, removed also after a
+//! kill); programming them is the backends' job.
 
 pub mod compare;
 mod connection;
-mod dump;
 mod eval;
 mod facts;
 pub mod ir;
+pub mod live_legacy;
+mod live_nft;
 mod outcome;
 pub mod render;
 mod text;
+pub mod trace;
 
 pub use crate::trace::{Connection, Direction, Protocol};
 pub use connection::{Described, validate};
@@ -25,8 +33,8 @@ pub use facts::NsFacts;
 pub use outcome::{Decider, Landing, Outcome};
 pub use render::render_text;
 
-use crate::NftError;
 use ir::{Backend, Hook, Ruleset};
+use nft_backend::NftError;
 use serde::Serialize;
 use std::path::Path;
 
@@ -78,8 +86,8 @@ pub struct Explanation {
 /// Explains `conn` against the live rules of the namespace at `netns` (`None`: this one).
 pub fn explain(netns: Option<&Path>, conn: &Connection) -> Result<Explanation, ExplainError> {
     let (rs, facts) = in_netns(netns, || {
-        let sock = crate::netlink::Socket::open().map_err(crate::open_err)?;
-        let rs = dump::live(&sock)?;
+        let sock = nft_backend::live::socket()?;
+        let rs = live_nft::live(&sock)?;
         Ok((rs, read_facts(conn)?))
     })?;
     if rs.is_empty() {
@@ -94,8 +102,8 @@ pub fn explain(netns: Option<&Path>, conn: &Connection) -> Result<Explanation, E
 /// The live ruleset of our tables in the namespace (for the kernel-trace comparison).
 pub fn live_ruleset(netns: Option<&Path>) -> Result<Ruleset, ExplainError> {
     in_netns(netns, || {
-        let sock = crate::netlink::Socket::open().map_err(crate::open_err)?;
-        Ok(dump::live(&sock)?)
+        let sock = nft_backend::live::socket()?;
+        Ok(live_nft::live(&sock)?)
     })
 }
 

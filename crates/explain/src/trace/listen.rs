@@ -2,7 +2,7 @@
 //! NFNLGRP_NFTRACE, and the decoding of NFT_MSG_TRACE messages (what `nft monitor trace` reads).
 
 use super::{EventKind, TraceError, TraceEvent, Verdict};
-use crate::netlink;
+use nft_backend::netlink;
 use nftnl::nftnl_sys as sys;
 use nix::sys::socket::{
     AddressFamily, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, socket,

@@ -4,8 +4,8 @@
 use super::{
     Connection, Direction, Protocol, TRACE_CHAIN_PREFIX, TRACE_PRIORITY, TraceError, ns::Netns,
 };
-use crate::expr::{self, Expr};
-use crate::netlink::{self, Socket};
+use nft_backend::expr::{self, Expr};
+use nft_backend::netlink::{self, Socket};
 use nftnl::nftnl_sys as sys;
 use nftnl::{Batch, Chain, ChainType, Hook, MsgType, Policy, ProtoFamily, Rule};
 use std::ffi::CString;
@@ -60,10 +60,11 @@ pub fn unique_name() -> String {
 /// The first of our tables that exists in the current namespace.
 pub fn host_table(netns: &Netns) -> Result<&'static str, TraceError> {
     let sock = open()?;
-    let all = crate::check::tables(&sock).map_err(|e| TraceError::Netlink {
+    let all = nft_backend::live::tables(&sock).map_err(|e| TraceError::Netlink {
         what: "listing nftables tables".into(),
         source: match e {
-            crate::NftError::Io { source, .. } | crate::NftError::Unsupported(source) => source,
+            nft_backend::NftError::Io { source, .. }
+            | nft_backend::NftError::Unsupported(source) => source,
             other => io::Error::other(other.to_string()),
         },
     })?;

@@ -5,8 +5,8 @@
 //! chain left by a SIGKILLed run is removed by the next one.
 
 use capture::*;
+use explain::trace::*;
 use integration::*;
-use nft_backend::trace::*;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};

@@ -5,7 +5,7 @@
 use super::ir::{Expr, Rule, Set};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-const REG1: u32 = crate::expr::REG1;
+const REG1: u32 = nft_backend::expr::REG1;
 
 pub fn nft_text(rule: &Rule, sets: &[Set], table: &str) -> Option<String> {
     let mut out: Vec<String> = Vec::new();

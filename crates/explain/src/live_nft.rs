@@ -4,10 +4,10 @@
 
 use super::ir::{BaseHook, Chain, Expr, Hook, Rule, Ruleset, Set, TableFamily, Verdict};
 use super::text;
-use crate::NftError;
-use crate::check::{cstr_to_string, msg_type, rule_text};
-use crate::netlink::{self, Socket};
 use capture::Table;
+use nft_backend::NftError;
+use nft_backend::live::{cstr_to_string, msg_type, rule_text};
+use nft_backend::netlink::{self, Socket};
 use nftnl::nftnl_sys as sys;
 
 fn ours(table: &str) -> bool {
@@ -233,9 +233,9 @@ unsafe fn parse_expr(e: *mut sys::nftnl_expr) -> Expr {
                     sys::NFTNL_EXPR_LOOKUP_SET as u16,
                 )),
                 invert: is(sys::NFTNL_EXPR_LOOKUP_FLAGS)
-                    && u(sys::NFTNL_EXPR_LOOKUP_FLAGS) & crate::expr::NFT_LOOKUP_F_INV != 0,
+                    && u(sys::NFTNL_EXPR_LOOKUP_FLAGS) & nft_backend::expr::NFT_LOOKUP_F_INV != 0,
             },
-            "immediate" if u(sys::NFTNL_EXPR_IMM_DREG) == crate::expr::REG_VERDICT => {
+            "immediate" if u(sys::NFTNL_EXPR_IMM_DREG) == nft_backend::expr::REG_VERDICT => {
                 let chain =
                     || cstr_to_string(sys::nftnl_expr_get_str(e, sys::NFTNL_EXPR_IMM_CHAIN as u16));
                 match u(sys::NFTNL_EXPR_IMM_VERDICT) as i32 {
