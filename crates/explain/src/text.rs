@@ -57,39 +57,7 @@ fn one(e: &[Expr], sets: &[Set], table: &str, l4: &mut &'static str) -> Option<(
     Some(match e {
         [Counter, ..] => ("counter".into(), 1),
         [Verdict(v), ..] => (v.to_string(), 1),
-        [Meta { key, dreg: REG1 }, Cmp { op, data, .. }, ..] => {
-            let n = neq(*op)?;
-            let w = match *key as i32 {
-                libc::NFT_META_L4PROTO => {
-                    let p = match data.first()? {
-                        6 => "tcp",
-                        17 => "udp",
-                        _ => return None,
-                    };
-                    *l4 = p;
-                    format!("meta l4proto {n}{p}")
-                }
-                libc::NFT_META_NFPROTO => match *data.first()? as i32 {
-                    libc::NFPROTO_IPV4 => format!("meta nfproto {n}ipv4"),
-                    libc::NFPROTO_IPV6 => format!("meta nfproto {n}ipv6"),
-                    _ => return None,
-                },
-                libc::NFT_META_OIFNAME | libc::NFT_META_IIFNAME => {
-                    let name = String::from_utf8_lossy(data.split(|b| *b == 0).next()?);
-                    let w = if *key as i32 == libc::NFT_META_OIFNAME {
-                        "oifname"
-                    } else {
-                        "iifname"
-                    };
-                    format!("{w} {n}\"{name}\"")
-                }
-                libc::NFT_META_SKUID => format!("meta skuid {n}{}", u32_ne(data)?),
-                libc::NFT_META_SKGID => format!("meta skgid {n}{}", u32_ne(data)?),
-                libc::NFT_META_MARK => format!("meta mark {n}{:#010x}", u32_ne(data)?),
-                _ => return None,
-            };
-            (w, 2)
-        }
+        [Meta { key, dreg: REG1 }, Cmp { op, data, .. }, ..] => (meta_cmp(*key, *op, data, l4)?, 2),
         [Meta { key, dreg: REG1 }, CtSet { key: ck, .. }, ..]
             if *key as i32 == libc::NFT_META_MARK && *ck as i32 == libc::NFT_CT_MARK =>
         {
@@ -112,18 +80,7 @@ fn one(e: &[Expr], sets: &[Set], table: &str, l4: &mut &'static str) -> Option<(
             && *op as i32 == libc::NFT_CMP_NEQ
             && u32_ne(data)? == 0 =>
         {
-            let m = u32_ne(mask)?;
-            let words: Vec<&str> = [
-                (1, "invalid"),
-                (2, "established"),
-                (4, "related"),
-                (8, "new"),
-            ]
-            .iter()
-            .filter(|(b, _)| m & b != 0)
-            .map(|(_, w)| *w)
-            .collect();
-            (format!("ct state {}", words.join(",")), 3)
+            (format!("ct state {}", ct_states(u32_ne(mask)?)), 3)
         }
         [
             Payload {
@@ -133,25 +90,7 @@ fn one(e: &[Expr], sets: &[Set], table: &str, l4: &mut &'static str) -> Option<(
                 dreg: REG1,
             },
             rest @ ..,
-        ] => {
-            let word = field(*base, *offset, *len, l4)?;
-            match rest {
-                [Cmp { op, data, .. }, ..] => {
-                    (format!("{word} {}{}", neq(*op)?, value(&word, data)?), 2)
-                }
-                [Bitwise { mask, .. }, Cmp { op, data, .. }, ..] => (
-                    format!("{word} {}{}/{}", neq(*op)?, addr(data)?, prefix_len(mask)),
-                    3,
-                ),
-                [Lookup { set, invert, .. }, ..] => {
-                    let s = sets.iter().find(|s| s.table == table && &s.name == set)?;
-                    let items = set_items(s, &word)?;
-                    let n = if *invert { "!= " } else { "" };
-                    (format!("{word} {n}{{ {} }}", items.join(", ")), 2)
-                }
-                _ => return None,
-            }
-        }
+        ] => payload_match(field(*base, *offset, *len, l4)?, rest, sets, table)?,
         [Immediate { data, .. }, Redir { .. }, ..] => {
             (format!("redirect to :{}", u16_be(data)?), 2)
         }
@@ -169,6 +108,79 @@ fn one(e: &[Expr], sets: &[Set], table: &str, l4: &mut &'static str) -> Option<(
         [Immediate { data, .. }, CtSet { key, .. }, ..] if *key as i32 == libc::NFT_CT_ZONE => {
             let z = u16::from_ne_bytes(data.get(..2)?.try_into().ok()?);
             (format!("ct zone set {z}"), 2)
+        }
+        _ => return None,
+    })
+}
+
+/// `meta KEY [!=] VALUE` (the protocol also remembered for the port matches that follow).
+fn meta_cmp(key: u32, op: u32, data: &[u8], l4: &mut &'static str) -> Option<String> {
+    let n = neq(op)?;
+    Some(match key as i32 {
+        libc::NFT_META_L4PROTO => {
+            let p = match data.first()? {
+                6 => "tcp",
+                17 => "udp",
+                _ => return None,
+            };
+            *l4 = p;
+            format!("meta l4proto {n}{p}")
+        }
+        libc::NFT_META_NFPROTO => match *data.first()? as i32 {
+            libc::NFPROTO_IPV4 => format!("meta nfproto {n}ipv4"),
+            libc::NFPROTO_IPV6 => format!("meta nfproto {n}ipv6"),
+            _ => return None,
+        },
+        libc::NFT_META_OIFNAME | libc::NFT_META_IIFNAME => {
+            let name = String::from_utf8_lossy(data.split(|b| *b == 0).next()?);
+            let w = if key as i32 == libc::NFT_META_OIFNAME {
+                "oifname"
+            } else {
+                "iifname"
+            };
+            format!("{w} {n}\"{name}\"")
+        }
+        libc::NFT_META_SKUID => format!("meta skuid {n}{}", u32_ne(data)?),
+        libc::NFT_META_SKGID => format!("meta skgid {n}{}", u32_ne(data)?),
+        libc::NFT_META_MARK => format!("meta mark {n}{:#010x}", u32_ne(data)?),
+        _ => return None,
+    })
+}
+
+/// The conntrack states of a `ct state` mask, in nft's words.
+fn ct_states(mask: u32) -> String {
+    [
+        (1, "invalid"),
+        (2, "established"),
+        (4, "related"),
+        (8, "new"),
+    ]
+    .iter()
+    .filter(|(b, _)| mask & b != 0)
+    .map(|(_, w)| *w)
+    .collect::<Vec<_>>()
+    .join(",")
+}
+
+/// A header field compared with a value, a prefix, or a set (`ip daddr != { ... }`).
+fn payload_match(
+    word: String,
+    rest: &[Expr],
+    sets: &[Set],
+    table: &str,
+) -> Option<(String, usize)> {
+    use Expr::*;
+    Some(match rest {
+        [Cmp { op, data, .. }, ..] => (format!("{word} {}{}", neq(*op)?, value(&word, data)?), 2),
+        [Bitwise { mask, .. }, Cmp { op, data, .. }, ..] => (
+            format!("{word} {}{}/{}", neq(*op)?, addr(data)?, prefix_len(mask)),
+            3,
+        ),
+        [Lookup { set, invert, .. }, ..] => {
+            let s = sets.iter().find(|s| s.table == table && &s.name == set)?;
+            let items = set_items(s, &word)?;
+            let n = if *invert { "!= " } else { "" };
+            (format!("{word} {n}{{ {} }}", items.join(", ")), 2)
         }
         _ => return None,
     })
