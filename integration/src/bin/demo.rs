@@ -46,12 +46,34 @@ fn ok(r: &Run, what: &str) -> Res<()> {
     }
 }
 
+/// Pods ADDed on a node: their spec, namespace and ADD result.
+type Pods = Vec<(DemoPod, TestNetns, serde_json::Value)>;
+
 fn run() -> Res<bool> {
     require_cni_tools();
     let bins: PathBuf = product_bin_dir()?;
     let mut node = Node::new(NodeOptions::new(bins.clone()))?;
-    let mut all_ok = true;
+    let mut all_ok = install(&mut node, &bins)?;
+    let _world = Probe::world(node.ns.path())?;
+    let (mut pods, added_ok) = add_pods(&node)?;
+    all_ok &= added_ok;
+    let table = connections(&node, &pods, &mut all_ok)?;
+    print_ruleset_and_table(&node, &pods, &table)?;
+    all_ok &= repair_then_add(&node, &mut pods)?;
+    all_ok &= del_and_uninstall(&mut node, &pods)?;
+    println!(
+        "\n{}",
+        if all_ok {
+            "all pods got the rules Istio gives them, and every connection landed where Istio sends it"
+        } else {
+            "SOMETHING DID NOT GO AS EXPECTED (see MISMATCH / FAILED above)"
+        }
+    );
+    Ok(all_ok)
+}
 
+/// The node, then install-cni started on it and ready.
+fn install(node: &mut Node, bins: &std::path::Path) -> Res<bool> {
     println!("== node");
     println!(
         "namespace {} (the host), layout under {}",
@@ -59,7 +81,6 @@ fn run() -> Res<bool> {
         node.root.display()
     );
     println!("primary CNI conflist: {}", node.chain().join(" -> "));
-
     node.start_daemon()?;
     println!(
         "\n== install-cni (pid {}, from {}) is ready",
@@ -74,14 +95,17 @@ fn run() -> Res<bool> {
             .join(", "),
         node.run_dir.display()
     );
+    Ok(node.chain().iter().any(|t| t == "istio-cni"))
+}
 
-    // ADD every pod through the full chain, as kubelet would.
+/// ADDs every demo pod through the full chain, as kubelet would, and CHECKs it.
+fn add_pods(node: &Node) -> Res<(Pods, bool)> {
     println!("\n== cnitool add (bridge + host-local, portmap, istio-cni; CNI_ARGS K8S_POD_*)");
     println!(
         "{:<26} {:<33} {:>9}  {:<6} check",
         "pod", "kind", "ADD", "rules"
     );
-    let _world = Probe::world(node.ns.path())?;
+    let mut all_ok = true;
     let mut pods = Vec::new();
     for (i, kind) in PodKind::ALL.into_iter().enumerate() {
         let name = match kind {
@@ -108,16 +132,22 @@ fn run() -> Res<bool> {
         );
         pods.push((spec, ns, add.json()));
     }
+    Ok((pods, all_ok))
+}
 
-    // Connections: every pod runs a stand-in sidecar (Envoy's ports) and app (8080); the
-    // node runs the "world" servers.
+/// One row per connection: pod, what, where it landed, where it should have, whether it did.
+type Row = (String, String, String, String, bool);
+
+/// Real connections: every pod runs a stand-in sidecar (Envoy's ports) and app (8080); the
+/// node runs the "world" servers.
+fn connections(node: &Node, pods: &Pods, all_ok: &mut bool) -> Res<Vec<Row>> {
     let mut table = Vec::new();
-    for (spec, ns, result) in &pods {
+    for (spec, ns, result) in pods {
         let _sidecar = Probe::sidecar(ns.path())?;
         for e in expectations(spec.kind, &node.addrs(result)) {
             let out = node.probe(ns, &e);
             let good = e.matches(&out);
-            all_ok &= good;
+            *all_ok &= good;
             let landed = match out.landed() {
                 Some(l) => format!("{}:{}", l.probe, l.port),
                 None => out.to_string(),
@@ -126,7 +156,10 @@ fn run() -> Res<bool> {
             table.push((spec.name.clone(), e.what, landed, expected, good));
         }
     }
+    Ok(table)
+}
 
+fn print_ruleset_and_table(node: &Node, pods: &Pods, table: &[Row]) -> Res<()> {
     let (sidecar, sidecar_ns, result) = &pods[0];
     println!(
         "\n== nft list ruleset in {}/{} (nsenter --net={} nft list ruleset)\n",
@@ -147,14 +180,17 @@ fn run() -> Res<bool> {
         "{:<16} {:<36} {:<12} {:<12}",
         "pod", "connection", "landed on", "expected"
     );
-    for (pod, what, landed, expected, good) in &table {
+    for (pod, what, landed, expected, good) in table {
         println!(
             "{pod:<16} {what:<36} {landed:<12} {expected:<12}{}",
             if *good { "" } else { " MISMATCH" }
         );
     }
+    Ok(())
+}
 
-    // The primary CNI rewrites its conflist; the daemon repairs it before the next ADD.
+/// The primary CNI rewrites its conflist; the daemon repairs it before the next ADD.
+fn repair_then_add(node: &Node, pods: &mut Pods) -> Res<bool> {
     let took = node.primary_rewrites_conflist()?;
     let spec = DemoPod::new(PodKind::Sidecar, "reviews-v1");
     node.serve(&spec);
@@ -162,7 +198,6 @@ fn run() -> Res<bool> {
     let add = node.add(&late, &spec);
     ok(&add, "ADD after the repair")?;
     let captured = rules(&late).contains("istio-proxy-");
-    all_ok &= captured;
     println!(
         "\n== the primary CNI rewrote {} without istio-cni: repaired in {:.2} ms; next pod ADDed in {}, {}",
         node.conflist().display(),
@@ -171,14 +206,16 @@ fn run() -> Res<bool> {
         if captured { "captured" } else { "NOT CAPTURED" }
     );
     pods.push((spec, late, add.json()));
+    Ok(captured)
+}
 
-    // DEL and uninstall.
+/// DEL of every pod, then SIGTERM: the install goes (no DaemonSet: an uninstall).
+fn del_and_uninstall(node: &mut Node, pods: &Pods) -> Res<bool> {
     let mut left = 0;
-    for (spec, ns, _) in &pods {
+    for (spec, ns, _) in pods {
         ok(&node.del(ns, spec), "DEL")?;
         left += usize::from(rules(ns).contains("istio-proxy-"));
     }
-    all_ok &= left == 0;
     println!(
         "== cnitool del of {} pods: {} with rules left",
         pods.len(),
@@ -188,20 +225,11 @@ fn run() -> Res<bool> {
     let removed = !node.chain().iter().any(|t| t == "istio-cni")
         && !node.bin_dir.join("istio-cni").exists()
         && !node.run_dir.join("istio-cni-kubeconfig").exists();
-    all_ok &= status.success() && removed;
     println!(
         "== SIGTERM to install-cni: exit {}, conflist back to {}, binaries and kubeconfig {}",
         status.code().unwrap_or(-1),
         node.chain().join(" -> "),
         if removed { "removed" } else { "LEFT BEHIND" }
     );
-    println!(
-        "\n{}",
-        if all_ok {
-            "all pods got the rules Istio gives them, and every connection landed where Istio sends it"
-        } else {
-            "SOMETHING DID NOT GO AS EXPECTED (see MISMATCH / FAILED above)"
-        }
-    );
-    Ok(all_ok)
+    Ok(left == 0 && status.success() && removed)
 }
