@@ -39,7 +39,7 @@
 //! 4. complete.
 //!
 //! [`check`] reports 2 as drift (`IPv6 nat ISTIO_…: missing chain`), `redirect::check` also 3
-//! (`nft_backend::routes::drift`: `::6`, TPROXY's rule and route), and the next apply repairs
+//! (`pod_routes::drift`: `::6`, TPROXY's rule and route), and the next apply repairs
 //! both (it removes what is there and re-creates everything; routes already there are kept). A kill of the restore child itself (e.g.
 //! the whole cgroup) can also stop between two tables of one family (TPROXY plans use
 //! `mangle` and `nat`): our chains then exist in one table only, which [`check`] reports and
@@ -85,7 +85,7 @@ pub enum LegacyError {
     LeftBehind { family: &'static str, rules: String },
     /// TPROXY policy routing or the IPv6 inbound passthrough address (shared with nft).
     #[error(transparent)]
-    Routes(#[from] nft_backend::routes::RouteError),
+    Routes(#[from] pod_routes::RouteError),
 }
 
 /// Programs `plan` into the current network namespace with iptables-legacy-restore.
@@ -101,7 +101,7 @@ pub fn apply(plan: &Plan, held: &NsLock) -> Result<(), LegacyError> {
 /// checked with `--test`; only then are the families committed. A kernel-side refusal while
 /// committing (e.g. a missing module) cannot be caught by `--test`: if IPv6 fails after IPv4
 /// was committed, our IPv4 rules are removed again so the pod is never half-programmed.
-/// Finally the plan's routes/addresses are installed (`nft_backend::routes::apply`).
+/// Finally the plan's routes/addresses are installed (`pod_routes::apply`).
 pub fn apply_with(plan: &Plan, held: &NsLock, tools: &Tools) -> Result<(), LegacyError> {
     let mut inputs: Vec<(Fam, String)> = Vec::new();
     for fam in [Fam::V4, Fam::V6] {
@@ -148,7 +148,7 @@ pub fn apply_with(plan: &Plan, held: &NsLock, tools: &Tools) -> Result<(), Legac
     // What the plan needs beyond netfilter (TPROXY's `fwmark → local table` routes, ::6 on
     // lo), the same code the nft backend uses. On failure our rules go again, as in nft:
     // TPROXY rules without their routes would black-hole inbound traffic.
-    if let Err(e) = nft_backend::routes::apply(plan) {
+    if let Err(e) = pod_routes::apply(plan) {
         let _ = cleanup_with(held, tools);
         return Err(e.into());
     }

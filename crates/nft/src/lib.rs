@@ -13,7 +13,6 @@ mod check;
 pub mod expr;
 mod model;
 pub mod netlink;
-pub mod routes;
 
 use capture::{Plan, Table};
 use mnl_impl as _; // links our Rust libmnl (mnl_* for libnftnl.a and the mnl crate)
@@ -45,7 +44,7 @@ pub enum NftError {
     #[error("this kernel has no nf_tables support (netlink: {0})")]
     Unsupported(io::Error),
     #[error("policy routing for TPROXY: {0}")]
-    Routes(#[from] routes::RouteError),
+    Routes(#[from] pod_routes::RouteError),
 }
 
 fn io_err(context: &'static str) -> impl FnOnce(io::Error) -> NftError {
@@ -106,7 +105,7 @@ fn apply_inner(plan: &Plan, poison: bool) -> Result<ApplyReport, NftError> {
     }
     let messages = built.descriptions.count;
     drop(sock);
-    if let Err(e) = routes::apply(plan) {
+    if let Err(e) = pod_routes::apply(plan) {
         let _ = cleanup();
         return Err(e.into());
     }
@@ -149,7 +148,7 @@ pub fn cleanup_ambient() -> Result<bool, NftError> {
         .ok()
         .and_then(|p| p.tproxy_routes)
     {
-        routes::remove(&r)?;
+        pod_routes::remove(&r)?;
     }
     Ok(existed)
 }

@@ -241,7 +241,7 @@ pub fn check_until(
             Backend::Nft => nft_backend::check(plan)?,
             Backend::IptablesLegacy => iptables_legacy::check(plan)?,
         };
-        drift.extend(nft_backend::routes::drift(plan).map_err(nft_backend::NftError::from)?);
+        drift.extend(pod_routes::drift(plan).map_err(nft_backend::NftError::from)?);
         Ok(drift)
     })
 }

@@ -250,7 +250,7 @@ impl Step<'_> {
             Backend::Nft => nft_backend::check(plan)?,
             Backend::IptablesLegacy => iptables_legacy::check_with(plan, &self.opts.legacy_tools)?,
         };
-        drift.extend(nft_backend::routes::drift(plan).map_err(nft_backend::NftError::from)?);
+        drift.extend(pod_routes::drift(plan).map_err(nft_backend::NftError::from)?);
         Ok(drift)
     }
 

@@ -1,9 +1,11 @@
-//! TPROXY's policy routing, over rtnetlink (no `ip` binary): `ip rule add fwmark M lookup T`,
+//! A pod's policy routing, shared by both rule backends (the nft batch and the iptables-legacy
+//! restore both need it): TPROXY's, over rtnetlink (no `ip` binary): `ip rule add fwmark M lookup T`,
 //! `ip route add local default dev lo table T` (v4, and v6 with IPv6), and `::6/128` on lo so
 //! Envoy can bind the IPv6 inbound passthrough source. All of it tolerates "already exists",
 //! so re-applying is harmless.
 
 use capture::Plan;
+use mnl_impl as _; // links our Rust libmnl (mnl_* for the mnl crate)
 use std::io;
 
 #[derive(Debug, thiserror::Error)]
