@@ -54,7 +54,7 @@ AMBIENT_ENV = {
 # The socket the node agent serves for ztunnel (Istio's default; ztunnel's chart mounts the same
 # host directory).
 ZTUNNEL_UDS = "/var/run/ztunnel/ztunnel.sock"
-# Plugin self-bypass prefix (crates/cni-plugin/src/pod.rs SELF_POD_PREFIX).
+# Plugin self-bypass prefix (crates/pod-policy/src/bypass.rs SELF_POD_PREFIX).
 SELF_POD_PREFIX = "istio-cni-node-"
 
 # Variants rendered besides the defaults: name -> (values, expectations).
