@@ -189,13 +189,7 @@ impl FakeKube {
 
     /// The stored pod `namespace/name` (with the patches applied to it).
     pub fn pod(&self, ns: &str, name: &str) -> Option<Value> {
-        self.inner
-            .pods
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|p| p["metadata"]["namespace"] == ns && p["metadata"]["name"] == name)
-            .cloned()
+        server::find(&self.inner, ns, name)
     }
 
     /// Sends a raw line (not recorded) to every open watch.

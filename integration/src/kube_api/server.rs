@@ -154,7 +154,7 @@ pub(super) fn serve(mut conn: TcpStream, inner: &Inner) {
     }
 }
 
-fn find(inner: &Inner, ns: &str, name: &str) -> Option<Value> {
+pub(super) fn find(inner: &Inner, ns: &str, name: &str) -> Option<Value> {
     inner
         .pods
         .lock()
