@@ -22,6 +22,10 @@ PKGS=(
   binutils file
   # host tools the tests drive
   nftables iptables iproute2 util-linux containernetworking-plugins
+  # ambient's legacy host probe rule keeps Istio's ipsets (istio-inpod-probes-v4/v6)
+  ipset
+  # libmnl's shared object: the differential test compares crates/mnl-impl with it
+  libmnl0
   # cnitool from Debian's source package, offline
   golang-go golang-github-appc-cni-dev
   # test harness helpers

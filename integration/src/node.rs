@@ -42,6 +42,8 @@ pub const GATEWAY_V6: &str = "fd00:88::1";
 /// The product's binaries a node gets.
 pub const BINARIES: [&str; 3] = ["istio-cni", "install-cni", "istio-nftables"];
 /// Bound on every wait in this harness.
+/// The node's name: the demo pods' `spec.nodeName`, what the daemon's pod watch selects.
+pub const NODE_NAME: &str = "worker-1";
 pub const WAIT: Duration = Duration::from_secs(20);
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
@@ -226,6 +228,7 @@ impl Node {
             ("LISTEN_ADDRESS", "127.0.0.1".into()),
             ("EXCLUDE_NAMESPACES", "kube-system".into()),
             ("POD_NAMESPACE", "istio-system".into()),
+            ("KUBERNETES_NODE_NAME", NODE_NAME.into()),
             ("REDIRECT_BACKEND", self.opts.backend.clone()),
             ("PLUGIN_LOG_LEVEL", self.opts.plugin_log_level.clone()),
             ("LOG_LEVEL", "info".into()),

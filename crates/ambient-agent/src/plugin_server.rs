@@ -8,17 +8,14 @@
 
 use crate::agent::Agent;
 use cni_config::ambient::{AddPodRequest, CMD_ADD_PATH, CMD_DEL_PATH, DelPodRequest};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::{Bytes, Incoming};
-use hyper::{Request, Response, StatusCode};
 use k8s_openapi::api::core::v1::Pod;
 use node_view::cache::PodCache;
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::UnixListener;
+use uds_http::server::{Reply, reply};
+use uds_http::{Method, StatusCode};
 
 /// A plugin event is a few hundred bytes.
 const MAX_BODY: usize = 64 * 1024;
@@ -30,14 +27,6 @@ pub struct Handler {
     pods: PodCache,
     client: kube::Client,
     proc_root: PathBuf,
-}
-
-type Reply = Response<Full<Bytes>>;
-
-fn reply(status: StatusCode, text: impl Into<String>) -> Reply {
-    let mut r = Response::new(Full::new(Bytes::from(text.into())));
-    *r.status_mut() = status;
-    r
 }
 
 impl Handler {
@@ -55,15 +44,12 @@ impl Handler {
         })
     }
 
-    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Reply {
+    async fn handle(self: Arc<Self>, req: uds_http::server::Request) -> Reply {
         let path = req.uri().path().to_string();
-        if req.method() != hyper::Method::POST {
+        if req.method() != Method::POST {
             return reply(StatusCode::METHOD_NOT_ALLOWED, "POST only");
         }
-        let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-            Ok(b) => b.to_bytes(),
-            Err(e) => return reply(StatusCode::BAD_REQUEST, format!("reading the body: {e}")),
-        };
+        let body = req.into_body();
         // Own task: finishes (or rolls back) even if the plugin hangs up.
         let task = tokio::spawn(async move {
             match path.as_str() {
@@ -187,50 +173,16 @@ pub struct ServerError {
 /// Binds the socket (replacing a stale one; never following a planted symlink) and serves.
 pub fn start(run_dir: &Path, handler: Arc<Handler>) -> Result<(), ServerError> {
     let path = run_dir.join(cni_config::ambient::PLUGIN_EVENT_SOCKET);
-    let err = |source| ServerError {
+    let listener = uds_http::server::bind(&path).map_err(|source| ServerError {
         path: path.clone(),
         source,
-    };
-    match std::fs::symlink_metadata(&path) {
-        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(&path).map_err(err)?,
-        Ok(_) => {
-            return Err(err(std::io::Error::other(
-                "exists and is not a socket; refusing to replace it",
-            )));
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(err(e)),
-    }
-    let listener = UnixListener::bind(&path).map_err(err)?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    })?;
     tracing::info!(socket = %path.display(), "plugin event socket listening");
-    tokio::spawn(serve(listener, handler));
+    tokio::spawn(uds_http::server::serve(
+        listener,
+        "plugin events",
+        MAX_BODY,
+        move |req| handler.clone().handle(req),
+    ));
     Ok(())
-}
-
-async fn serve(listener: UnixListener, handler: Arc<Handler>) {
-    loop {
-        let stream = match listener.accept().await {
-            Ok((s, _)) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "plugin event socket: accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let h = handler.clone();
-        tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req| {
-                let h = h.clone();
-                async move { Ok::<_, std::convert::Infallible>(h.handle(req).await) }
-            });
-            let io = hyper_util::rt::TokioIo::new(stream);
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, svc)
-                .await
-            {
-                tracing::debug!(error = %e, "plugin event connection ended");
-            }
-        });
-    }
 }

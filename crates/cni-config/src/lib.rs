@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 pub mod ambient;
+pub mod lookup;
 pub mod ready;
 
 /// Plugin type and name as installed.
@@ -104,6 +105,11 @@ impl PluginSettings {
 
     pub fn run_dir(&self) -> &std::path::Path {
         std::path::Path::new(&self.cni_agent_run_dir)
+    }
+
+    /// The node daemon's pod lookup socket.
+    pub fn pod_lookup_socket(&self) -> std::path::PathBuf {
+        self.run_dir().join(lookup::POD_LOOKUP_SOCKET)
     }
 
     /// The node agent's socket for plugin events.

@@ -2,10 +2,10 @@
 //! one HTTP/1.1 POST over a unix socket, as Istio's plugin does, bounded by one timeout.
 
 use cni_config::ambient::{AddPodRequest, CMD_ADD_PATH, CMD_DEL_PATH, DelPodRequest};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use uds_http::Method;
+use uds_http::client::ClientError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -52,62 +52,22 @@ pub fn del(socket: &Path, req: &DelPodRequest, timeout: Duration) -> Result<(), 
 }
 
 fn post(socket: &Path, path: &str, body: Vec<u8>, timeout: Duration) -> Result<(), AgentError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| AgentError::Protocol {
-            socket: socket.to_path_buf(),
-            reason: format!("starting the async runtime: {e}"),
-        })?;
-    let outcome =
-        rt.block_on(async { tokio::time::timeout(timeout, post_async(socket, path, body)).await });
-    match outcome {
-        Ok(r) => r,
-        Err(_) => Err(AgentError::Timeout {
-            socket: socket.to_path_buf(),
-            after: timeout,
-        }),
-    }
-}
-
-async fn post_async(socket: &Path, path: &str, body: Vec<u8>) -> Result<(), AgentError> {
-    let protocol = |reason: String| AgentError::Protocol {
-        socket: socket.to_path_buf(),
-        reason,
-    };
-    let stream = tokio::net::UnixStream::connect(socket)
-        .await
-        .map_err(|source| AgentError::Unreachable {
-            socket: socket.to_path_buf(),
-            source,
-        })?;
-    let io = hyper_util::rt::TokioIo::new(stream);
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
-        .await
-        .map_err(|e| protocol(e.to_string()))?;
-    tokio::spawn(conn);
-    let request = hyper::Request::post(path)
-        .header(hyper::header::HOST, "istio-cni-agent")
-        .header(hyper::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .map_err(|e| protocol(e.to_string()))?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| protocol(e.to_string()))?;
-    let status = response.status().as_u16();
-    let text = response
-        .into_body()
-        .collect()
-        .await
-        .map(|b| String::from_utf8_lossy(&b.to_bytes()).trim().to_string())
-        .unwrap_or_default();
-    if status == 200 {
+    let answer = uds_http::client::request(socket, Method::POST, path, body, timeout).map_err(
+        |e| match e {
+            ClientError::Unreachable { socket, source } => {
+                AgentError::Unreachable { socket, source }
+            }
+            ClientError::Timeout { socket, after } => AgentError::Timeout { socket, after },
+            ClientError::Protocol { socket, reason } => AgentError::Protocol { socket, reason },
+        },
+    )?;
+    if answer.status == 200 {
         return Ok(());
     }
+    let text = answer.text();
     Err(AgentError::Refused {
         socket: socket.to_path_buf(),
-        status,
+        status: answer.status,
         reason: if text.is_empty() {
             "no reason given".into()
         } else {

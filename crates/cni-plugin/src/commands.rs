@@ -2,16 +2,18 @@
 
 use crate::cni::{self, CniEnv, CniError, ErrorCode};
 use crate::k8s::{self, LookupError};
-use crate::settings::{K8sArgs, NetConf, parse_cni_args};
+use crate::node_cache;
+use crate::settings::{K8sArgs, LookupSettings, NetConf, parse_cni_args};
 use capture::{Facts, Plan};
 use cni_config::ambient::{AddPodRequest, DelPodRequest};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use pod_policy::{Decision, PodConfig};
 use redirect::RedirectError;
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What ADD does before touching the API server (pure; §4.3 steps 3 and 5).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,18 +57,7 @@ fn pod_action(conf: &NetConf, env: &CniEnv, args: &K8sArgs) -> Result<PodAction,
         tracing::info!(%reason, "passing through, no rules");
         return Ok(PodAction::PassThrough);
     }
-    let kubeconfig = conf.settings.kubeconfig_path();
-    let (ns, name) = (&args.pod_namespace, &args.pod_name);
-    let (pod, namespace_labels) = if conf.settings.ambient_enabled {
-        // Fail closed: a namespace we cannot read may be the one that enrolls the pod.
-        let (pod, namespace) = k8s::get_pod_and_namespace(&kubeconfig, ns, name, conf.lookup)
-            .map_err(|e| lookup_error(e, args))?;
-        (pod, namespace.metadata.labels.unwrap_or_default())
-    } else {
-        let pod =
-            k8s::get_pod(&kubeconfig, ns, name, conf.lookup).map_err(|e| lookup_error(e, args))?;
-        (pod, Default::default())
-    };
+    let (pod, namespace_labels) = lookup(conf, args)?;
     let decision =
         pod_policy::decide(&pod, &namespace_labels, &conf.settings.policy()).map_err(|e| {
             CniError::new(
@@ -107,6 +98,50 @@ fn sidecar_plan(pc: &PodConfig, env: &CniEnv, args: &K8sArgs) -> Result<Plan, Cn
     })?;
     tracing::debug!(config = ?pc.config, "redirect config");
     Ok(plan)
+}
+
+/// The pod (and in ambient mode its namespace's labels): from the node daemon's caches, else
+/// from the API server within what is left of the deadline. Both give the API server's JSON,
+/// so the decision cannot depend on the path.
+fn lookup(conf: &NetConf, args: &K8sArgs) -> Result<(Pod, BTreeMap<String, String>), CniError> {
+    let started = Instant::now();
+    let ambient = conf.settings.ambient_enabled;
+    let socket = conf.settings.pod_lookup_socket();
+    let (pod, namespace) = match node_cache::ask(&socket, args, ambient, conf.lookup.deadline) {
+        Ok(found) => {
+            tracing::debug!(elapsed = ?started.elapsed(), "pod from the node daemon's cache");
+            found
+        }
+        Err(miss) => {
+            tracing::info!(%miss, "pod not from the node daemon; asking the API server");
+            let mut lookup = conf.lookup;
+            lookup.deadline = lookup.deadline.saturating_sub(started.elapsed());
+            api_lookup(conf, args, lookup)?
+        }
+    };
+    // Fail closed: a namespace we cannot read may be the one that enrolls the pod.
+    let labels = namespace
+        .and_then(|n| n.metadata.labels)
+        .unwrap_or_default();
+    Ok((pod, labels))
+}
+
+fn api_lookup(
+    conf: &NetConf,
+    args: &K8sArgs,
+    lookup: LookupSettings,
+) -> Result<(Pod, Option<Namespace>), CniError> {
+    let kubeconfig = conf.settings.kubeconfig_path();
+    let (ns, name) = (&args.pod_namespace, &args.pod_name);
+    if conf.settings.ambient_enabled {
+        k8s::get_pod_and_namespace(&kubeconfig, ns, name, lookup)
+            .map(|(p, n)| (p, Some(n)))
+            .map_err(|e| lookup_error(e, args))
+    } else {
+        k8s::get_pod(&kubeconfig, ns, name, lookup)
+            .map(|p| (p, None))
+            .map_err(|e| lookup_error(e, args))
+    }
 }
 
 fn lookup_error(e: LookupError, args: &K8sArgs) -> CniError {

@@ -9,6 +9,7 @@ pub mod cni;
 pub mod commands;
 pub mod k8s;
 pub mod logging;
+pub mod node_cache;
 pub mod settings;
 
 use cni::{CniEnv, CniError, Command, ErrorCode, LATEST_VERSION};

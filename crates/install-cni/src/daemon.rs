@@ -173,6 +173,13 @@ fn start_pod_consumers(
             guardian::reconcile::Settings::new(&cfg.reconcile, node, repair, namespaces.as_ref());
         guardian::reconcile::start(settings, metrics.reconcile(), client.clone(), &cache);
     }
+    let caches = node_view::lookup::Caches {
+        pods: cache.clone(),
+        namespaces: namespaces.clone(),
+    };
+    if let Err(e) = node_view::lookup::start(&cfg.installer.run_dir, caches) {
+        tracing::warn!(error = %e, "the plugin looks pods up in the API server itself");
+    }
     if let (true, Some(ns)) = (cfg.ambient.enabled, &namespaces) {
         let agent_node = ambient_agent::NodeContext {
             policy: cfg.ambient_policy(),

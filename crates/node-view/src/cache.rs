@@ -218,6 +218,34 @@ impl<K: Cached> ObjectCache<K> {
             .cloned()
     }
 
+    /// The object at `namespace/name` that `accept`s, as soon as the cache holds one: at once
+    /// when it does, else when the watch delivers it, or `None` after `wait`.
+    pub async fn wait_for(
+        &self,
+        namespace: &str,
+        name: &str,
+        accept: impl Fn(&K) -> bool,
+        wait: Duration,
+    ) -> Option<Arc<K>> {
+        if let Some(found) = self.get(namespace, name).filter(|o| accept(o)) {
+            return Some(found);
+        }
+        let wanted = format!("{namespace}/{name}");
+        let deadline = Instant::now() + wait;
+        // The subscription replays what is held now: nothing applied between the get above
+        // and this point is missed.
+        let mut events = self.subscribe();
+        loop {
+            match tokio::time::timeout_at(deadline, events.recv()).await {
+                Ok(Some(CacheEvent::Applied(o))) if key(o.as_ref()) == wanted && accept(&o) => {
+                    return Some(o);
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return None,
+            }
+        }
+    }
+
     /// Number of pods known.
     pub fn len(&self) -> usize {
         self.lock().pods.len()

@@ -4,10 +4,12 @@
 //! - [`client`]: how the daemon reaches the API server (in-cluster or `KUBECONFIG`);
 //! - [`cache`]: ONE list + watch of this node's pods (and one of namespaces), with client-go's
 //!   fault handling, fanned out to subscribers (repair, reconcile, the ambient agent);
+//! - [`lookup`]: the plugin's pod lookup (`pods.sock`) answered from those caches;
 //! - [`running`]: a running pod's network namespace, found through the host's /proc by its IP.
 
 pub mod cache;
 pub mod client;
+pub mod lookup;
 pub mod running;
 
 pub use cache::{CacheEvent, NamespaceCache, PodCache, PodEvent, Subscription};

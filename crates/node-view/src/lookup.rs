@@ -1,0 +1,118 @@
+//! `<run_dir>/pods.sock`: the plugin's pod lookup answered from the node's caches (contract in
+//! [`cni_config::lookup`]). A pod the watch has not delivered yet is waited for, up to the
+//! plugin's `wait_ms` (capped); a miss is 404 and the plugin asks the API server itself.
+
+use crate::cache::{NamespaceCache, PodCache};
+use cni_config::lookup::{POD_LOOKUP_SOCKET, POD_PATH, PodAnswer, PodQuery};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use uds_http::server::{Reply, Request, json, reply};
+use uds_http::{Method, StatusCode};
+
+/// A query is a few hundred bytes and comes in the URL.
+const MAX_BODY: usize = 4096;
+
+#[derive(Debug, thiserror::Error)]
+#[error("pod lookup socket {path}: {source}")]
+pub struct LookupServerError {
+    path: PathBuf,
+    source: std::io::Error,
+}
+
+/// What the server reads: the node's pods and, when the daemon watches them, the namespaces.
+#[derive(Clone)]
+pub struct Caches {
+    pub pods: PodCache,
+    pub namespaces: Option<NamespaceCache>,
+}
+
+/// Binds the socket (root only; a planted file is refused) and serves until the runtime ends.
+pub fn start(run_dir: &Path, caches: Caches) -> Result<(), LookupServerError> {
+    let path = run_dir.join(POD_LOOKUP_SOCKET);
+    let listener = uds_http::server::bind(&path).map_err(|source| LookupServerError {
+        path: path.clone(),
+        source,
+    })?;
+    tracing::info!(socket = %path.display(), namespaces = caches.namespaces.is_some(), "pod lookup socket listening");
+    tokio::spawn(uds_http::server::serve(
+        listener,
+        "pod lookup",
+        MAX_BODY,
+        move |req| answer(caches.clone(), req),
+    ));
+    Ok(())
+}
+
+async fn answer(caches: Caches, req: Request) -> Reply {
+    if req.method() != Method::GET {
+        return reply(StatusCode::METHOD_NOT_ALLOWED, "GET only");
+    }
+    if req.uri().path() != POD_PATH {
+        return reply(
+            StatusCode::NOT_FOUND,
+            format!("no such path {}", req.uri().path()),
+        );
+    }
+    let query = match PodQuery::from_query(req.uri().query().unwrap_or("")) {
+        Ok(q) => q,
+        Err(e) => return reply(StatusCode::BAD_REQUEST, format!("invalid query: {e}")),
+    };
+    match find(&caches, &query).await {
+        Ok(found) => {
+            let body = PodAnswer {
+                pod: found.pod.as_ref(),
+                namespace: found.namespace.as_deref(),
+            };
+            json(serde_json::to_vec(&body).expect("API objects serialize"))
+        }
+        Err(miss) => {
+            tracing::debug!(pod = %format!("{}/{}", query.namespace, query.name), miss, "pod lookup: not in the caches");
+            reply(StatusCode::NOT_FOUND, miss)
+        }
+    }
+}
+
+type Found = PodAnswer<Arc<Pod>, Arc<Namespace>>;
+
+async fn find(caches: &Caches, q: &PodQuery) -> Result<Found, String> {
+    // A cache that has not listed (the daemon just started, or cannot reach the API server)
+    // is no reason to hold the pod: the plugin asks the API server at once.
+    let wait = if caches.pods.is_synced() {
+        q.wait
+    } else {
+        Duration::ZERO
+    };
+    let deadline = Instant::now() + wait;
+    let same_uid = |p: &Pod| q.uid.is_none() || p.metadata.uid == q.uid;
+    let pod = caches
+        .pods
+        .wait_for(&q.namespace, &q.name, same_uid, wait)
+        .await
+        .ok_or_else(|| {
+            format!(
+                "pod {}/{} is not in this node's pod cache",
+                q.namespace, q.name
+            )
+        })?;
+    if !q.with_namespace {
+        return Ok(PodAnswer {
+            pod,
+            namespace: None,
+        });
+    }
+    let Some(namespaces) = &caches.namespaces else {
+        return Err("this daemon does not watch namespaces".into());
+    };
+    let left = deadline.saturating_duration_since(Instant::now());
+    let namespace = namespaces
+        .wait_for("", &q.namespace, |_| true, left)
+        .await
+        .ok_or_else(|| format!("namespace {} is not in the namespace cache", q.namespace))?;
+    Ok(PodAnswer {
+        pod,
+        namespace: Some(namespace),
+    })
+}

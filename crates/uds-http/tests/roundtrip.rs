@@ -1,0 +1,118 @@
+//! Both halves against each other on a real socket: answers, bounds, and a hostile run dir.
+
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::time::{Duration, Instant};
+use uds_http::client::{ClientError, request};
+use uds_http::server::{self, bind, reply};
+use uds_http::{Method, StatusCode};
+
+/// Serves an echo handler on `path` from a runtime on its own thread.
+fn echo_server(path: std::path::PathBuf) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async move {
+            let listener = bind(&path).unwrap();
+            tx.send(()).unwrap();
+            server::serve(listener, "test", 1024, |req| async move {
+                let text = format!(
+                    "{} {} {}",
+                    req.method(),
+                    req.uri(),
+                    String::from_utf8_lossy(req.body())
+                );
+                reply(StatusCode::OK, text)
+            })
+            .await
+        })
+    });
+    rx.recv().unwrap();
+}
+
+#[test]
+fn a_request_gets_the_handlers_answer_on_a_root_only_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.sock");
+    echo_server(path.clone());
+    let meta = std::fs::symlink_metadata(&path).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let a = request(
+        &path,
+        Method::POST,
+        "/x?a=1",
+        b"hi".to_vec(),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    assert_eq!((a.status, a.text()), (200, "POST /x?a=1 hi".to_string()));
+}
+
+#[test]
+fn a_body_over_the_bound_is_refused_without_the_handler() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.sock");
+    echo_server(path.clone());
+    let a = request(
+        &path,
+        Method::POST,
+        "/",
+        vec![b'x'; 4096],
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    assert_eq!(a.status, 413, "{}", a.text());
+}
+
+#[test]
+fn a_server_that_never_answers_costs_the_timeout_and_no_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hung.sock");
+    // Accepts (the kernel's backlog) but never reads or answers.
+    let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let start = Instant::now();
+    let e = request(&path, Method::GET, "/", vec![], Duration::from_millis(300)).unwrap_err();
+    assert!(matches!(e, ClientError::Timeout { .. }), "{e}");
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn no_socket_is_unreachable_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = request(
+        &dir.path().join("none.sock"),
+        Method::GET,
+        "/",
+        vec![],
+        Duration::from_secs(5),
+    )
+    .unwrap_err();
+    assert!(matches!(e, ClientError::Unreachable { .. }), "{e}");
+}
+
+#[test]
+fn bind_replaces_a_stale_socket_but_never_a_planted_file_or_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _g = rt.enter();
+    let stale = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    bind(&stale).expect("a stale socket is replaced");
+
+    let target = dir.path().join("victim");
+    std::fs::write(&target, "keep").unwrap();
+    let link = dir.path().join("link.sock");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let e = bind(&link).unwrap_err();
+    assert!(e.to_string().contains("not a socket"), "{e}");
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+
+    let file = dir.path().join("file.sock");
+    std::fs::write(&file, "x").unwrap();
+    assert!(bind(&file).is_err());
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "x");
+}

@@ -1,0 +1,179 @@
+//! The plugin's pod lookup without the API server (#22 item 1): with install-cni up, a pod
+//! start costs ZERO API requests (the daemon answers from its pod watch over `pods.sock`);
+//! with the daemon hung (SIGSTOP) or gone (SIGKILL) the plugin asks the API server itself,
+//! within the same deadline, and the pod gets the same rules either way. Real CNI chain
+//! (cnitool, bridge, host-local), real install-cni, the full fake API.
+//!
+//! Needs root, cnitool and the product's binaries; under `CI=true` nothing skips.
+
+use integration::cni::{require_cni_tools, rules};
+use integration::kube_api::Req;
+use integration::node::{GATEWAY_V4, Node, NodeOptions, product_bin_dir};
+use integration::pods::{DemoPod, PodKind};
+use integration::{ConnectSpec, Probe, TestNetns};
+use std::time::{Duration, Instant};
+
+fn node() -> Node {
+    require_cni_tools();
+    let mut opts = NodeOptions::new(product_bin_dir().unwrap());
+    opts.full_api = true;
+    opts.plugin_log_level = "debug".into();
+    let mut node = Node::new(opts).unwrap();
+    node.start_daemon().unwrap();
+    node
+}
+
+fn pod_gets(node: &Node, pod: &DemoPod) -> Vec<Req> {
+    let path = format!("/api/v1/namespaces/{}/pods/{}", pod.namespace, pod.name);
+    let kube = node.kube.as_ref().expect("full API");
+    kube.requests()
+        .into_iter()
+        .filter(|r| r.method == "GET" && r.path == path)
+        .collect()
+}
+
+/// ADDs the pod; its namespace and how long the ADD took.
+fn add(node: &Node, pod: &DemoPod) -> (TestNetns, Duration) {
+    let ns = TestNetns::with_prefix("lookup").unwrap();
+    let start = Instant::now();
+    node.add(&ns, pod).assert_ok();
+    (ns, start.elapsed())
+}
+
+/// The pod's rules with its own addresses taken out (they differ per pod; nothing else may).
+fn rules_of(ns: &TestNetns) -> String {
+    let text = rules(ns);
+    let addrs = ns
+        .exec_ok("ip", &["-o", "addr", "show", "dev", "eth0"])
+        .unwrap();
+    let mut out = text;
+    for word in addrs.split_whitespace() {
+        if let Some((ip, _)) = word.split_once('/')
+            && ip.parse::<std::net::IpAddr>().is_ok()
+        {
+            out = out.replace(ip, "<pod-ip>");
+        }
+    }
+    out
+}
+
+fn signal(node: &Node, sig: libc::c_int) {
+    let pid = node.daemon().pid() as libc::pid_t;
+    assert_eq!(
+        unsafe { libc::kill(pid, sig) },
+        0,
+        "signal {sig} to the daemon"
+    );
+}
+
+#[test]
+fn a_pod_start_asks_the_daemon_not_the_api_server_and_falls_back_when_it_cannot_answer() {
+    let mut node = node();
+    let _world = Probe::world(node.ns.path()).unwrap();
+
+    // Daemon up: no pod GET, and the pod is captured (a real connection lands on Envoy).
+    let cached = DemoPod::new(PodKind::Sidecar, "from-cache");
+    node.serve(&cached);
+    let (cached_ns, _) = add(&node, &cached);
+    assert!(pod_gets(&node, &cached).is_empty(), "{}", node.plugin_log());
+    assert!(
+        node.plugin_log()
+            .contains("pod from the node daemon's cache"),
+        "{}",
+        node.plugin_log()
+    );
+    let _sidecar = Probe::sidecar(cached_ns.path()).unwrap();
+    let world = ConnectSpec::new(GATEWAY_V4.parse().unwrap(), 80);
+    let out = integration::connect(cached_ns.path(), &world);
+    assert_eq!(
+        out.landed_port(),
+        Some(15001),
+        "outbound did not reach Envoy: {out}"
+    );
+
+    // A pod the daemon's watch delivers only after the ADD began: the daemon waits for it.
+    let late = DemoPod::new(PodKind::Sidecar, "late");
+    let late_ns = TestNetns::with_prefix("lookup").unwrap();
+    std::thread::scope(|s| {
+        let adding = s.spawn(|| node.add(&late_ns, &late));
+        std::thread::sleep(Duration::from_millis(150));
+        node.serve(&late);
+        adding.join().unwrap().assert_ok();
+    });
+    assert!(
+        pod_gets(&node, &late).is_empty(),
+        "{:?}",
+        pod_gets(&node, &late)
+    );
+    assert_eq!(rules_of(&late_ns), rules_of(&cached_ns));
+
+    // Daemon hung: the plugin gives it its share of the deadline, then asks the API server.
+    signal(&node, libc::SIGSTOP);
+    let hung = DemoPod::new(PodKind::Sidecar, "daemon-hung");
+    node.serve(&hung);
+    let (hung_ns, took) = add(&node, &hung);
+    signal(&node, libc::SIGCONT);
+    assert_eq!(
+        pod_gets(&node, &hung).len(),
+        1,
+        "one GET when the daemon hangs"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "the hung daemon held the ADD {took:?}"
+    );
+    assert_eq!(
+        rules_of(&hung_ns),
+        rules_of(&cached_ns),
+        "same pod JSON, same rules"
+    );
+
+    // Daemon gone (its socket left behind): one GET at once.
+    signal(&node, libc::SIGKILL);
+    let gone = DemoPod::new(PodKind::Sidecar, "daemon-gone");
+    node.serve(&gone);
+    let (gone_ns, _) = add(&node, &gone);
+    assert_eq!(
+        pod_gets(&node, &gone).len(),
+        1,
+        "one GET when the daemon is gone"
+    );
+    assert_eq!(rules_of(&gone_ns), rules_of(&cached_ns));
+    let _ = node.stop_daemon();
+}
+
+/// Ambient: the plugin needs the pod AND its namespace (the enablement selectors); both come
+/// from the daemon's watches, and the agent finds the pod in the same cache: no GET at all.
+#[test]
+fn ambient_pod_starts_make_no_api_request() {
+    use integration::ambient::{AmbientNode, AmbientOptions, Mode, PodPlan};
+    require_cni_tools();
+    let Some(zt) = integration::ztunnel::ztunnel_binary() else {
+        return;
+    };
+    let plans = [
+        PodPlan::new("a", [10, 88, 1, 20], Mode::Ambient),
+        PodPlan::new("b", [10, 88, 1, 21], Mode::Ambient),
+    ];
+    let n = AmbientNode::start(&zt, &AmbientOptions::default(), &plans).unwrap();
+    let before = n.kube().requests().len();
+    let pods: Vec<_> = plans.iter().map(|p| n.start_pod(p)).collect();
+    for p in &pods {
+        assert!(
+            n.served(p),
+            "{} not handed to ztunnel:\n{}",
+            p.name(),
+            n.logs()
+        );
+    }
+    let gets: Vec<_> = n.kube().requests()[before..]
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.starts_with("/api/v1/namespaces/"))
+        .cloned()
+        .collect();
+    assert!(
+        gets.is_empty(),
+        "pod or namespace GETs during ambient starts: {gets:?}\n{}",
+        n.logs()
+    );
+}
