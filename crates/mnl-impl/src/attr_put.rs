@@ -23,7 +23,7 @@ pub unsafe extern "C" fn mnl_attr_put(
         wr!(
             nlh,
             nlmsg_len,
-            rd!(nlh, nlmsg_len) + mnl_align(attr_len) as u32
+            rd!(nlh, nlmsg_len).wrapping_add(mnl_align(attr_len) as u32)
         );
     }
 }
@@ -70,7 +70,8 @@ pub unsafe extern "C" fn mnl_attr_put_check(
     data: *const c_void,
 ) -> bool {
     unsafe {
-        if rd!(nlh, nlmsg_len) as usize + MNL_ATTR_HDRLEN + mnl_align(len) > buflen {
+        let need = (rd!(nlh, nlmsg_len) as usize).wrapping_add(MNL_ATTR_HDRLEN);
+        if need.wrapping_add(mnl_align(len)) > buflen {
             return false;
         }
         mnl_attr_put(nlh, ty, len, data);
@@ -145,7 +146,11 @@ pub unsafe extern "C" fn mnl_attr_nest_start(nlh: *mut NlMsgHdr, ty: u16) -> *mu
         let start = mnl_nlmsg_get_payload_tail(nlh).cast::<NlAttr>();
         wr!(start, nla_type, NLA_F_NESTED | ty);
         wr!(start, nla_len, 0);
-        wr!(nlh, nlmsg_len, rd!(nlh, nlmsg_len) + MNL_ATTR_HDRLEN as u32);
+        wr!(
+            nlh,
+            nlmsg_len,
+            rd!(nlh, nlmsg_len).wrapping_add(MNL_ATTR_HDRLEN as u32)
+        );
         start
     }
 }
@@ -157,7 +162,7 @@ pub unsafe extern "C" fn mnl_attr_nest_start_check(
     ty: u16,
 ) -> *mut NlAttr {
     unsafe {
-        if rd!(nlh, nlmsg_len) as usize + MNL_ATTR_HDRLEN > buflen {
+        if (rd!(nlh, nlmsg_len) as usize).wrapping_add(MNL_ATTR_HDRLEN) > buflen {
             return ptr::null_mut();
         }
         mnl_attr_nest_start(nlh, ty)
@@ -168,7 +173,7 @@ pub unsafe extern "C" fn mnl_attr_nest_start_check(
 pub unsafe extern "C" fn mnl_attr_nest_end(nlh: *mut NlMsgHdr, start: *mut NlAttr) {
     unsafe {
         let tail = mnl_nlmsg_get_payload_tail(nlh) as usize;
-        wr!(start, nla_len, (tail - start as usize) as u16);
+        wr!(start, nla_len, tail.wrapping_sub(start as usize) as u16);
     }
 }
 
@@ -180,7 +185,7 @@ pub unsafe extern "C" fn mnl_attr_nest_cancel(nlh: *mut NlMsgHdr, start: *mut Nl
         wr!(
             nlh,
             nlmsg_len,
-            rd!(nlh, nlmsg_len) - (tail - start as usize) as u32
+            rd!(nlh, nlmsg_len).wrapping_sub(tail.wrapping_sub(start as usize) as u32)
         );
     }
 }
