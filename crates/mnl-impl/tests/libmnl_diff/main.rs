@@ -308,6 +308,9 @@ pub fn same<T: Debug + PartialEq>(
     let real = run_on(real(), input, &f);
     let ours = run_on(ours(), input, &f);
     if real != ours {
+        if std::env::var_os("MNL_DIFF_VERBOSE").is_some() {
+            eprintln!("libmnl.so.0: {real:#?}\nmnl-impl: {ours:#?}");
+        }
         panic!("{what}: {}", first_difference(&real, &ours));
     }
     real.ret
