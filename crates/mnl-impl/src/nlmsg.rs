@@ -48,10 +48,8 @@ pub unsafe extern "C" fn mnl_nlmsg_get_payload_offset(
     nlh: *const NlMsgHdr,
     offset: size_t,
 ) -> *mut c_void {
-    unsafe {
-        nlh.cast::<u8>()
-            .wrapping_add(MNL_NLMSG_HDRLEN.wrapping_add(mnl_align(offset))) as *mut c_void
-    }
+    nlh.cast::<u8>()
+        .wrapping_add(MNL_NLMSG_HDRLEN.wrapping_add(mnl_align(offset))) as *mut c_void
 }
 
 #[unsafe(no_mangle)]

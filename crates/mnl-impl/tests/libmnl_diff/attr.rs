@@ -109,7 +109,7 @@ pub fn random_attrs(rng: &mut Rng, depth: u32) -> Vec<u8> {
             0 => rng.below(8) as u16,
             1 => rng.below(8) as u16 | 0x8000,
             2 => rng.below(8) as u16 | 0x4000,
-            _ => rng.next() as u16,
+            _ => rng.u64() as u16,
         };
         let mut a = if depth > 0 && rng.chance(25) {
             let inner = random_attrs(rng, depth - 1);

@@ -53,6 +53,7 @@ fn ctl_array(n: usize, mask: u32) -> Vec<MnlCb> {
 }
 
 /// One run over `stream[..numbytes]` on both sides: `None` ctl = `mnl_cb_run`.
+#[allow(clippy::too_many_arguments)]
 fn run(
     what: &str,
     stream: &[u8],
@@ -234,7 +235,7 @@ fn random_msg(rng: &mut Rng) -> Vec<u8> {
     let flags = if rng.chance(8) {
         NLM_F_DUMP_INTR
     } else {
-        rng.next() as u16 & !NLM_F_DUMP_INTR
+        rng.u64() as u16 & !NLM_F_DUMP_INTR
     };
     let (seq, pid) = (rng.below(3) as u32, rng.below(3) as u32);
     let mut m = if ty == NLMSG_ERROR {
@@ -292,7 +293,7 @@ fn random_streams() {
             "random stream {i} ({numbytes} of {stream:02x?}) seq {seq} portid {portid} rets {rets:?}"
         );
         run(&what, &stream, numbytes, seq, portid, &rets, None, true);
-        let ctl = ctl_array(rng.below(20) as usize, rng.next() as u32);
+        let ctl = ctl_array(rng.below(20) as usize, rng.u64() as u32);
         run(
             &format!("{what}, ctl {}", ctl.len()),
             &stream,

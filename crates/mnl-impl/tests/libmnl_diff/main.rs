@@ -114,8 +114,13 @@ macro_rules! api {
                 unsafe {
                     Api {
                         name: "libmnl.so.0",
-                        errno: std::mem::transmute::<*mut c_void, _>(sym(h, "__errno_location")),
-                        $($name: std::mem::transmute::<*mut c_void, _>(sym(h, stringify!($name))),)*
+                        errno: std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> *mut c_int>(
+                            sym(h, "__errno_location"),
+                        ),
+                        $($name: std::mem::transmute::<
+                            *mut c_void,
+                            unsafe extern "C" fn($($arg),*) $(-> $ret)?,
+                        >(sym(h, stringify!($name))),)*
                     }
                 }
             }
@@ -345,7 +350,7 @@ impl Rng {
     pub fn new(seed: u64) -> Rng {
         Rng(seed)
     }
-    pub fn next(&mut self) -> u64 {
+    pub fn u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -354,13 +359,13 @@ impl Rng {
     }
     /// 0..n
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.u64() % n
     }
     pub fn chance(&mut self, percent: u64) -> bool {
         self.below(100) < percent
     }
     pub fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
+        (0..n).map(|_| self.u64() as u8).collect()
     }
 }
 

@@ -40,7 +40,7 @@ enum Op {
 fn random_op(rng: &mut Rng) -> Op {
     let ty = match rng.below(3) {
         0 => rng.below(16) as u16,
-        1 => rng.next() as u16,
+        1 => rng.u64() as u16,
         _ => rng.below(16) as u16 | 0x8000,
     };
     let data = |rng: &mut Rng| {
@@ -56,10 +56,10 @@ fn random_op(rng: &mut Rng) -> Op {
     let slop = |rng: &mut Rng| [-5, -4, -3, -2, -1, 0, 1, 2, 3, 4][rng.below(10) as usize];
     match rng.below(14) {
         0 => Op::Put(ty, data(rng)),
-        1 => Op::U8(ty, rng.next() as u8),
-        2 => Op::U16(ty, rng.next() as u16),
-        3 => Op::U32(ty, rng.next() as u32),
-        4 => Op::U64(ty, rng.next()),
+        1 => Op::U8(ty, rng.u64() as u8),
+        2 => Op::U16(ty, rng.u64() as u16),
+        3 => Op::U32(ty, rng.u64() as u32),
+        4 => Op::U64(ty, rng.u64()),
         5 => Op::Str(ty, cstr(rng)),
         6 => Op::Strz(ty, cstr(rng)),
         7 | 8 => {
