@@ -21,13 +21,21 @@
 //! other RUSTFLAGS (its own target dir) from inside the test: more moving parts for no gain.
 //! A missing `libmnl.so.0` fails the test (never skips): `apt-get install libmnl0`.
 //!
-//! # Deliberate divergence
+//! # Deliberate divergences (each pinned by its own test; everything else is identical)
 //!
-//! libmnl 1.0.4's `mnl_nlmsg_ok` compares `(int)nlh->nlmsg_len <= len`, so a header claiming
-//! 2 GiB or more passes as "fits" (RUSTSEC-2025-0142); mnl-impl says it does not.
-//! `nlmsg::nlmsg_ok_huge_length_is_the_one_divergence` pins exactly that; the random message
-//! streams keep `nlmsg_len` below 2^31 (with libmnl such a message makes `mnl_cb_run` read out
-//! of bounds).
+//! - libmnl 1.0.4's `mnl_nlmsg_ok` compares `(int)nlh->nlmsg_len <= len`, so a header claiming
+//!   2 GiB or more passes as "fits" (RUSTSEC-2025-0142); mnl-impl says it does not
+//!   (`nlmsg::nlmsg_ok_huge_length_is_the_one_divergence`). The random message streams are cut
+//!   before such a header (with libmnl it makes `mnl_cb_run` read out of bounds).
+//! - `mnl_attr_put` leaves the padding after a payload as the buffer had it in libmnl 1.0.4;
+//!   mnl-impl zeroes it (`put::padding_is_zeroed_unlike_libmnl_1_0_4`). The putter comparisons
+//!   zero those padding bytes on both sides after each put and compare everything else.
+//! - `mnl_nlmsg_batch_reset` after an overflow: libmnl 1.0.4 memcpy's the overflowing message to
+//!   the front and reads its length back after the copy overwrote it when the message is longer
+//!   than the batch sent before it (the message is lost); mnl-impl keeps it
+//!   (`batch::reset_carrying_a_longer_message_is_a_divergence`). libnftnl never calls reset.
+//!
+//! Set `MNL_DIFF_VERBOSE=1` to print both sides in full when a comparison fails.
 
 mod attr;
 mod batch;
