@@ -16,7 +16,7 @@ pub unsafe extern "C" fn mnl_attr_ok(attr: *const NlAttr, len: c_int) -> bool {
 pub unsafe extern "C" fn mnl_attr_next(attr: *const NlAttr) -> *mut NlAttr {
     unsafe {
         attr.cast::<u8>()
-            .add(mnl_align(usize::from(rd!(attr, nla_len)))) as *mut NlAttr
+            .wrapping_add(mnl_align(usize::from(rd!(attr, nla_len)))) as *mut NlAttr
     }
 }
 
@@ -98,13 +98,16 @@ pub unsafe extern "C" fn mnl_attr_validate2(
 }
 
 /// Calls `cb` on each attribute of `[start, start+len)` until it returns MNL_CB_STOP or less.
+/// Returns that value, else the last callback's value (libmnl passes e.g. a 2 through), else
+/// MNL_CB_OK.
 unsafe fn parse_range(start: *const u8, len: usize, cb: MnlAttrCb, data: *mut c_void) -> c_int {
     let end = start.wrapping_add(len);
     let mut attr = start.cast::<NlAttr>();
+    let mut ret = MNL_CB_OK;
     unsafe {
-        while mnl_attr_ok(attr, (end as isize - attr as isize) as c_int) {
+        while mnl_attr_ok(attr, (end as isize).wrapping_sub(attr as isize) as c_int) {
             if let Some(f) = cb {
-                let ret = f(attr, data);
+                ret = f(attr, data);
                 if ret <= MNL_CB_STOP {
                     return ret;
                 }
@@ -112,7 +115,7 @@ unsafe fn parse_range(start: *const u8, len: usize, cb: MnlAttrCb, data: *mut c_
             attr = mnl_attr_next(attr);
         }
     }
-    MNL_CB_OK
+    ret
 }
 
 /// Parses the attributes after `offset` bytes (the extra header) of the message payload.

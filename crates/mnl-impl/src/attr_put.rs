@@ -3,6 +3,11 @@
 
 /// Appends an attribute at the message tail: header, `len` bytes of `data`, zeroed padding to
 /// the 4-byte boundary; `nlmsg_len` grows by the aligned attribute size. No bounds check.
+///
+/// As libmnl does, the attribute size is truncated to `nla_len`'s 16 bits, for `nla_len` and for
+/// what `nlmsg_len` grows by, while all `len` bytes are copied. Unlike libmnl 1.0.4 (Debian 12),
+/// the padding is zeroed rather than left as the buffer had it (no stale bytes to the kernel):
+/// the one byte-level difference `tests/libmnl_diff` allows, and pins.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mnl_attr_put(
     nlh: *mut NlMsgHdr,
@@ -12,18 +17,18 @@ pub unsafe extern "C" fn mnl_attr_put(
 ) {
     unsafe {
         let attr = mnl_nlmsg_get_payload_tail(nlh).cast::<NlAttr>();
-        let attr_len = MNL_ATTR_HDRLEN + len;
+        let attr_len = MNL_ATTR_HDRLEN.wrapping_add(len) as u16;
         wr!(attr, nla_type, ty);
-        wr!(attr, nla_len, attr_len as u16);
+        wr!(attr, nla_len, attr_len);
         let payload = mnl_attr_get_payload(attr).cast::<u8>();
         if len > 0 {
             ptr::copy_nonoverlapping(data.cast::<u8>(), payload, len);
         }
-        ptr::write_bytes(payload.add(len), 0, mnl_align(len) - len);
+        ptr::write_bytes(payload.add(len), 0, mnl_align(len).wrapping_sub(len));
         wr!(
             nlh,
             nlmsg_len,
-            rd!(nlh, nlmsg_len) + mnl_align(attr_len) as u32
+            rd!(nlh, nlmsg_len).wrapping_add(mnl_align(usize::from(attr_len)) as u32)
         );
     }
 }
@@ -70,7 +75,8 @@ pub unsafe extern "C" fn mnl_attr_put_check(
     data: *const c_void,
 ) -> bool {
     unsafe {
-        if rd!(nlh, nlmsg_len) as usize + MNL_ATTR_HDRLEN + mnl_align(len) > buflen {
+        let need = (rd!(nlh, nlmsg_len) as usize).wrapping_add(MNL_ATTR_HDRLEN);
+        if need.wrapping_add(mnl_align(len)) > buflen {
             return false;
         }
         mnl_attr_put(nlh, ty, len, data);
@@ -138,14 +144,18 @@ pub unsafe extern "C" fn mnl_attr_put_strz_check(
     unsafe { mnl_attr_put_check(nlh, buflen, ty, libc::strlen(data) + 1, data.cast()) }
 }
 
-/// Opens a nest: an attribute header (type | NLA_F_NESTED) whose length `nest_end` fills in.
+/// Opens a nest: an attribute header (type | NLA_F_NESTED) whose length `nest_end` fills in
+/// (until then `nla_len` keeps whatever the buffer held, as in libmnl).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mnl_attr_nest_start(nlh: *mut NlMsgHdr, ty: u16) -> *mut NlAttr {
     unsafe {
         let start = mnl_nlmsg_get_payload_tail(nlh).cast::<NlAttr>();
         wr!(start, nla_type, NLA_F_NESTED | ty);
-        wr!(start, nla_len, 0);
-        wr!(nlh, nlmsg_len, rd!(nlh, nlmsg_len) + MNL_ATTR_HDRLEN as u32);
+        wr!(
+            nlh,
+            nlmsg_len,
+            rd!(nlh, nlmsg_len).wrapping_add(MNL_ATTR_HDRLEN as u32)
+        );
         start
     }
 }
@@ -157,7 +167,7 @@ pub unsafe extern "C" fn mnl_attr_nest_start_check(
     ty: u16,
 ) -> *mut NlAttr {
     unsafe {
-        if rd!(nlh, nlmsg_len) as usize + MNL_ATTR_HDRLEN > buflen {
+        if (rd!(nlh, nlmsg_len) as usize).wrapping_add(MNL_ATTR_HDRLEN) > buflen {
             return ptr::null_mut();
         }
         mnl_attr_nest_start(nlh, ty)
@@ -168,7 +178,7 @@ pub unsafe extern "C" fn mnl_attr_nest_start_check(
 pub unsafe extern "C" fn mnl_attr_nest_end(nlh: *mut NlMsgHdr, start: *mut NlAttr) {
     unsafe {
         let tail = mnl_nlmsg_get_payload_tail(nlh) as usize;
-        wr!(start, nla_len, (tail - start as usize) as u16);
+        wr!(start, nla_len, tail.wrapping_sub(start as usize) as u16);
     }
 }
 
@@ -180,7 +190,7 @@ pub unsafe extern "C" fn mnl_attr_nest_cancel(nlh: *mut NlMsgHdr, start: *mut Nl
         wr!(
             nlh,
             nlmsg_len,
-            rd!(nlh, nlmsg_len) - (tail - start as usize) as u32
+            rd!(nlh, nlmsg_len).wrapping_sub(tail.wrapping_sub(start as usize) as u32)
         );
     }
 }

@@ -17,6 +17,11 @@
 //! sources are split by libmnl's sections (messages, batches, attributes, callbacks, sockets)
 //! and `include!`d here, so they stay one module.
 //!
+//! Lengths are computed as libmnl's C computes them: unsigned arithmetic wraps (never a Rust
+//! overflow panic, which would abort inside an `extern "C"` function in a debug build), and
+//! values are truncated where C stores them in narrower fields (`nla_len`, `nlmsg_len`).
+//! `tests/libmnl_diff` compares every function with Debian's libmnl.so.0, byte for byte.
+//!
 //! # Safety
 //! Every exported function has the contract of its libmnl namesake: pointers must be valid for
 //! the netlink message / attribute / buffer they designate (a message buffer must be large
@@ -85,9 +90,14 @@ pub const MNL_TYPE_NUL_STRING: c_int = 10;
 pub const MNL_TYPE_BINARY: c_int = 11;
 pub const MNL_TYPE_MAX: c_int = 12;
 
-/// `MNL_ALIGN(len)`
+/// `MNL_ALIGN(len)` (wraps as C's size_t arithmetic does)
 pub const fn mnl_align(len: usize) -> usize {
-    (len + MNL_ALIGNTO - 1) & !(MNL_ALIGNTO - 1)
+    len.wrapping_add(MNL_ALIGNTO - 1) & !(MNL_ALIGNTO - 1)
+}
+
+/// `MNL_ALIGN(nlh->nlmsg_len)`: C aligns a `uint32_t` in 32 bits, so 0xfffffffd.. wrap to 0.
+const fn align_nlmsg_len(len: u32) -> usize {
+    (len.wrapping_add(MNL_ALIGNTO as u32 - 1) & !(MNL_ALIGNTO as u32 - 1)) as usize
 }
 
 /// `mnl_cb_t`

@@ -3,7 +3,7 @@
 
 #[unsafe(no_mangle)]
 pub extern "C" fn mnl_nlmsg_size(len: size_t) -> size_t {
-    len + MNL_NLMSG_HDRLEN
+    len.wrapping_add(MNL_NLMSG_HDRLEN)
 }
 
 #[unsafe(no_mangle)]
@@ -22,18 +22,19 @@ pub unsafe extern "C" fn mnl_nlmsg_put_header(buf: *mut c_void) -> *mut NlMsgHdr
     }
 }
 
-/// Appends `MNL_ALIGN(size)` zeroed bytes (e.g. a `struct nfgenmsg`) and returns them.
+/// Appends `MNL_ALIGN(size)` zeroed bytes (e.g. a `struct nfgenmsg`) and returns them. Like
+/// libmnl, they start right at `nlmsg_len`, aligned or not.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mnl_nlmsg_put_extra_header(
     nlh: *mut NlMsgHdr,
     size: size_t,
 ) -> *mut c_void {
     unsafe {
-        let tail = mnl_nlmsg_get_payload_tail(nlh);
+        let tail = nlh.cast::<u8>().wrapping_add(rd!(nlh, nlmsg_len) as usize);
         let len = mnl_align(size);
-        wr!(nlh, nlmsg_len, rd!(nlh, nlmsg_len) + len as u32);
-        ptr::write_bytes(tail.cast::<u8>(), 0, len);
-        tail
+        wr!(nlh, nlmsg_len, rd!(nlh, nlmsg_len).wrapping_add(len as u32));
+        ptr::write_bytes(tail, 0, len);
+        tail.cast()
     }
 }
 
@@ -47,14 +48,15 @@ pub unsafe extern "C" fn mnl_nlmsg_get_payload_offset(
     nlh: *const NlMsgHdr,
     offset: size_t,
 ) -> *mut c_void {
-    unsafe { nlh.cast::<u8>().add(MNL_NLMSG_HDRLEN + mnl_align(offset)) as *mut c_void }
+    nlh.cast::<u8>()
+        .wrapping_add(MNL_NLMSG_HDRLEN.wrapping_add(mnl_align(offset))) as *mut c_void
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mnl_nlmsg_get_payload_tail(nlh: *const NlMsgHdr) -> *mut c_void {
     unsafe {
         nlh.cast::<u8>()
-            .add(mnl_align(rd!(nlh, nlmsg_len) as usize)) as *mut c_void
+            .wrapping_add(align_nlmsg_len(rd!(nlh, nlmsg_len))) as *mut c_void
     }
 }
 
@@ -73,9 +75,10 @@ pub unsafe extern "C" fn mnl_nlmsg_ok(nlh: *const NlMsgHdr, len: c_int) -> bool 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mnl_nlmsg_next(nlh: *const NlMsgHdr, len: *mut c_int) -> *mut NlMsgHdr {
     unsafe {
-        let step = mnl_align(rd!(nlh, nlmsg_len) as usize);
-        *len -= step as c_int;
-        nlh.cast::<u8>().add(step) as *mut NlMsgHdr
+        let step = align_nlmsg_len(rd!(nlh, nlmsg_len));
+        // C's `int -= size_t`: wraps (a length near 2^31 must not abort a debug build)
+        *len = (*len).wrapping_sub(step as c_int);
+        nlh.cast::<u8>().wrapping_add(step) as *mut NlMsgHdr
     }
 }
 

@@ -20,9 +20,13 @@ pub extern "C" fn mnl_socket_open(bus: c_int) -> *mut MnlSocket {
     mnl_socket_open2(bus, 0)
 }
 
-/// `flags` are OR-ed into the socket type (SOCK_CLOEXEC, SOCK_NONBLOCK).
+/// `flags` are OR-ed into the socket type: SOCK_CLOEXEC, SOCK_NONBLOCK, nothing else (EINVAL).
 #[unsafe(no_mangle)]
 pub extern "C" fn mnl_socket_open2(bus: c_int, flags: c_int) -> *mut MnlSocket {
+    if flags & !(libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK) != 0 {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    }
     // SAFETY: plain syscall.
     let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | flags, bus) };
     if fd < 0 {
@@ -51,29 +55,29 @@ pub extern "C" fn mnl_socket_fdopen(fd: c_int) -> *mut MnlSocket {
 }
 
 /// Binds to `groups` / `pid` (MNL_SOCKET_AUTOPID: the kernel picks the port id), then records
-/// the address the kernel assigned (see `mnl_socket_get_portid`). 0 or -1 with errno.
+/// the address the kernel assigned (see `mnl_socket_get_portid`). 0 or -1 with errno. As in
+/// libmnl, the requested address is recorded first: after a failed bind, `get_portid` says `pid`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mnl_socket_bind(nl: *mut MnlSocket, groups: c_uint, pid: pid_t) -> c_int {
     unsafe {
         let nl = &mut *nl;
-        let mut addr = sockaddr_nl();
-        addr.nl_groups = groups;
-        addr.nl_pid = pid as u32;
+        nl.addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        nl.addr.nl_groups = groups;
+        nl.addr.nl_pid = pid as u32;
         let len = size_of::<libc::sockaddr_nl>() as socklen_t;
-        let ret = libc::bind(nl.fd, ptr::addr_of!(addr).cast(), len);
+        let ret = libc::bind(nl.fd, ptr::addr_of!(nl.addr).cast(), len);
         if ret < 0 {
             return ret;
         }
         let mut got_len = len;
-        let ret = libc::getsockname(nl.fd, ptr::addr_of_mut!(addr).cast(), &mut got_len);
+        let ret = libc::getsockname(nl.fd, ptr::addr_of_mut!(nl.addr).cast(), &mut got_len);
         if ret < 0 {
             return ret;
         }
-        if got_len != len || i32::from(addr.nl_family) != libc::AF_NETLINK {
+        if got_len != len || i32::from(nl.addr.nl_family) != libc::AF_NETLINK {
             set_errno(libc::EINVAL);
             return -1;
         }
-        nl.addr = addr;
     }
     0
 }
