@@ -91,6 +91,25 @@ pub struct Connection {
     /// connecting thread takes them). `None` = any (and root when connecting).
     pub uid: Option<u32>,
     pub gid: Option<u32>,
+    /// The zone of a link-local `dst` (`[fe80::1%eth0]:80`), in the pod's namespace: the
+    /// interface it is reached through (outbound) or arrives on (inbound).
+    pub zone: Option<Zone>,
+}
+
+/// A link-local address's zone as written: an interface name or index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Zone {
+    Name(String),
+    Index(u32),
+}
+
+impl fmt::Display for Zone {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Zone::Name(n) => f.write_str(n),
+            Zone::Index(i) => write!(f, "{i}"),
+        }
+    }
 }
 
 impl Connection {
@@ -102,6 +121,18 @@ impl Connection {
             src: None,
             uid: None,
             gid: None,
+            zone: None,
+        }
+    }
+    pub fn zone(mut self, zone: Zone) -> Self {
+        self.zone = Some(zone);
+        self
+    }
+    /// `--dst` as written: `[fe80::1%eth0]:80` with a zone, else the address.
+    pub fn dst_shown(&self) -> String {
+        match &self.zone {
+            Some(z) => format!("[{}%{z}]:{}", self.dst.ip(), self.dst.port()),
+            None => self.dst.to_string(),
         }
     }
     pub fn src(mut self, src: IpAddr) -> Self {
