@@ -4,8 +4,10 @@
 //! excluded ports and CIDRs, DNS, IPv6, TPROXY, inbound captured and excluded, via eth1) the
 //! static explanation of the live rules must predict where a real probe connection lands, and
 //! the kernel's trace of the same connection must agree with the static path (same deciding
-//! rule per table, same rules matched, same outcome). A subset of scenarios is also programmed
-//! with the iptables-legacy backend and explained from `iptables-legacy-save`.
+//! rule per table, same rules matched, same outcome), through every hook the static path
+//! crosses (a packet to a local address also on its second pass, over lo). A subset of
+//! scenarios is also programmed with the iptables-legacy backend and explained from
+//! `iptables-legacy-save`.
 
 use capture::{Config, Facts, Ipv6Mode, Plan};
 use explain::trace::{self, TraceHow};
@@ -181,7 +183,29 @@ fn cases(w: &PodWorld) -> Vec<Case> {
             }),
         );
     }
+    out.extend(tproxy_loopback_cases(w));
     out
+}
+
+/// Loopback connections of the proxy identity that TPROXY pods send back in over lo (mark
+/// 1337, route table 133) and divert to 15006 on the second pass.
+fn tproxy_loopback_cases(w: &PodWorld) -> Vec<Case> {
+    let tcp = |ip: IpAddr, port, uid, gid| Case {
+        name: format!("uid {uid} gid {gid} -> {}", SocketAddr::new(ip, port)),
+        conn: Connection::new(
+            Direction::Outbound,
+            Protocol::Tcp,
+            SocketAddr::new(ip, port),
+        )
+        .uid(uid)
+        .gid(gid),
+    };
+    vec![
+        tcp(Ipv4Addr::new(127, 0, 0, 2).into(), 8080, 1337, 1337),
+        tcp(w.pod_v4.into(), 15008, 1337, 1337),
+        tcp(Ipv4Addr::new(127, 0, 0, 6).into(), 15002, 1337, 1337),
+        tcp(Ipv4Addr::new(127, 0, 0, 53).into(), 53, 1000, 1337),
+    ]
 }
 
 /// What the probe should report for a predicted landing: a listener there, or refused/timeout.
@@ -325,6 +349,13 @@ fn run_scenario(
             match kp {
                 Ok(kp) => {
                     let ag = ex::compare::compare(&rs, &e, &kp);
+                    // Also the second pass over lo (loopback, redirects, TPROXY's reroute).
+                    if !ag.not_traced.is_empty() {
+                        failures.push(format!(
+                            "{name} {}: kernel's path not captured in {:?}",
+                            c.name, ag.not_traced
+                        ));
+                    }
                     if !ag.agree {
                         failures.push(format!(
                             "{name} {}: trace disagrees: {:?}\nstatic:\n{}kernel:\n{}",
@@ -566,4 +597,66 @@ fn a_different_kernel_path_is_reported_as_disagreement() {
         "{:?}",
         ag.differences
     );
+}
+
+/// The proxy identity's loopback connections in a TPROXY pod (issue 21, item 4): the packet
+/// leaves through `output`, where the mangle rules mark it so the pod's policy route sends it
+/// back over lo, and only its second pass (prerouting on lo) meets TPROXY. The static
+/// explanation, the real connection and the kernel's trace, followed through that second
+/// pass, must all say: TPROXY to 15006.
+#[test]
+fn tproxy_loopback_of_the_proxy_identity_is_traced_through_its_second_pass() {
+    require_root();
+    let (_, cfg) = scenarios()
+        .into_iter()
+        .find(|(n, _)| n == "inbound-ports-wildcard-tproxy")
+        .expect("the golden");
+    let t = world();
+    let w = &t.w;
+    let plan = Plan::build(&cfg, &Facts::default()).unwrap();
+    redirect::apply(
+        &plan,
+        Some(w.pod.path()),
+        BackendChoice::Fixed(Backend::Nft),
+    )
+    .unwrap();
+    let rs = ex::live_ruleset(Some(w.pod.path())).unwrap();
+    let mut tproxied = 0;
+    for c in tproxy_loopback_cases(w) {
+        let facts = ex::namespace_facts(Some(w.pod.path()), &c.conn).unwrap();
+        let e = ex::explain_with(&rs, &c.conn, &facts).unwrap();
+        assert_eq!(
+            e.outcome.landing(),
+            Landing::Pod(15006),
+            "{}: {}\n{}",
+            c.name,
+            e.summary,
+            ex::render_text(&e)
+        );
+        let got = probe(w, &c.conn);
+        assert!(
+            agrees_with_probe(&Ok(("pod".into(), 15006)), &got),
+            "{}: probe {got}",
+            c.name
+        );
+        let kp = trace::trace(Some(w.pod.path()), &c.conn, TraceHow::Connect).unwrap();
+        let ag = ex::compare::compare(&rs, &e, &kp);
+        assert!(
+            ag.agree && ag.not_traced.is_empty(),
+            "{}: {:?} (not traced: {:?}), kernel {}\nstatic:\n{}kernel:\n{}",
+            c.name,
+            ag.differences,
+            ag.not_traced,
+            ag.kernel_outcome,
+            ex::render_text(&e),
+            ex::render::render_steps(&ag.kernel_steps)
+        );
+        if matches!(e.outcome, ex::Outcome::Tproxied { .. }) {
+            tproxied += 1;
+            assert_eq!(ag.kernel_outcome, "diverted by TPROXY to port 15006");
+        }
+    }
+    // Envoy -> its own pod IP:15008 and gid 1337 -> 127.0.0.53:53 meet TPROXY on the second
+    // pass; the other two are redirected to 15006 by the nat rule for Envoy over lo.
+    assert_eq!(tproxied, 2);
 }

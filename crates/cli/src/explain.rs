@@ -3,7 +3,9 @@
 
 use clap::{Parser, ValueEnum};
 use explain::trace::{self, TraceHow};
-use explain::{self as ex, Connection, Direction, ExplainError, Protocol, compare::Agreement};
+use explain::{
+    self as ex, Connection, Direction, ExplainError, Protocol, Zone, compare::Agreement,
+};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -51,9 +53,11 @@ pub struct ExplainArgs {
     direction: Dir,
     #[arg(long, value_enum, default_value = "tcp")]
     protocol: Proto,
-    /// Destination address and port: 10.0.0.1:80, [fd00::1]:443.
+    /// Destination address and port: 10.0.0.1:80, [fd00::1]:443; a link-local address with
+    /// its zone, an interface of the pod (name or index): [fe80::1%eth0]:80. Inbound, the
+    /// zone is the interface it arrives on (needed only if the address is on several).
     #[arg(long, value_name = "ADDR:PORT", value_parser = parse_dst)]
-    dst: SocketAddr,
+    dst: Dst,
     /// Source address (outbound: an address of the pod; inbound: the remote peer).
     #[arg(long, value_name = "ADDR")]
     src: Option<IpAddr>,
@@ -97,14 +101,16 @@ enum Which {
     IptablesLegacy,
 }
 
-fn parse_dst(s: &str) -> Result<SocketAddr, String> {
-    let a: SocketAddr = s
-        .parse()
-        .map_err(|_| "expected ADDR:PORT, e.g. 10.0.0.1:80 or [fd00::1]:443".to_string())?;
+/// `--dst`: the address and port, and a link-local address's zone as written.
+#[derive(Clone, Debug)]
+struct Dst(SocketAddr, Option<Zone>);
+
+fn parse_dst(s: &str) -> Result<Dst, String> {
+    let (a, zone) = explain::zone::parse_dst(s)?;
     if a.port() == 0 {
         return Err("port 0 is not a connection's port".into());
     }
-    Ok(a)
+    Ok(Dst(a, zone))
 }
 
 impl ExplainArgs {
@@ -118,8 +124,9 @@ impl ExplainArgs {
                 Proto::Tcp => Protocol::Tcp,
                 Proto::Udp => Protocol::Udp,
             },
-            self.dst,
+            self.dst.0,
         );
+        c.zone = self.dst.1.clone();
         c.src = self.src;
         c.uid = self.uid;
         c.gid = self.gid;

@@ -385,3 +385,97 @@ fn sigint_during_trace_wait_leaves_nothing_behind() {
     assert_eq!(o.status.code(), Some(128 + libc::SIGINT), "{}", text(&o));
     assert!(chains().is_empty(), "{:?}", chains());
 }
+
+/// Link-local destinations (issue 21, item 3): `[fe80::1%eth0]:80` (zone by name or index)
+/// is accepted and explained through that interface, outbound (and confirmed by --trace) and
+/// inbound; a bad zone exits 2 naming --dst and the value.
+#[test]
+fn link_local_destinations_take_a_zone() {
+    require_root();
+    let w = PodWorld::new().unwrap();
+    w.pod
+        .ip_batch(&["addr add fe80::2/64 dev eth0 nodad".to_string()])
+        .unwrap();
+    w.world
+        .ip_batch(&["addr add fe80::1/64 dev eth0 nodad".to_string()])
+        .unwrap();
+    let cfg = Config {
+        ipv6: Ipv6Mode::On,
+        ..Config::cni_default()
+    };
+    let plan = Plan::build(&cfg, &Facts::default()).unwrap();
+    redirect::apply(
+        &plan,
+        Some(w.pod.path()),
+        BackendChoice::Fixed(Backend::Nft),
+    )
+    .unwrap();
+    let _p = [
+        Probe::sidecar(w.pod.path()).unwrap(),
+        Probe::world(w.world.path()).unwrap(),
+    ];
+    let ns = w.pod.path().to_str().unwrap();
+    // `ip -o link show eth0` in the pod: "N: eth0@...". (/sys is the host's.)
+    let link = w
+        .pod
+        .exec_ok("ip", &["-o", "link", "show", "eth0"])
+        .unwrap();
+    let index = link.split(':').next().unwrap();
+    let by_index = format!("[fe80::1%{}]:80", index.trim());
+    for dst in ["[fe80::1%eth0]:80", by_index.as_str()] {
+        let o = explain(&[
+            "--network-namespace",
+            ns,
+            "--dst",
+            dst,
+            "--uid",
+            "1337",
+            "--gid",
+            "1337",
+            "--trace",
+        ]);
+        let t = text(&o);
+        assert!(o.status.success(), "{t}");
+        assert!(t.contains("-> [fe80::1%eth0]:80"), "{t}");
+        assert!(t.contains("out via eth0"), "{t}");
+        assert!(t.contains("agree: yes"), "{t}");
+    }
+    let o = explain(&[
+        "--network-namespace",
+        ns,
+        "--direction",
+        "inbound",
+        "--dst",
+        "[fe80::2]:8080",
+        "--src",
+        "fe80::1",
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("in via eth0"), "{t}");
+    assert!(t.contains("-> [fe80::2%eth0]:8080, in via eth0"), "{t}");
+    assert!(t.contains("outcome: redirected to ["), "{t}");
+    assert!(t.contains("]:15006 (redirect inbound to Envoy)"), "{t}");
+    for (dst, want) in [
+        (
+            "[fe80::1%eth9]:80",
+            "--dst [fe80::1%eth9]:80: zone %eth9: no such interface",
+        ),
+        (
+            "[fe80::1%999]:80",
+            "--dst [fe80::1%999]:80: zone %999: no such interface",
+        ),
+        (
+            "[fe80::1]:80",
+            "--dst [fe80::1]:80: a link-local destination needs a zone",
+        ),
+        ("[fd00::1%eth0]:80", "link-local addresses (fe80::/10) only"),
+        ("[fe80::1%]:80", "empty zone"),
+    ] {
+        let o = explain(&["--network-namespace", ns, "--dst", dst]);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{t}");
+        assert!(t.contains(want), "{t}");
+        assert!(t.contains(dst) && !t.contains("panicked"), "{t}");
+    }
+}

@@ -153,6 +153,10 @@ fn static_class(o: &Outcome) -> String {
     match o {
         Outcome::Redirected { to, .. } => format!("redirected to port {}", to.port()),
         Outcome::Tproxied { port, .. } => format!("diverted by TPROXY to port {port}"),
+        Outcome::Dropped {
+            redirected_to: Some(to),
+            ..
+        } => format!("redirected to port {}, then dropped", to.port()),
         Outcome::Dropped { .. } => "dropped".into(),
         Outcome::NotCaptured { .. } | Outcome::Untouched { .. } => "not captured".into(),
         Outcome::CannotEvaluate { .. } => "cannot evaluate".into(),
@@ -207,7 +211,11 @@ pub fn compare(rs: &Ruleset, ex: &Explanation, kp: &KernelPath) -> Agreement {
             ));
         }
     }
-    let kernel_outcome = class_of(rs, &ks);
+    let mut kernel_outcome = class_of(rs, &ks);
+    if kernel_outcome.starts_with("redirected") && kp.attempt == trace::Attempt::TimedOut {
+        // Redirected, and never answered: dropped after our rules (the reroute).
+        kernel_outcome += ", then dropped";
+    }
     let mine = static_class(&ex.outcome);
     if kernel_outcome != mine {
         differences.push(format!(

@@ -14,6 +14,8 @@ pub struct Described {
     pub protocol: &'static str,
     pub src: SocketAddr,
     pub dst: SocketAddr,
+    /// The link-local destination's zone (interface name in the pod), if any.
+    pub zone: Option<String>,
     pub uid: Option<u32>,
     pub gid: Option<u32>,
     pub iif: Option<String>,
@@ -23,7 +25,12 @@ pub struct Described {
 }
 
 impl Described {
-    pub(super) fn of(conn: &Connection, pkt: &Packet, assumed: Vec<String>) -> Self {
+    pub(super) fn of(
+        conn: &Connection,
+        pkt: &Packet,
+        facts: &NsFacts,
+        assumed: Vec<String>,
+    ) -> Self {
         Described {
             direction: match conn.direction {
                 Direction::Outbound => "outbound",
@@ -32,6 +39,7 @@ impl Described {
             protocol: conn.protocol.name(),
             src: pkt.src,
             dst: pkt.dst,
+            zone: facts.zone.as_ref().map(|(n, _)| n.clone()),
             uid: pkt.uid,
             gid: pkt.gid,
             iif: pkt.iif.clone(),
@@ -52,14 +60,18 @@ fn bad(arg: &'static str, value: impl ToString, why: impl Into<String>) -> Expla
 /// Checks the connection makes sense for this namespace (before any evaluation).
 pub fn validate(conn: &Connection, facts: &NsFacts) -> Result<(), ExplainError> {
     if conn.dst.port() == 0 {
-        return Err(bad("--dst", conn.dst, "port 0 is not a connection's port"));
+        return Err(bad(
+            "--dst",
+            conn.dst_shown(),
+            "port 0 is not a connection's port",
+        ));
     }
     if let Some(src) = conn.src {
         if src.is_ipv6() != conn.is_ipv6() {
             return Err(bad(
                 "--src",
                 src,
-                format!("is not of the same IP family as --dst {}", conn.dst),
+                format!("is not of the same IP family as --dst {}", conn.dst_shown()),
             ));
         }
         if src.is_unspecified() {
@@ -67,7 +79,7 @@ pub fn validate(conn: &Connection, facts: &NsFacts) -> Result<(), ExplainError> 
         }
     }
     if conn.dst.ip().is_unspecified() || conn.dst.ip().is_multicast() {
-        return Err(bad("--dst", conn.dst, "not a unicast destination"));
+        return Err(bad("--dst", conn.dst_shown(), "not a unicast destination"));
     }
     match conn.direction {
         Direction::Inbound => {
@@ -85,7 +97,7 @@ pub fn validate(conn: &Connection, facts: &NsFacts) -> Result<(), ExplainError> 
             if !facts.is_local(conn.dst.ip()) {
                 return Err(bad(
                     "--dst",
-                    conn.dst,
+                    conn.dst_shown(),
                     format!(
                         "an inbound destination must be an address of the pod ({})",
                         facts.address_list()
@@ -138,7 +150,7 @@ pub(super) fn first_packet(
     match conn.direction {
         Direction::Outbound => {
             let Some((oif, src)) = facts.route.clone() else {
-                return Err(bad("--dst", conn.dst, "no route from the pod"));
+                return Err(bad("--dst", conn.dst_shown(), "no route from the pod"));
             };
             p.oif = Some(oif);
             p.src.set_ip(conn.src.unwrap_or(src));
@@ -155,7 +167,10 @@ pub(super) fn first_packet(
             }
         }
         Direction::Inbound => {
-            let iif = facts.iface_of(conn.dst.ip()).unwrap_or("lo").to_string();
+            let iif = match &facts.zone {
+                Some((name, _)) => name.clone(),
+                None => facts.iface_of(conn.dst.ip()).unwrap_or("lo").to_string(),
+            };
             p.iif = Some(iif);
             let src = conn.src.unwrap_or(if v6 {
                 IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 1))

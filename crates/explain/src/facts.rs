@@ -4,7 +4,7 @@
 
 use super::eval::World;
 use std::io;
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, SocketAddrV6, UdpSocket};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NsFacts {
@@ -14,6 +14,9 @@ pub struct NsFacts {
     pub listeners: Vec<(IpAddr, u16)>,
     /// Outbound: the route's output interface and source address for the destination.
     pub route: Option<(String, IpAddr)>,
+    /// The connection's zone (link-local `--dst`) resolved in the namespace: `(name, index)`;
+    /// inbound without a zone, the one interface that has the destination address.
+    pub zone: Option<(String, u32)>,
 }
 
 impl NsFacts {
@@ -42,6 +45,7 @@ impl NsFacts {
             addresses,
             listeners,
             route: None,
+            zone: None,
         })
     }
 
@@ -76,23 +80,43 @@ impl NsFacts {
     }
 
     /// The output interface and source address the kernel picks for `dst` (`lo` for a local
-    /// destination). Asks the routing table by connecting a UDP socket (nothing is sent).
-    pub fn route_to(&self, dst: IpAddr) -> io::Result<(String, IpAddr)> {
-        if self.is_local(dst) {
-            return Ok(("lo".into(), dst));
-        }
-        let bind: SocketAddr = if dst.is_ipv6() {
-            "[::]:0".parse().unwrap()
-        } else {
-            "0.0.0.0:0".parse().unwrap()
+    /// destination) through the zone's interface (`(name, index)`, link-local destinations).
+    /// Asks the routing table by connecting a UDP socket (nothing is sent): also for local
+    /// destinations, whose source is the local route's (127.0.0.6 is reached from 127.0.0.1).
+    pub fn route_to(
+        &self,
+        dst: IpAddr,
+        zone: Option<&(String, u32)>,
+    ) -> io::Result<(String, IpAddr)> {
+        let (bind, to): (SocketAddr, SocketAddr) = match dst {
+            IpAddr::V6(a) => (
+                "[::]:0".parse().unwrap(),
+                SocketAddrV6::new(a, 9, 0, zone.map_or(0, |z| z.1)).into(),
+            ),
+            IpAddr::V4(_) => ("0.0.0.0:0".parse().unwrap(), SocketAddr::new(dst, 9)),
         };
         let s = UdpSocket::bind(bind)?;
-        s.connect(SocketAddr::new(dst, 9))?;
+        s.connect(to)?;
         let src = s.local_addr()?.ip();
+        if self.is_local(dst) {
+            return Ok(("lo".into(), src));
+        }
+        if let Some((name, _)) = zone {
+            return Ok((name.clone(), src));
+        }
         let oif = self
             .iface_of(src)
             .ok_or_else(|| io::Error::other(format!("no interface owns source address {src}")))?;
         Ok((oif.to_string(), src))
+    }
+
+    /// The interfaces with an address, each once: `lo, eth0` (for error messages).
+    pub fn interface_list(&self) -> String {
+        let mut names: Vec<&str> = self.addresses.iter().map(|(n, _)| n.as_str()).collect();
+        names.dedup();
+        names.sort();
+        names.dedup();
+        names.join(", ")
     }
 }
 

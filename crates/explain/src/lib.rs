@@ -25,8 +25,9 @@ mod outcome;
 pub mod render;
 mod text;
 pub mod trace;
+pub mod zone;
 
-pub use crate::trace::{Connection, Direction, Protocol};
+pub use crate::trace::{Connection, Direction, Protocol, Zone};
 pub use connection::{Described, validate};
 pub use eval::{CT_STATE_NEW, HookEnd, Packet, RuleRef, Step, StepKind, World, set_contains};
 pub use facts::NsFacts;
@@ -117,15 +118,15 @@ fn read_facts(conn: &Connection) -> Result<NsFacts, ExplainError> {
         context: "reading the namespace's addresses".into(),
         source,
     })?;
+    f.zone = zone::check(conn, &f)?;
     if conn.direction == Direction::Outbound {
-        f.route = Some(
-            f.route_to(conn.dst.ip())
-                .map_err(|e| ExplainError::BadInput {
-                    arg: "--dst",
-                    value: conn.dst.to_string(),
-                    why: format!("no route from the pod: {e}"),
-                })?,
-        );
+        f.route = Some(f.route_to(conn.dst.ip(), f.zone.as_ref()).map_err(|e| {
+            ExplainError::BadInput {
+                arg: "--dst",
+                value: conn.dst_shown(),
+                why: format!("no route from the pod: {e}"),
+            }
+        })?);
     }
     Ok(f)
 }
@@ -165,7 +166,7 @@ pub fn explain_with(
 ) -> Result<Explanation, ExplainError> {
     validate(conn, facts)?;
     let (mut pkt, assumed) = connection::first_packet(conn, facts)?;
-    let connection = Described::of(conn, &pkt, assumed);
+    let connection = Described::of(conn, &pkt, facts, assumed);
     let mut w = Walk {
         rs,
         facts,
@@ -181,6 +182,7 @@ pub fn explain_with(
         },
     };
     let outcome = outcome::outcome(rs, conn, &pkt, facts, &w.steps, &w.fx, end);
+    let outcome = outcome::after_reroute(outcome, conn, facts);
     w.note_tproxy(&outcome);
     Ok(Explanation {
         backend: rs.backend,

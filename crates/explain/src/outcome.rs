@@ -40,18 +40,16 @@ impl Decider {
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum Outcome {
     /// `redirect` (NAT) sent it to a local port.
-    Redirected {
-        to: SocketAddr,
-        by: Decider,
-    },
+    Redirected { to: SocketAddr, by: Decider },
     /// TPROXY handed it to the transparent listener on `port`; the destination is unchanged.
-    Tproxied {
-        port: u16,
-        by: Decider,
-    },
+    Tproxied { port: u16, by: Decider },
     Dropped {
         by: Option<Decider>,
         reason: String,
+        /// Set when `by` redirected it and the kernel then found no route to that address
+        /// (a socket bound to an interface by a link-local zone): the redirect's target.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        redirected_to: Option<SocketAddr>,
     },
     /// Our rules let it through unchanged, because of `by`.
     NotCaptured {
@@ -162,7 +160,11 @@ pub(super) fn outcome(
                 (None, Some(d)) => d.why(),
                 (None, None) => "dropped".into(),
             };
-            Outcome::Dropped { by, reason }
+            Outcome::Dropped {
+                by,
+                reason,
+                redirected_to: None,
+            }
         }
         HookEnd::Passed => {
             if let Some((port, rule)) = &fx.tproxied {
@@ -206,6 +208,31 @@ pub(super) fn outcome(
                 },
             }
         }
+    }
+}
+
+/// An outbound connection to a link-local destination is made on a socket bound to the
+/// zone's interface; when our rules redirect it to a loopback address, the kernel's reroute
+/// after NAT looks for that address through the bound interface only, finds no route and
+/// drops the packet: the connection times out.
+pub(super) fn after_reroute(o: Outcome, conn: &Connection, facts: &NsFacts) -> Outcome {
+    let bound = match &facts.zone {
+        Some((name, _)) if conn.direction == super::Direction::Outbound => name,
+        _ => return o,
+    };
+    match o {
+        Outcome::Redirected { to, by } if to.ip().is_loopback() => Outcome::Dropped {
+            reason: format!(
+                "redirected to {to} ({}), but the socket is bound to {bound} by the zone of \
+                 its link-local destination: the kernel finds no route to {} through {bound} \
+                 after the redirect and drops it (the connection times out)",
+                by.why(),
+                to.ip()
+            ),
+            by: Some(by),
+            redirected_to: Some(to),
+        },
+        o => o,
     }
 }
 

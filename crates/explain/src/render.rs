@@ -7,10 +7,14 @@ use std::fmt::Write;
 pub fn render_text(e: &Explanation) -> String {
     let mut o = String::new();
     let c = &e.connection;
+    let dst = match &c.zone {
+        Some(z) => format!("[{}%{z}]:{}", c.dst.ip(), c.dst.port()),
+        None => c.dst.to_string(),
+    };
     let _ = write!(
         o,
-        "connection: {} {} {} -> {}",
-        c.direction, c.protocol, c.src, c.dst
+        "connection: {} {} {} -> {dst}",
+        c.direction, c.protocol, c.src
     );
     if let (Some(u), Some(g)) = (c.uid, c.gid) {
         let _ = write!(o, ", uid {u} gid {g}");

@@ -350,7 +350,8 @@ fn udp_dns_is_traced_to_the_dns_redirect() {
     .uid(APP_UID)
     .gid(APP_UID);
     let p = traced(&w.pod, None, &conn);
-    // Raw: DNS conntrack zone; then nat: outbound → DNS → redirect to the agent.
+    // Raw: DNS conntrack zone; then nat: outbound → DNS → redirect to the agent; then the
+    // redirected datagram's second pass, over lo: raw prerouting (nat is not consulted again).
     assert_path(
         &p,
         &w.pod,
@@ -363,12 +364,21 @@ fn udp_dns_is_traced_to_the_dns_redirect() {
             ("output", "outbound", "jump istio-output"),
             ("istio-output", "DNS capture", "jump istio-output-dns"),
             ("istio-output-dns", "DNS to istio-agent", "accept"),
+            ("prerouting", "DNS conntrack zones", "jump istio-inbound"),
+            ("istio-inbound", "end of chain", "continue"),
+            ("prerouting", "end of chain", "continue"),
+            ("prerouting", "policy", "accept"),
         ],
     );
     let tables: Vec<&str> = p.events.iter().map(|e| e.table.as_str()).collect();
     assert_eq!(
         tables,
-        [["istio-proxy-raw"; 5].as_slice(), &["istio-proxy-nat"; 3]].concat()
+        [
+            ["istio-proxy-raw"; 5].as_slice(),
+            &["istio-proxy-nat"; 3],
+            &["istio-proxy-raw"; 4]
+        ]
+        .concat()
     );
     let Attempt::Sent { local } = p.attempt else {
         panic!("{:?}", p.attempt)
@@ -664,18 +674,18 @@ fn a_chain_left_by_a_killed_run_is_removed_by_the_next_run() {
     assert!(wait_for_chain(&w.pod, Some(pid)), "no chain of the child");
     child.kill().unwrap(); // SIGKILL: no chance to clean up
     child.wait().unwrap();
+    // The output chain and its companion at prerouting (the second pass over lo).
     let left = list_trace_chains(Some(w.pod.path())).unwrap();
-    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left.len(), 2, "{left:?}");
     assert!(
-        left[0].starts_with(&format!("{TRACE_CHAIN_PREFIX}{pid}-")),
+        left.iter()
+            .all(|c| c.starts_with(&format!("{TRACE_CHAIN_PREFIX}{pid}-"))),
         "{left:?}"
     );
 
     // The next run cleans it up before tracing.
     let p = traced(&w.pod, None, &app(IpAddr::V4(w.world_v4), 80));
     assert!(p.touched_our_tables());
-    println!(
-        "trace: stale chain {} of killed pid {pid} removed by the next run",
-        left[0]
-    );
+    assert!(list_trace_chains(Some(w.pod.path())).unwrap().is_empty());
+    println!("trace: stale chains {left:?} of killed pid {pid} removed by the next run");
 }

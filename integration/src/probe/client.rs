@@ -23,6 +23,8 @@ pub struct ConnectSpec {
     pub src: Option<IpAddr>,
     /// `SO_MARK` on the client socket (as ztunnel marks its own sockets); needs root.
     pub mark: Option<u32>,
+    /// The interface (in the connecting namespace) link-local `dst` and `src` are scoped to.
+    pub zone: Option<String>,
     pub timeout: Duration,
 }
 
@@ -35,6 +37,7 @@ impl ConnectSpec {
             gid: None,
             src: None,
             mark: None,
+            zone: None,
             timeout: DEFAULT_TIMEOUT,
         }
     }
@@ -53,6 +56,24 @@ impl ConnectSpec {
     pub fn mark(mut self, mark: u32) -> Self {
         self.mark = Some(mark);
         self
+    }
+    pub fn zone(mut self, interface: &str) -> Self {
+        self.zone = Some(interface.to_string());
+        self
+    }
+    /// `ip:port` with the zone's scope id for link-local addresses (in the current namespace).
+    fn scoped(&self, ip: IpAddr, port: u16) -> SocketAddr {
+        let scope = self.zone.as_ref().map_or(0, |z| {
+            let c = std::ffi::CString::new(z.as_str()).unwrap();
+            // SAFETY: a NUL-terminated name.
+            unsafe { libc::if_nametoindex(c.as_ptr()) }
+        });
+        match ip {
+            IpAddr::V6(a) if a.segments()[0] & 0xffc0 == 0xfe80 => {
+                std::net::SocketAddrV6::new(a, port, 0, scope).into()
+            }
+            _ => SocketAddr::new(ip, port),
+        }
     }
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -111,7 +132,7 @@ fn tcp_client(spec: &ConnectSpec) -> Outcome {
         Err(e) => return Outcome::Failed(e.to_string()),
     };
     if let Some(src) = spec.src
-        && let Err(e) = bind(&fd, SocketAddr::new(src, 0))
+        && let Err(e) = bind(&fd, spec.scoped(src, 0))
     {
         return Outcome::Failed(format!("bind {src}: {e}"));
     }
@@ -120,7 +141,7 @@ fn tcp_client(spec: &ConnectSpec) -> Outcome {
     {
         return Outcome::Failed(format!("SO_MARK {mark:#x}: {e}"));
     }
-    let (sa, sl) = to_storage(SocketAddr::new(spec.dst, spec.port));
+    let (sa, sl) = to_storage(spec.scoped(spec.dst, spec.port));
     // SAFETY: valid socket and sockaddr.
     let rc = unsafe {
         libc::connect(
@@ -161,7 +182,7 @@ fn udp_client(spec: &ConnectSpec) -> Outcome {
         Err(e) => return Outcome::Failed(e.to_string()),
     };
     if let Some(src) = spec.src
-        && let Err(e) = bind(&fd, SocketAddr::new(src, 0))
+        && let Err(e) = bind(&fd, spec.scoped(src, 0))
     {
         return Outcome::Failed(format!("bind {src}: {e}"));
     }
@@ -170,7 +191,7 @@ fn udp_client(spec: &ConnectSpec) -> Outcome {
     {
         return Outcome::Failed(format!("SO_MARK {mark:#x}: {e}"));
     }
-    let (sa, sl) = to_storage(SocketAddr::new(spec.dst, spec.port));
+    let (sa, sl) = to_storage(spec.scoped(spec.dst, spec.port));
     let msg = b"probe";
     // SAFETY: valid socket, buffer and sockaddr.
     let rc = unsafe {

@@ -8,7 +8,7 @@ use nix::sys::socket::{
     AddressFamily, SockFlag, SockType, SockaddrStorage, bind, connect, getsockname, socket, sockopt,
 };
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -37,7 +37,7 @@ impl Prober {
         std::thread::Builder::new()
             .name("trace-connect".into())
             .spawn(move || {
-                let sock = match prepare(&netns, &conn) {
+                let (sock, scope) = match prepare(&netns, &conn) {
                     Ok(s) => s,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -48,7 +48,7 @@ impl Prober {
                 if ready_tx.send(local).is_err() || go_rx.recv().is_err() {
                     return; // the trace was abandoned before the rule existed
                 }
-                let _ = done_tx.send(fire(&sock, &conn));
+                let _ = done_tx.send(fire(&sock, &conn, scope));
             })
             .map_err(conn_err("starting the connecting thread"))?;
         let local = ready_rx
@@ -72,12 +72,57 @@ impl Prober {
     }
 }
 
-/// Enters the namespace (outbound), takes the credentials, creates and binds the socket.
-fn prepare(netns: &Netns, conn: &Connection) -> Result<OwnedFd, TraceError> {
+/// The scope id (interface index, in the namespace the thread is in) a link-local connection
+/// is made through; 0 for other addresses. Outbound: the connection's zone (the pod's
+/// interface). Inbound, from the caller's namespace: the interface holding `src`, which must
+/// then be one of its link-local addresses (the zone names the POD's interface).
+fn scope(conn: &Connection) -> Result<u32, TraceError> {
+    if !crate::zone::is_link_local(conn.dst.ip()) {
+        return Ok(0);
+    }
+    let invalid = |why: String| Err(TraceError::InvalidConnection(why));
+    match conn.direction {
+        Direction::Outbound => match conn.zone.as_ref().map(|z| (z, crate::zone::resolve(z))) {
+            Some((_, Some((_, index)))) => Ok(index),
+            Some((z, None)) => invalid(format!("zone %{z}: no such interface in the pod")),
+            None => invalid(format!("link-local {} needs a zone", conn.dst)),
+        },
+        Direction::Inbound => {
+            let owner = conn.src.and_then(|src| {
+                nix::ifaddrs::getifaddrs().ok()?.find_map(|ifa| {
+                    let a = ifa.address?;
+                    (a.as_sockaddr_in6()?.ip() == src).then_some(ifa.interface_name)
+                })
+            });
+            match owner.and_then(|n| crate::zone::resolve(&super::Zone::Name(n))) {
+                Some((_, index)) if conn.src.is_some_and(crate::zone::is_link_local) => Ok(index),
+                _ => invalid(format!(
+                    "an inbound connection to link-local {} made from this namespace needs a \
+                     source: a link-local address of this namespace's interface towards the pod",
+                    conn.dst.ip()
+                )),
+            }
+        }
+    }
+}
+
+fn scoped(a: SocketAddr, scope: u32) -> SocketAddr {
+    match a {
+        SocketAddr::V6(v6) if crate::zone::is_link_local(a.ip()) => {
+            SocketAddrV6::new(*v6.ip(), v6.port(), 0, scope).into()
+        }
+        a => a,
+    }
+}
+
+/// Enters the namespace (outbound), takes the credentials, creates and binds the socket;
+/// returns it with the scope id of a link-local connection.
+fn prepare(netns: &Netns, conn: &Connection) -> Result<(OwnedFd, u32), TraceError> {
     if conn.direction == Direction::Outbound {
         netns.enter_this_thread()?;
         take_credentials(conn.uid, conn.gid).map_err(conn_err("taking the uid/gid"))?;
     }
+    let scope = scope(conn)?;
     let family = if conn.is_ipv6() {
         AddressFamily::Inet6
     } else {
@@ -120,10 +165,10 @@ fn prepare(netns: &Netns, conn: &Connection) -> Result<OwnedFd, TraceError> {
             )
         };
     }
-    let src = SocketAddr::new(conn.src.unwrap_or(any), 0);
+    let src = scoped(SocketAddr::new(conn.src.unwrap_or(any), 0), scope);
     bind(fd.as_raw_fd(), &SockaddrStorage::from(src))
         .map_err(|e| conn_err(&format!("binding to {src}"))(e.into()))?;
-    Ok(fd)
+    Ok((fd, scope))
 }
 
 fn local_addr(fd: &OwnedFd) -> Result<SocketAddr, TraceError> {
@@ -169,8 +214,8 @@ fn take_credentials(uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
     Ok(())
 }
 
-fn fire(fd: &OwnedFd, conn: &Connection) -> Attempt {
-    let dst = SockaddrStorage::from(conn.dst);
+fn fire(fd: &OwnedFd, conn: &Connection, scope: u32) -> Attempt {
+    let dst = SockaddrStorage::from(scoped(conn.dst, scope));
     match conn.protocol {
         // Connected first, so the local address reported is the one the kernel chose.
         Protocol::Udp => match connect(fd.as_raw_fd(), &dst).and_then(|()| {

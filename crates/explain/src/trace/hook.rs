@@ -76,8 +76,19 @@ pub fn host_table(netns: &Netns) -> Result<&'static str, TraceError> {
         })
 }
 
+/// Which pass of the packet a trace rule marks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    /// Where the connection starts: `output` (outbound) or `prerouting` (inbound).
+    First,
+    /// An outbound packet to a local address coming back in over lo (`prerouting`, `iifname
+    /// "lo"`): after a redirect its destination is the new one, so with a known source port
+    /// only the source is matched.
+    LoopedBack,
+}
+
 /// The trace rule's expressions (for an `inet` table).
-fn rule_exprs(conn: &Connection, extra: Extra) -> Vec<Expr> {
+fn rule_exprs(conn: &Connection, extra: Extra, pass: Pass) -> Vec<Expr> {
     let v6 = conn.is_ipv6();
     let nfproto = if v6 {
         libc::NFPROTO_IPV6
@@ -98,16 +109,26 @@ fn rule_exprs(conn: &Connection, extra: Extra) -> Vec<Expr> {
         expr::meta_load(libc::NFT_META_L4PROTO as u32),
         expr::cmp(eq, &[l4]),
     ];
-    let addr = ip_bytes(conn.dst.ip());
-    e.push(expr::payload(nh, daddr_off, addr.len() as u32));
-    e.push(expr::cmp(eq, &addr));
+    if pass == Pass::LoopedBack {
+        e.push(expr::meta_load(libc::NFT_META_IIFNAME as u32));
+        e.push(expr::cmp(eq, &expr::ifname_bytes("lo")));
+    }
+    // The destination, unless a looped-back packet is recognised by its source port.
+    let match_dst = pass == Pass::First || extra.sport.is_none();
+    if match_dst {
+        let addr = ip_bytes(conn.dst.ip());
+        e.push(expr::payload(nh, daddr_off, addr.len() as u32));
+        e.push(expr::cmp(eq, &addr));
+    }
     if let Some(src) = conn.src {
         let a = ip_bytes(src);
         e.push(expr::payload(nh, saddr_off, a.len() as u32));
         e.push(expr::cmp(eq, &a));
     }
-    e.push(expr::payload(th, 2, 2));
-    e.push(expr::cmp(eq, &conn.dst.port().to_be_bytes()));
+    if match_dst {
+        e.push(expr::payload(th, 2, 2));
+        e.push(expr::cmp(eq, &conn.dst.port().to_be_bytes()));
+    }
     if let Some(p) = extra.sport {
         e.push(expr::payload(th, 0, 2));
         e.push(expr::cmp(eq, &p.to_be_bytes()));
@@ -119,7 +140,7 @@ fn rule_exprs(conn: &Connection, extra: Extra) -> Vec<Expr> {
         e.push(expr::bitwise_and(&[TCP_SYN | TCP_ACK]));
         e.push(expr::cmp(eq, &[TCP_SYN]));
     }
-    if conn.direction == Direction::Outbound {
+    if conn.direction == Direction::Outbound && pass == Pass::First {
         if let Some(uid) = conn.uid {
             e.push(expr::meta_load(libc::NFT_META_SKUID as u32));
             e.push(expr::cmp(eq, &uid.to_ne_bytes()));
@@ -193,25 +214,38 @@ fn send(sock: &Socket, batch: &nftnl::FinalizedBatch, what: String) -> Result<()
     }
 }
 
-/// Adds chain `name` to `inet table` with the trace rule, in one batch (current namespace).
-pub fn add(table: &str, name: &str, conn: &Connection, extra: Extra) -> Result<(), TraceError> {
+/// Adds the trace chains to `inet table` in one batch (current namespace): `name` at the
+/// connection's first hook, and `looped` (outbound only) at prerouting for its second pass
+/// over lo.
+pub fn add(
+    table: &str,
+    name: &str,
+    looped: Option<&str>,
+    conn: &Connection,
+    extra: Extra,
+) -> Result<(), TraceError> {
     let sock = open()?;
     let t = nftnl::Table::new(cstr(table), ProtoFamily::Inet);
-    let mut chain = Chain::new(cstr(name), &t);
-    let hook = match conn.direction {
+    let first = match conn.direction {
         Direction::Outbound => Hook::Out,
         Direction::Inbound => Hook::PreRouting,
     };
-    chain.set_hook(hook, TRACE_PRIORITY);
-    chain.set_type(ChainType::Filter);
-    chain.set_policy(Policy::Accept);
-    let mut rule = Rule::new(&chain);
-    for e in rule_exprs(conn, extra) {
-        rule.add_expr(&e);
-    }
     let mut batch = Batch::new();
-    batch.add(&chain, MsgType::Add);
-    batch.add(&rule, MsgType::Add);
+    let chains: Vec<(&str, Hook, Pass)> = std::iter::once((name, first, Pass::First))
+        .chain(looped.map(|l| (l, Hook::PreRouting, Pass::LoopedBack)))
+        .collect();
+    for (chain_name, hook, pass) in chains {
+        let mut chain = Chain::new(cstr(chain_name), &t);
+        chain.set_hook(hook, TRACE_PRIORITY);
+        chain.set_type(ChainType::Filter);
+        chain.set_policy(Policy::Accept);
+        let mut rule = Rule::new(&chain);
+        for e in rule_exprs(conn, extra, pass) {
+            rule.add_expr(&e);
+        }
+        batch.add(&chain, MsgType::Add);
+        batch.add(&rule, MsgType::Add);
+    }
     send(
         &sock,
         &batch.finalize(),
@@ -219,19 +253,32 @@ pub fn add(table: &str, name: &str, conn: &Connection, extra: Extra) -> Result<(
     )
 }
 
-/// Deletes chain `name` (and its rule) from `inet table` in one batch (current namespace).
-/// A chain that is already gone (e.g. the table was replaced meanwhile) is not an error.
-pub fn remove(table: &str, name: &str) -> Result<(), TraceError> {
+/// Deletes chains `names` (and their rules) from `inet table` in one batch (current
+/// namespace). Chains already gone (e.g. the table was replaced meanwhile) are not an error.
+pub fn remove(table: &str, names: &[String]) -> Result<(), TraceError> {
     let sock = open()?;
     let t = nftnl::Table::new(cstr(table), ProtoFamily::Inet);
-    let chain = Chain::new(cstr(name), &t);
     let mut batch = Batch::new();
-    batch.add(&chain, MsgType::Del);
+    for name in names {
+        batch.add(&Chain::new(cstr(name), &t), MsgType::Del);
+    }
     match send(
         &sock,
         &batch.finalize(),
-        format!("removing the trace chain {name} from table inet {table}"),
+        format!(
+            "removing the trace chain(s) {} from table inet {table}",
+            names.join(", ")
+        ),
     ) {
+        Err(TraceError::Refused { source, .. })
+            if source.raw_os_error() == Some(libc::ENOENT) && names.len() > 1 =>
+        {
+            // One of them is gone: remove the others one by one.
+            for n in names {
+                remove(table, std::slice::from_ref(n))?;
+            }
+            Ok(())
+        }
         Err(TraceError::Refused { source, .. }) if source.raw_os_error() == Some(libc::ENOENT) => {
             Ok(())
         }
@@ -301,7 +348,7 @@ pub fn remove_stale() -> Result<Vec<String>, TraceError> {
             None => false, // not a name we make: leave it
         };
         if stale {
-            remove(&table, &chain)?;
+            remove(&table, std::slice::from_ref(&chain))?;
             tracing::info!(table, chain, "removed a trace chain left by a killed run");
             removed.push(chain);
         }
@@ -309,16 +356,20 @@ pub fn remove_stale() -> Result<Vec<String>, TraceError> {
     Ok(removed)
 }
 
-/// Removes the chain when dropped (error paths, panics); [`TempChain::remove`] reports errors.
+/// Removes the chains when dropped (error paths, panics); [`TempChain::remove`] reports
+/// errors.
 pub struct TempChain {
     netns: Netns,
     pub table: &'static str,
+    /// The chain at the connection's first hook.
     pub name: String,
+    /// Outbound: the chain at prerouting that marks the packet's second pass over lo.
+    pub looped: Option<String>,
     removed: bool,
 }
 
 impl TempChain {
-    /// Adds the chain in `netns`; the guard exists as soon as the batch was sent, so even an
+    /// Adds the chains in `netns`; the guard exists as soon as the batch was sent, so even an
     /// ambiguous failure is cleaned up.
     pub fn add(
         netns: &Netns,
@@ -326,26 +377,37 @@ impl TempChain {
         conn: &Connection,
         extra: Extra,
     ) -> Result<TempChain, TraceError> {
-        let name = unique_name();
         let mut guard = TempChain {
             netns: netns.clone(),
             table,
-            name,
+            name: unique_name(),
+            looped: (conn.direction == Direction::Outbound).then(unique_name),
             removed: false,
         };
-        let (t, n, c) = (table, guard.name.clone(), conn.clone());
-        if let Err(e) = netns.run(move || add(t, &n, &c, extra)) {
-            // A refused batch changed nothing; after any other failure the chain may exist,
-            // and dropping the guard removes it.
+        let (t, n, l, c) = (
+            table,
+            guard.name.clone(),
+            guard.looped.clone(),
+            conn.clone(),
+        );
+        if let Err(e) = netns.run(move || add(t, &n, l.as_deref(), &c, extra)) {
+            // A refused batch changed nothing; after any other failure the chains may exist,
+            // and dropping the guard removes them.
             guard.removed = matches!(e, TraceError::Refused { .. });
             return Err(e);
         }
         Ok(guard)
     }
 
+    fn names(&self) -> Vec<String> {
+        std::iter::once(self.name.clone())
+            .chain(self.looped.clone())
+            .collect()
+    }
+
     pub fn remove(mut self) -> Result<(), TraceError> {
         self.removed = true;
-        let (t, n) = (self.table, self.name.clone());
+        let (t, n) = (self.table, self.names());
         self.netns.run(move || remove(t, &n))
     }
 }
@@ -355,7 +417,7 @@ impl Drop for TempChain {
         if self.removed {
             return;
         }
-        let (t, n) = (self.table, self.name.clone());
+        let (t, n) = (self.table, self.names());
         if let Err(e) = self.netns.run(move || remove(t, &n)) {
             tracing::error!(chain = %self.name, table = self.table, "could not remove the trace chain: {e}");
         }

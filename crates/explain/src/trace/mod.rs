@@ -20,8 +20,11 @@
 //!   (decoded here as [`EventKind::Return`]); at the end of a base chain it is followed by a
 //!   `Policy` event. `nft monitor trace` does not print the handle-less one.
 //! - The trace id is the same for one packet across hooks and tables (raw, mangle, nat of
-//!   `output`), but a redirected packet coming back over `lo` gets a new id: only the first
-//!   pass (the hook the connection starts at) is reported.
+//!   `output`), but a packet to a local address coming back over `lo` (redirected, or
+//!   rerouted there by a mark and the pod's policy route, as TPROXY pods do for the proxy's
+//!   own loopback traffic) gets a new id. So an outbound trace adds a second chain at
+//!   `prerouting` marking that second pass (`iifname "lo"`, the probe's source port), and
+//!   the events of both passes are reported, in order: output, then prerouting.
 //! - A packet marked by ANOTHER trace rule also produces events in our chain (end-of-chain
 //!   only, as our rule did not match): the packet is ours only when our rule's event came.
 //! - TCP: only the SYN is marked (`tcp flags & (syn | ack) == syn`): nat chains see only a
@@ -91,6 +94,25 @@ pub struct Connection {
     /// connecting thread takes them). `None` = any (and root when connecting).
     pub uid: Option<u32>,
     pub gid: Option<u32>,
+    /// The zone of a link-local `dst` (`[fe80::1%eth0]:80`), in the pod's namespace: the
+    /// interface it is reached through (outbound) or arrives on (inbound).
+    pub zone: Option<Zone>,
+}
+
+/// A link-local address's zone as written: an interface name or index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Zone {
+    Name(String),
+    Index(u32),
+}
+
+impl fmt::Display for Zone {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Zone::Name(n) => f.write_str(n),
+            Zone::Index(i) => write!(f, "{i}"),
+        }
+    }
 }
 
 impl Connection {
@@ -102,6 +124,18 @@ impl Connection {
             src: None,
             uid: None,
             gid: None,
+            zone: None,
+        }
+    }
+    pub fn zone(mut self, zone: Zone) -> Self {
+        self.zone = Some(zone);
+        self
+    }
+    /// `--dst` as written: `[fe80::1%eth0]:80` with a zone, else the address.
+    pub fn dst_shown(&self) -> String {
+        match &self.zone {
+            Some(z) => format!("[{}%{z}]:{}", self.dst.ip(), self.dst.port()),
+            None => self.dst.to_string(),
         }
     }
     pub fn src(mut self, src: IpAddr) -> Self {
@@ -374,7 +408,8 @@ pub fn trace(
     };
     let chain = hook::TempChain::add(&ns, table, conn, extra)?;
     let name = chain.name.clone();
-    let watched = watch(&mut listener, &signals, prober.as_ref(), &name, how);
+    let chains = Collector::new(&name, chain.looped.as_deref());
+    let watched = watch(&mut listener, &signals, prober.as_ref(), chains, how);
     // Removed before the signal handlers go back to their defaults.
     let removed = chain.remove();
     drop(signals);
@@ -431,7 +466,7 @@ fn watch(
     listener: &mut listen::TraceSocket,
     signals: &signals::Guard,
     prober: Option<&connect::Prober>,
-    chain: &str,
+    mut c: Collector,
     how: TraceHow,
 ) -> Result<Watched, TraceError> {
     let started = Instant::now();
@@ -442,7 +477,6 @@ fn watch(
     if let Some(p) = prober {
         p.go();
     }
-    let mut c = Collector::new(chain);
     let mut attempt = prober.is_none().then_some(Attempt::Observed);
     let mut quiet_since: Option<Instant> = None;
     loop {
@@ -492,18 +526,23 @@ fn wait_readable(a: i32, b: i32, timeout: Duration) {
     unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout.as_millis() as i32) };
 }
 
-/// Keeps the events of the first packet our temporary chain marked, in our tables only.
+/// Keeps the events of the first packet our temporary chain marked, in our tables only, and
+/// those of its second pass over lo (marked by the `looped` chain after the first pass).
 struct Collector {
     chain: String,
+    looped: Option<String>,
     trace_id: Option<u32>,
+    looped_id: Option<u32>,
     events: Vec<TraceEvent>,
 }
 
 impl Collector {
-    fn new(chain: &str) -> Self {
+    fn new(chain: &str, looped: Option<&str>) -> Self {
         Self {
             chain: chain.to_string(),
+            looped: looped.map(str::to_string),
             trace_id: None,
+            looped_id: None,
             events: Vec::new(),
         }
     }
@@ -511,10 +550,19 @@ impl Collector {
     fn feed(&mut self, e: TraceEvent) {
         // Our rule matched (not merely: the packet, marked by someone else's trace rule,
         // passed through our chain).
-        if self.trace_id.is_none() && e.chain == self.chain && e.kind == EventKind::Rule {
+        let ours = e.kind == EventKind::Rule;
+        if self.trace_id.is_none() && e.chain == self.chain && ours {
             self.trace_id = Some(e.id);
         }
-        if self.trace_id != Some(e.id)
+        if self.trace_id.is_some()
+            && self.looped_id.is_none()
+            && Some(&e.chain) == self.looped.as_ref()
+            && ours
+        {
+            self.looped_id = Some(e.id);
+        }
+        let of_ours = self.trace_id == Some(e.id) || self.looped_id == Some(e.id);
+        if !of_ours
             || !hook::is_our_table(&e.family, &e.table)
             || e.chain.starts_with(TRACE_CHAIN_PREFIX)
         {
@@ -561,7 +609,7 @@ mod tests {
 
     #[test]
     fn collector_keeps_the_first_marked_packet_in_our_tables() {
-        let mut c = Collector::new("istio-explain-1-0");
+        let mut c = Collector::new("istio-explain-1-0", None);
         c.feed(ev(7, "istio-proxy-nat", "output")); // before our mark: another packet
         let mut passing = ev(8, "istio-proxy-nat", "istio-explain-1-0");
         passing.kind = EventKind::Return; // marked by another trace, our rule did not match
@@ -574,6 +622,27 @@ mod tests {
         c.feed(ev(11, "istio-proxy-nat", "output"));
         assert_eq!(c.trace_id, Some(9));
         assert_eq!(c.events, vec![ev(9, "istio-proxy-nat", "output")]);
+    }
+
+    #[test]
+    fn collector_follows_the_second_pass_over_lo() {
+        let mut c = Collector::new("istio-explain-1-0", Some("istio-explain-1-1"));
+        c.feed(ev(5, "istio-proxy-nat", "istio-explain-1-1")); // before the first pass
+        c.feed(ev(9, "istio-proxy-nat", "istio-explain-1-0"));
+        c.feed(ev(9, "istio-proxy-mangle", "output"));
+        c.feed(ev(12, "istio-proxy-mangle", "prerouting")); // not marked by our second rule
+        c.feed(ev(13, "istio-proxy-nat", "istio-explain-1-1"));
+        c.feed(ev(13, "istio-proxy-mangle", "prerouting"));
+        c.feed(ev(14, "istio-proxy-nat", "istio-explain-1-1")); // a retransmission
+        c.feed(ev(14, "istio-proxy-mangle", "prerouting"));
+        assert_eq!((c.trace_id, c.looped_id), (Some(9), Some(13)));
+        assert_eq!(
+            c.events,
+            vec![
+                ev(9, "istio-proxy-mangle", "output"),
+                ev(13, "istio-proxy-mangle", "prerouting")
+            ]
+        );
     }
 
     #[test]
