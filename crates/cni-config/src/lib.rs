@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 pub mod ambient;
+pub mod log;
 pub mod lookup;
 pub mod ready;
 
@@ -105,6 +106,11 @@ impl PluginSettings {
 
     pub fn run_dir(&self) -> &std::path::Path {
         std::path::Path::new(&self.cni_agent_run_dir)
+    }
+
+    /// The node daemon's socket for the plugin's log lines.
+    pub fn log_socket(&self) -> std::path::PathBuf {
+        self.run_dir().join(log::LOG_SOCKET)
     }
 
     /// The node daemon's pod lookup socket.

@@ -69,7 +69,7 @@ pub fn run(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
     let conf = match settings::parse_netconf(stdin) {
         Ok(c) => c,
         Err(e) => {
-            logging::init("info", None);
+            logging::init("info", None, None);
             tracing::error!(command = command.as_str(), error = %e, "invalid network configuration");
             return Outcome::error(&e, &version);
         }
@@ -77,6 +77,7 @@ pub fn run(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
     let notes = logging::init(
         &conf.settings.plugin_log_level,
         Some(&conf.settings.log_path()),
+        Some(&conf.settings.log_socket()),
     );
     let container_id = get_env("CNI_CONTAINERID").unwrap_or_default();
     // Best effort here so that even the first lines carry the pod; the commands validate.

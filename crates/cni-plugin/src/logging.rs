@@ -1,5 +1,7 @@
-//! JSON log lines to stderr and to `<cni_agent_run_dir>/istio-cni.log`. Never stdout: stdout
-//! is the CNI result.
+//! JSON log lines to stderr, to `<cni_agent_run_dir>/istio-cni.log`, and to the node daemon
+//! (`log.sock`, see [`cni_config::log`]), which prints them in its own log. Never stdout:
+//! stdout is the CNI result. The file keeps every line, also when the daemon is unreachable;
+//! a line the daemon cannot take at once is dropped from the relay, never waited for.
 //!
 //! Many plugin processes write the same file at once (one per pod), so the file is opened
 //! with O_APPEND and each event is written with one `write` call (the formatter hands us the
@@ -50,7 +52,7 @@ impl RotatingFile {
         })
     }
 
-    fn write_line(&self, buf: &[u8]) -> io::Result<()> {
+    fn append(&self, buf: &[u8]) -> io::Result<()> {
         let mut guard = self.file.lock().unwrap_or_else(|p| p.into_inner());
         let Some(file) = guard.as_mut() else {
             return Ok(());
@@ -91,9 +93,43 @@ fn open_append(path: &Path) -> io::Result<File> {
         })
 }
 
+/// Where whole lines go.
+pub trait Sink: Send + Sync {
+    /// Takes one line; never fails the command (errors are the sink's to swallow).
+    fn write_line(&self, line: &[u8]);
+}
+
+impl Sink for RotatingFile {
+    fn write_line(&self, line: &[u8]) {
+        let _ = self.append(line);
+    }
+}
+
+/// The node daemon's log socket: a connected, non-blocking datagram socket.
+pub struct Relay(std::os::unix::net::UnixDatagram);
+
+impl Relay {
+    /// `None` when no daemon listens there (the file alone then has the lines).
+    pub fn connect(socket: &Path) -> Option<Relay> {
+        let s = std::os::unix::net::UnixDatagram::unbound().ok()?;
+        s.connect(socket).ok()?;
+        s.set_nonblocking(true).ok()?;
+        Some(Relay(s))
+    }
+}
+
+impl Sink for Relay {
+    fn write_line(&self, line: &[u8]) {
+        // A full queue (EAGAIN), a daemon gone (ECONNREFUSED), a line too long: dropped.
+        if line.len() <= cni_config::log::MAX_LINE {
+            let _ = self.0.send(line);
+        }
+    }
+}
+
 /// One formatted event, written in one call when dropped.
 pub struct LineWriter {
-    target: Arc<RotatingFile>,
+    target: Arc<dyn Sink>,
     buf: Vec<u8>,
 }
 
@@ -110,16 +146,15 @@ impl Write for LineWriter {
 impl Drop for LineWriter {
     fn drop(&mut self) {
         if !self.buf.is_empty() {
-            // Logging must never fail the command.
-            let _ = self.target.write_line(&self.buf);
+            self.target.write_line(&self.buf);
         }
     }
 }
 
 #[derive(Clone)]
-pub struct FileMaker(Arc<RotatingFile>);
+pub struct SinkMaker(Arc<dyn Sink>);
 
-impl<'a> MakeWriter<'a> for FileMaker {
+impl<'a> MakeWriter<'a> for SinkMaker {
     type Writer = LineWriter;
     fn make_writer(&'a self) -> LineWriter {
         LineWriter {
@@ -129,9 +164,10 @@ impl<'a> MakeWriter<'a> for FileMaker {
     }
 }
 
-/// Installs the global subscriber. Returns a message about problems (unknown level, log file
-/// not writable) for the caller to log once the subscriber is up.
-pub fn init(level: &str, log_file: Option<&Path>) -> Vec<String> {
+/// Installs the global subscriber: stderr, the log file and the daemon's relay, each when
+/// given and usable. Returns notes about problems (unknown level, log file not writable) for
+/// the caller to log once the subscriber is up.
+pub fn init(level: &str, log_file: Option<&Path>, relay: Option<&Path>) -> Vec<String> {
     let mut notes = Vec::new();
     let level = level_filter(level).unwrap_or_else(|e| {
         notes.push(e);
@@ -142,33 +178,37 @@ pub fn init(level: &str, log_file: Option<&Path>) -> Vec<String> {
     let filter = Targets::new()
         .with_target("istio_cni", level)
         .with_default(level.min(LevelFilter::WARN));
-    // The span list (outermost first) puts the pod and container on every line, also on
-    // lines logged inside a library's own span.
-    let stderr = tracing_subscriber::fmt::layer()
-        .json()
-        .with_current_span(false)
-        .with_span_list(true)
-        .with_writer(io::stderr)
-        .with_filter(filter.clone());
     let file = log_file.and_then(|p| match RotatingFile::open(p, MAX_LOG_BYTES) {
-        Ok(f) => Some(
-            tracing_subscriber::fmt::layer()
-                .json()
-                .with_current_span(false)
-                .with_span_list(true)
-                .with_writer(FileMaker(Arc::new(f)))
-                .with_filter(filter),
-        ),
+        Ok(f) => Some(json_layer(SinkMaker(Arc::new(f)), filter.clone())),
         Err(e) => {
             notes.push(format!("cannot open log file {}: {e}", p.display()));
             None
         }
     });
+    let relay = relay
+        .and_then(Relay::connect)
+        .map(|r| json_layer(SinkMaker(Arc::new(r)), filter.clone()));
     let _ = tracing_subscriber::registry()
-        .with(stderr)
+        .with(json_layer(io::stderr, filter))
         .with(file)
+        .with(relay)
         .try_init();
     notes
+}
+
+/// JSON lines; the span list (outermost first) puts the pod and container on every line, also
+/// on lines logged inside a library's own span.
+fn json_layer<S, W>(writer: W, filter: Targets) -> impl Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
+{
+    tracing_subscriber::fmt::layer()
+        .json()
+        .with_current_span(false)
+        .with_span_list(true)
+        .with_writer(writer)
+        .with_filter(filter)
 }
 
 /// The span every line of one invocation is logged in: it carries the pod and container.
@@ -212,7 +252,7 @@ mod tests {
         let path = dir.join("istio-cni.log");
         let f = RotatingFile::open(&path, 100).unwrap();
         for i in 0..10 {
-            f.write_line(format!("line {i:02} ......................\n").as_bytes())
+            f.append(format!("line {i:02} ......................\n").as_bytes())
                 .unwrap();
         }
         let live = std::fs::read_to_string(&path).unwrap();
@@ -239,7 +279,7 @@ mod tests {
         std::os::unix::fs::symlink(&outside, dir.join("istio-cni.log.1")).unwrap();
         let f = RotatingFile::open(&path, 50).unwrap();
         for i in 0..5 {
-            f.write_line(format!("line {i} ..................\n").as_bytes())
+            f.append(format!("line {i} ..................\n").as_bytes())
                 .unwrap();
         }
         assert_eq!(std::fs::read_to_string(&outside).unwrap(), "untouched");

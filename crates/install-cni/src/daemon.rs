@@ -50,6 +50,9 @@ pub async fn main(cfg: Config) -> Result<(), StartError> {
     let state = Arc::new(State::new());
     // Before the first pass: the plugin's STATUS follows every readiness change from here on.
     state.set_publisher(node_status::readiness::Publisher::start(&i.run_dir));
+    if let Err(e) = node_status::plugin_log::start(&i.run_dir) {
+        tracing::warn!(error = %e, "the plugin's lines stay in its own log file");
+    }
     node_status::http::listen(
         cfg.listen_address,
         cfg.health_port,

@@ -362,3 +362,18 @@ mod tests {
         assert!(!is_temp_name("10-x.conflist", None));
     }
 }
+
+/// Makes `path` free for a socket to be bound there: a stale socket left by an earlier run is
+/// removed; anything else at the name (a file, a directory, a planted symlink) is refused and
+/// never followed.
+pub fn clear_stale_socket(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path),
+        Ok(_) => Err(io::Error::other(
+            "exists and is not a socket; refusing to replace it",
+        )),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}

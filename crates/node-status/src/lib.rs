@@ -6,10 +6,12 @@
 //!   `cni_config::ready`);
 //! - metrics: each job owns its counters ([`metrics`]) and registers them here; `/metrics`
 //!   renders them in registration order;
-//! - the health and metrics listeners ([`http`]).
+//! - the health and metrics listeners ([`http`]);
+//! - the plugin's log lines, printed in the daemon's own log ([`plugin_log`]).
 
 pub mod http;
 pub mod metrics;
+pub mod plugin_log;
 pub mod readiness;
 
 use metrics::Metrics;

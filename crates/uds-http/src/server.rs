@@ -5,7 +5,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Response, StatusCode};
 use std::future::Future;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 use tokio::net::UnixListener;
@@ -36,16 +36,7 @@ pub fn json(body: Vec<u8>) -> Reply {
 /// else at the name (a file, a directory, a planted symlink) is refused, never followed.
 /// Must be called inside a tokio runtime.
 pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)?,
-        Ok(_) => {
-            return Err(std::io::Error::other(
-                "exists and is not a socket; refusing to replace it",
-            ));
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
+    node_fs::clear_stale_socket(path)?;
     let listener = UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     Ok(listener)
