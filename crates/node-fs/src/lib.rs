@@ -252,6 +252,21 @@ fn stamp_of(m: fs::Metadata) -> io::Result<Stamp> {
     })
 }
 
+/// Makes `path` free for a socket to be bound there: a stale socket left by an earlier run is
+/// removed; anything else at the name (a file, a directory, a planted symlink) is refused and
+/// never followed.
+pub fn clear_stale_socket(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path),
+        Ok(_) => Err(io::Error::other(
+            "exists and is not a socket; refusing to replace it",
+        )),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -360,20 +375,5 @@ mod tests {
         assert!(!same_contents(&src, &dst).unwrap());
         assert!(is_temp_name("10-x.conflist.tmp.5.1", None));
         assert!(!is_temp_name("10-x.conflist", None));
-    }
-}
-
-/// Makes `path` free for a socket to be bound there: a stale socket left by an earlier run is
-/// removed; anything else at the name (a file, a directory, a planted symlink) is refused and
-/// never followed.
-pub fn clear_stale_socket(path: &Path) -> io::Result<()> {
-    use std::os::unix::fs::FileTypeExt;
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path),
-        Ok(_) => Err(io::Error::other(
-            "exists and is not a socket; refusing to replace it",
-        )),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
     }
 }
