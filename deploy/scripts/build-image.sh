@@ -1,7 +1,7 @@
 #!/bin/bash
 # build-image.sh - builds the install-cni image from deploy/Dockerfile without a Docker daemon or a
 # registry, as an OCI archive, and checks it (deploy/scripts/check-image.py):
-#   1. cargo build --locked --release of the three binaries (static-pie; any NEEDED entry fails)
+#   1. integration/scripts/build-bins.sh: the one release build of the three binaries (static-pie)
 #   2. a build context with just bin/{istio-cni,istio-nftables,install-cni}
 #   3. buildah bud (Debian 12's buildah, rootful, vfs storage in a throwaway directory: never the
 #      system's /var/lib/containers), FROM scratch, so nothing is pulled
@@ -34,8 +34,8 @@ BUILDAH=${BUILDAH:-buildah}
 command -v "$BUILDAH" >/dev/null || { echo "build-image: needs buildah (integration/scripts/install-deps.sh)" >&2; exit 1; }
 
 if [ "$build" = 1 ]; then
-  echo "== image: cargo build --release ${BINS[*]}"
-  cargo build --locked --release -q "${BINS[@]/#/--bin=}"
+  echo "== image: integration/scripts/build-bins.sh"
+  integration/scripts/build-bins.sh >/dev/null
 fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/istio-cni-image.XXXXXX")
 trap 'rm -rf "$work"' EXIT

@@ -9,6 +9,9 @@ what this workspace just built, and nothing else. One PASS/FAIL line per check; 
     (plus their directories), each executable, statically linked (no PT_INTERP / DT_NEEDED) and
     byte-identical (sha256) to the release build
   * size: the compressed layers (what a node pulls) within --limit-mb
+
+`check-image.py --extract-bins ARCHIVE DIR` writes the image's three binaries into DIR (named as
+built) for integration/scripts/check-bins.sh.
 """
 import argparse, gzip, hashlib, io, json, os, struct, sys, tarfile
 
@@ -48,7 +51,36 @@ def elf_is_static(data):
     return True
 
 
+def image_files(archive):
+    """{path: (mode, bytes)} of the image's regular files, from the archive's only manifest."""
+    with tarfile.open(archive) as t:
+        blobs = {m.name: t.extractfile(m).read() for m in t.getmembers() if m.isfile()}
+    index = json.loads(blobs["index.json"])
+    manifest = json.loads(blobs[f"blobs/sha256/{index['manifests'][0]['digest'].split(':', 1)[1]}"])
+    files = {}
+    for layer in manifest["layers"]:
+        data = blobs[f"blobs/sha256/{layer['digest'].split(':', 1)[1]}"]
+        raw = gzip.decompress(data) if layer["mediaType"].endswith("+gzip") else data
+        with tarfile.open(fileobj=io.BytesIO(raw)) as t:
+            for m in t.getmembers():
+                if m.isfile():
+                    files[m.name.lstrip("./")] = (m.mode, t.extractfile(m).read())
+    return files
+
+
+def extract_bins(archive, out):
+    os.makedirs(out, exist_ok=True)
+    files = image_files(archive)
+    for path, bin_name in FILES.items():
+        with open(os.path.join(out, bin_name), "wb") as f:
+            f.write(files[path][1])
+    print(f"image: {len(FILES)} binaries extracted to {out}")
+    return 0
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "--extract-bins":
+        return extract_bins(sys.argv[2], sys.argv[3])
     ap = argparse.ArgumentParser()
     ap.add_argument("--archive", required=True)
     ap.add_argument("--image", required=True)

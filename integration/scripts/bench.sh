@@ -18,8 +18,7 @@ cd "$(dirname "$(readlink -f "$0")")/../.."
 command -v cargo >/dev/null || { echo "bench: needs cargo (Rust >= 1.85)" >&2; exit 1; }
 integration/scripts/install-deps.sh >&2
 echo "bench: building (release)" >&2
-cargo build --release --locked -q -p istio-cni -p install-cni -p istio-nftables -p integration --bins
-bin=$(pwd)/target/x86_64-unknown-linux-gnu/release
+bin=$(integration/scripts/build-bins.sh | tail -1)
 res=integration/results
 out=$res/bench.md
 tmp=$(mktemp); trap 'rm -f "$tmp"' EXIT

@@ -10,8 +10,10 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
-echo "== cargo build --release (static binaries)"
-cargo build --locked --release --workspace --bins
+echo "== integration/scripts/build-bins.sh (the one release build: static binaries)"
+# The image, every test that runs a product binary and the deploy checks use these bytes.
+bins=$(integration/scripts/build-bins.sh | tail -1)
+export ISTIO_CNI_BIN_DIR=$bins INSTALL_CNI=$bins/install-cni
 echo "== container image (deploy/scripts/build-image.sh: buildah, no registry; checked)"
 # Built once from the binaries just built; the CRI e2e (integration/tests/cri.rs) runs this archive.
 export ISTIO_CNI_IMAGE=${CARGO_TARGET_DIR:-$PWD/target}/images/install-cni.oci.tar
@@ -19,3 +21,6 @@ deploy/scripts/build-image.sh --no-build --out "$ISTIO_CNI_IMAGE"
 echo "== cargo test"
 cargo test --locked --workspace
 deploy/scripts/check.sh
+echo "== the binaries the tests, the image and the deploy checks ran are the build's"
+python3 deploy/scripts/check-image.py --extract-bins "$ISTIO_CNI_IMAGE" "$bins/image-bins"
+integration/scripts/check-bins.sh "$bins" "$bins"/image-bins/* "$INSTALL_CNI"

@@ -48,6 +48,16 @@ pub const WAIT: Duration = Duration::from_secs(20);
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
+/// The product binary `name` a crate's tests run: `$ISTIO_CNI_BIN_DIR/<name>` when set
+/// (test.sh points it at the one release build the image and the deploy checks use, so every
+/// suite tests the bytes that ship), else `built` (cargo's `CARGO_BIN_EXE_<name>`).
+pub fn product_binary(name: &str, built: &str) -> PathBuf {
+    match std::env::var_os("ISTIO_CNI_BIN_DIR") {
+        Some(d) => PathBuf::from(d).join(name),
+        None => PathBuf::from(built),
+    }
+}
+
 /// Where the product's binaries are: `$ISTIO_CNI_BIN_DIR`, else the cargo profile directory
 /// of the running executable (`target/<triple>/<profile>/`, also for test binaries in
 /// `deps/`). `cargo test --workspace` and `cargo build --bins` put all three there.

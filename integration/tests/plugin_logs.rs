@@ -81,7 +81,10 @@ fn fill_queue(node: &Node) -> usize {
     s.connect(node.run_dir.join("log.sock")).unwrap();
     s.set_nonblocking(true).unwrap();
     let mut n = 0;
-    while s.send(b"{\"level\":\"INFO\",\"fields\":{\"message\":\"filler\"}}").is_ok() {
+    while s
+        .send(b"{\"level\":\"INFO\",\"fields\":{\"message\":\"filler\"}}")
+        .is_ok()
+    {
         n += 1;
         assert!(n < 1_000_000, "the queue never filled");
     }

@@ -4,13 +4,18 @@ use integration::{TestNetns, require_root};
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
-const CLI: &str = env!("CARGO_BIN_EXE_istio-nftables");
+/// The CLI under test: the shipped build when `ISTIO_CNI_BIN_DIR` is set, else this crate's.
+static CLI: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    integration::node::product_binary("istio-nftables", env!("CARGO_BIN_EXE_istio-nftables"))
+        .display()
+        .to_string()
+});
 
 /// The CNI default sidecar flags.
 use integration::CNI_DEFAULT_FLAGS as DEFAULT;
 
 fn cli(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(CLI);
+    let mut c = Command::new(CLI.as_str());
     c.args(args);
     for (k, v) in env {
         c.env(k, v);
@@ -336,7 +341,7 @@ fn apply_check_and_cleanup_a_namespace() {
 fn the_binary_is_fully_static() {
     // Runs on any node OS: no dynamic loader, no libc/libnftnl/libmnl of ours expected there.
     let out = Command::new("readelf")
-        .args(["-d", CLI])
+        .args(["-d", CLI.as_str()])
         .output()
         .expect("readelf (binutils)");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -344,7 +349,10 @@ fn the_binary_is_fully_static() {
         !text.contains("(NEEDED)"),
         "istio-nftables has dynamic dependencies:\n{text}"
     );
-    let interp = Command::new("readelf").args(["-l", CLI]).output().unwrap();
+    let interp = Command::new("readelf")
+        .args(["-l", CLI.as_str()])
+        .output()
+        .unwrap();
     assert!(
         !String::from_utf8_lossy(&interp.stdout).contains("Requesting program interpreter"),
         "istio-nftables needs a dynamic loader"
@@ -360,7 +368,7 @@ fn own_namespace_needs_an_explicit_opt_in() {
     let bind = ns.path().to_str().unwrap().to_string();
     let in_ns = |args: &[&str]| {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        ns.run(move || Command::new(CLI).args(&args).output().unwrap())
+        ns.run(move || Command::new(CLI.as_str()).args(&args).output().unwrap())
             .unwrap()
     };
     for target in [

@@ -8,10 +8,15 @@ use redirect::{Backend, BackendChoice};
 use serde_json::Value;
 use std::process::{Command, Output};
 
-const CLI: &str = env!("CARGO_BIN_EXE_istio-nftables");
+/// The CLI under test: the shipped build when `ISTIO_CNI_BIN_DIR` is set, else this crate's.
+static CLI: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    integration::node::product_binary("istio-nftables", env!("CARGO_BIN_EXE_istio-nftables"))
+        .display()
+        .to_string()
+});
 
 fn explain(args: &[&str]) -> Output {
-    Command::new(CLI)
+    Command::new(CLI.as_str())
         .arg("explain")
         .args(args)
         .output()
@@ -355,7 +360,7 @@ fn sigint_during_trace_wait_leaves_nothing_behind() {
     let (w, _p) = pod(Backend::Nft, InterceptionMode::Redirect);
     let ns = w.pod.path().to_str().unwrap();
     let dst = format!("{}:80", w.world_v4);
-    let child = Command::new(CLI)
+    let child = Command::new(CLI.as_str())
         .args([
             "explain",
             "--network-namespace",

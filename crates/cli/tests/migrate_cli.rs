@@ -8,7 +8,12 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
-const CLI: &str = env!("CARGO_BIN_EXE_istio-nftables");
+/// The CLI under test: the shipped build when `ISTIO_CNI_BIN_DIR` is set, else this crate's.
+static CLI: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    integration::node::product_binary("istio-nftables", env!("CARGO_BIN_EXE_istio-nftables"))
+        .display()
+        .to_string()
+});
 
 /// The CNI default sidecar flags, dual stack.
 fn pod() -> Vec<&'static str> {
@@ -16,7 +21,7 @@ fn pod() -> Vec<&'static str> {
 }
 
 fn cli(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(CLI);
+    let mut c = Command::new(CLI.as_str());
     c.args(args).env("LOG_LEVEL", "warn");
     for (k, v) in env {
         c.env(k, v);

@@ -68,7 +68,7 @@ impl Default for NodeOptions {
             // to see a test fail before its fix).
             plugin: std::env::var_os("ISTIO_CNI_TEST_PLUGIN")
                 .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from(PLUGIN)),
+                .unwrap_or_else(|| integration::node::product_binary("istio-cni", PLUGIN)),
             backend: "auto",
         }
     }

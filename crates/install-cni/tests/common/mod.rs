@@ -17,11 +17,12 @@ use std::time::{Duration, Instant};
 pub const BIN: &str = env!("CARGO_BIN_EXE_install-cni");
 
 /// The daemon binary the tests run: `INSTALL_CNI_TEST_BIN` when set (a copy taken right after
-/// the build, when other builds share the target dir and may replace BIN meanwhile), else BIN.
+/// the build, when other builds share the target dir and may replace BIN meanwhile), else the
+/// shipped build (`ISTIO_CNI_BIN_DIR`), else BIN.
 pub fn bin() -> PathBuf {
     std::env::var_os("INSTALL_CNI_TEST_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(BIN))
+        .unwrap_or_else(|| integration::node::product_binary("install-cni", BIN))
 }
 
 pub struct Env {

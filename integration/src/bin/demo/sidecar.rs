@@ -1,55 +1,17 @@
-//! The README's main job: the whole product on one node, end to end.
-//!
-//! A node namespace with a host layout (bin dir, conf dir with Debian's bridge + host-local +
-//! portmap conflist, service-account dir, run dir); the real `install-cni` daemon chains
-//! istio-cni into the conflist; a local API server serves the demo pods; `cnitool` ADDs each
-//! pod namespace through the whole chain as kubelet would. Then, for the sidecar pod, the
-//! `nft list ruleset` a node admin sees, and a table of real connections and where they landed
-//! for every pod; CHECK, a primary-CNI rewrite repaired, DEL and SIGTERM.
-//!
-//! Usage: `demo [bin dir]` (default: the directory of this binary, where cargo puts
-//! istio-cni, install-cni and istio-nftables). Exit 0 when everything landed as expected.
+//! Sidecar pods on an nftables node: install, ADD through the chain, rules, connections,
+//! explain, repair, DEL and uninstall.
 
-use integration::cni::{Run, require_cni_tools, rules};
-use integration::node::{Node, NodeOptions, product_bin_dir};
-use integration::pods::{DemoPod, PodKind, expectations};
+use crate::{Res, explain, ms, ok};
+use integration::cni::{require_cni_tools, rules};
+use integration::node::{GATEWAY_V4, Node, NodeOptions, product_bin_dir};
+use integration::pods::{APP_UID, DemoPod, PodKind, expectations};
 use integration::{Probe, TestNetns};
 use std::path::PathBuf;
-use std::process::ExitCode;
-
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
-fn main() -> ExitCode {
-    if let Some(d) = std::env::args().nth(1) {
-        // SAFETY: single-threaded at this point.
-        unsafe { std::env::set_var("ISTIO_CNI_BIN_DIR", d) };
-    }
-    match run() {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
-        Err(e) => {
-            eprintln!("demo: {e}");
-            ExitCode::from(1)
-        }
-    }
-}
-
-fn ms(r: &Run) -> String {
-    format!("{:.1} ms", r.elapsed.as_secs_f64() * 1000.0)
-}
-
-fn ok(r: &Run, what: &str) -> Res<()> {
-    if r.ok {
-        Ok(())
-    } else {
-        Err(format!("{what} failed:\n{}{}", r.stdout, r.stderr).into())
-    }
-}
 
 /// Pods ADDed on a node: their spec, namespace and ADD result.
-type Pods = Vec<(DemoPod, TestNetns, serde_json::Value)>;
+pub type Pods = Vec<(DemoPod, TestNetns, serde_json::Value)>;
 
-fn run() -> Res<bool> {
+pub fn run() -> Res<bool> {
     require_cni_tools();
     let bins: PathBuf = product_bin_dir()?;
     let mut node = Node::new(NodeOptions::new(bins.clone()))?;
@@ -58,22 +20,38 @@ fn run() -> Res<bool> {
     let (mut pods, added_ok) = add_pods(&node)?;
     all_ok &= added_ok;
     let table = connections(&node, &pods, &mut all_ok)?;
-    print_ruleset_and_table(&node, &pods, &table)?;
+    print_ruleset(&pods[0])?;
+    print_table(&node, &pods, &table);
+    all_ok &= explain_outbound(&bins, &pods[0].1, "nft")?;
     all_ok &= repair_then_add(&node, &mut pods)?;
     all_ok &= del_and_uninstall(&mut node, &pods)?;
-    println!(
-        "\n{}",
-        if all_ok {
-            "all pods got the rules Istio gives them, and every connection landed where Istio sends it"
-        } else {
-            "SOMETHING DID NOT GO AS EXPECTED (see MISMATCH / FAILED above)"
-        }
-    );
     Ok(all_ok)
 }
 
+/// The app's connection to a world server, explained and traced by the kernel.
+pub fn explain_outbound(bins: &std::path::Path, pod: &TestNetns, backend: &str) -> Res<bool> {
+    let ns = pod.path().display().to_string();
+    let dst = format!("{GATEWAY_V4}:80");
+    let uid = APP_UID.to_string();
+    let mut args = vec![
+        "--network-namespace",
+        &ns,
+        "--dst",
+        &dst,
+        "--uid",
+        &uid,
+        "--gid",
+        &uid,
+    ];
+    args.extend(["--backend", backend]);
+    if backend == "nft" {
+        args.push("--trace");
+    }
+    explain(bins, &args)
+}
+
 /// The node, then install-cni started on it and ready.
-fn install(node: &mut Node, bins: &std::path::Path) -> Res<bool> {
+pub fn install(node: &mut Node, bins: &std::path::Path) -> Res<bool> {
     println!("== node");
     println!(
         "namespace {} (the host), layout under {}",
@@ -100,6 +78,11 @@ fn install(node: &mut Node, bins: &std::path::Path) -> Res<bool> {
 
 /// ADDs every demo pod through the full chain, as kubelet would, and CHECKs it.
 fn add_pods(node: &Node) -> Res<(Pods, bool)> {
+    add_kinds(node, &PodKind::ALL, "istio-proxy-")
+}
+
+/// ADDs a pod of each kind; `ours` is what marks our rules in `rules()` output.
+pub fn add_kinds(node: &Node, kinds: &[PodKind], ours: &str) -> Res<(Pods, bool)> {
     println!("\n== cnitool add (bridge + host-local, portmap, istio-cni; CNI_ARGS K8S_POD_*)");
     println!(
         "{:<26} {:<33} {:>9}  {:<6} check",
@@ -107,7 +90,7 @@ fn add_pods(node: &Node) -> Res<(Pods, bool)> {
     );
     let mut all_ok = true;
     let mut pods = Vec::new();
-    for (i, kind) in PodKind::ALL.into_iter().enumerate() {
+    for (i, kind) in kinds.iter().copied().enumerate() {
         let name = match kind {
             PodKind::Sidecar => "productpage-v1".to_string(),
             _ => format!("demo-{i}"),
@@ -118,7 +101,7 @@ fn add_pods(node: &Node) -> Res<(Pods, bool)> {
         let add = node.add(&ns, &spec);
         ok(&add, &format!("ADD {}/{}", spec.namespace, spec.name))?;
         let r = rules(&ns);
-        let captured = r.contains("istio-proxy-");
+        let captured = r.contains(ours);
         all_ok &= captured == kind.captured();
         let check = node.check(&ns, &spec);
         all_ok &= check.ok;
@@ -140,7 +123,7 @@ type Row = (String, String, String, String, bool);
 
 /// Real connections: every pod runs a stand-in sidecar (Envoy's ports) and app (8080); the
 /// node runs the "world" servers.
-fn connections(node: &Node, pods: &Pods, all_ok: &mut bool) -> Res<Vec<Row>> {
+pub fn connections(node: &Node, pods: &Pods, all_ok: &mut bool) -> Res<Vec<Row>> {
     let mut table = Vec::new();
     for (spec, ns, result) in pods {
         let _sidecar = Probe::sidecar(ns.path())?;
@@ -159,8 +142,7 @@ fn connections(node: &Node, pods: &Pods, all_ok: &mut bool) -> Res<Vec<Row>> {
     Ok(table)
 }
 
-fn print_ruleset_and_table(node: &Node, pods: &Pods, table: &[Row]) -> Res<()> {
-    let (sidecar, sidecar_ns, result) = &pods[0];
+fn print_ruleset((sidecar, sidecar_ns, _): &(DemoPod, TestNetns, serde_json::Value)) -> Res<()> {
     println!(
         "\n== nft list ruleset in {}/{} (nsenter --net={} nft list ruleset)\n",
         sidecar.namespace,
@@ -168,7 +150,11 @@ fn print_ruleset_and_table(node: &Node, pods: &Pods, table: &[Row]) -> Res<()> {
         sidecar_ns.path().display()
     );
     print!("{}", sidecar_ns.exec_ok("nft", &["list", "ruleset"])?);
-    let a = node.addrs(result);
+    Ok(())
+}
+
+pub fn print_table(node: &Node, pods: &Pods, table: &[Row]) {
+    let a = node.addrs(&pods[0].2);
     println!(
         "\n== connections (pod {} / {}; node {} / {}; \"pod:\" = the pod's sidecar/app listeners, \"world:\" = servers on the node)\n",
         a.pod_v4,
@@ -186,7 +172,6 @@ fn print_ruleset_and_table(node: &Node, pods: &Pods, table: &[Row]) -> Res<()> {
             if *good { "" } else { " MISMATCH" }
         );
     }
-    Ok(())
 }
 
 /// The primary CNI rewrites its conflist; the daemon repairs it before the next ADD.
@@ -211,10 +196,15 @@ fn repair_then_add(node: &Node, pods: &mut Pods) -> Res<bool> {
 
 /// DEL of every pod, then SIGTERM: the install goes (no DaemonSet: an uninstall).
 fn del_and_uninstall(node: &mut Node, pods: &Pods) -> Res<bool> {
+    del_and_uninstall_marked(node, pods, "istio-proxy-")
+}
+
+/// DEL of every pod (none keeps a rule marked `ours`), then SIGTERM: the install goes.
+pub fn del_and_uninstall_marked(node: &mut Node, pods: &Pods, ours: &str) -> Res<bool> {
     let mut left = 0;
     for (spec, ns, _) in pods {
         ok(&node.del(ns, spec), "DEL")?;
-        left += usize::from(rules(ns).contains("istio-proxy-"));
+        left += usize::from(rules(ns).contains(ours));
     }
     println!(
         "== cnitool del of {} pods: {} with rules left",

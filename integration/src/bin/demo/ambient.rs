@@ -1,0 +1,169 @@
+//! Ambient pods with Istio's real ztunnel: the node agent (install-cni with
+//! `AMBIENT_ENABLED=true`) programs each ambient pod's namespace and hands it to ztunnel over
+//! ZDS; A → B goes over HBONE (ztunnel counts it with mutual TLS), a non-mesh destination is
+//! passed through, a pod without the label is left alone, kubelet's probe reaches the app.
+
+use crate::{Res, verdict};
+use capture::ambient_constants::HOST_PROBE_SNAT_V4;
+use integration::Outcome;
+use integration::Probe;
+use integration::ambient::{
+    APP_PORT, AmbientNode, AmbientOptions, KUBELET_UID, Mode, Pod, PodPlan,
+};
+use integration::node::{GATEWAY_V4, wait_until};
+use integration::ztunnel::{metric_sum, ztunnel_binary};
+use std::net::IpAddr;
+use std::time::Duration;
+
+const OPENED: &str = "istio_tcp_connections_opened_total";
+
+fn plans() -> [PodPlan; 3] {
+    [
+        PodPlan::new("a", [10, 88, 1, 10], Mode::Ambient),
+        PodPlan::new("b", [10, 88, 1, 11], Mode::Ambient),
+        PodPlan::new("plain", [10, 88, 1, 12], Mode::Plain),
+    ]
+}
+
+pub fn run() -> Res<bool> {
+    integration::cni::require_cni_tools();
+    let zt = ztunnel_binary()
+        .ok_or("ztunnel missing: run integration/scripts/install-deps.sh without SKIP_ZTUNNEL")?;
+    let [a, b, plain] = plans();
+    let n = AmbientNode::start(&zt, &AmbientOptions::default(), &[a.clone(), b.clone()])?;
+    println!(
+        "== node agent ready, ztunnel ({}) connected over ZDS",
+        zt.display()
+    );
+    let (pa, pb, pp) = (n.start_pod(&a), n.start_pod(&b), n.start_pod(&plain));
+    let mut all_ok = print_enrolled(&n, &[&pa, &pb, &pp]);
+    let _world = Probe::world(n.node.ns.path())?;
+    println!("\n== connections (ztunnel's own counters confirm who carried what)\n");
+    all_ok &= hbone(&n, &pa, &pb);
+    all_ok &= passthrough(&n, &pa, &pp);
+    all_ok &= probe(&n, &pa);
+    all_ok &= release(&n, &[&pa, &pb, &pp]);
+    Ok(all_ok)
+}
+
+fn print_enrolled(n: &AmbientNode, pods: &[&Pod]) -> bool {
+    println!(
+        "\n{:<8} {:<12} {:<44} ztunnel in the pod",
+        "pod", "ip", "tables"
+    );
+    let mut good = true;
+    for p in pods {
+        let ambient = p.plan.mode == Mode::Ambient;
+        let tables = n.ambient_tables(p);
+        let served = n.served(p);
+        good &= served == ambient && tables.len() == if ambient { 3 } else { 0 };
+        println!(
+            "{:<8} {:<12} {:<44} {}",
+            p.name(),
+            p.ip(),
+            tables.join(", "),
+            if served {
+                "listening (15001/15006/15008)"
+            } else {
+                "no"
+            }
+        );
+    }
+    let set = n.probe_set();
+    println!("node probe set istio-inpod-probes-v4: {set:?}");
+    good && set.len() == 2
+}
+
+fn landed(what: &str, o: &Outcome, probe: &str, port: u16) -> bool {
+    let good = o
+        .landed()
+        .is_some_and(|l| l.probe == probe && l.port == port);
+    println!("{what:<52} {:<28} {}", o.to_string(), verdict(good));
+    good
+}
+
+fn opened(n: &AmbientNode, labels: &[(&str, &str)]) -> f64 {
+    metric_sum(&n.zt.metrics(), OPENED, labels)
+}
+
+fn counted(what: &str, mut check: impl FnMut() -> bool) -> bool {
+    let good = wait_until(Duration::from_secs(10), &mut check);
+    println!("{what:<81} {}", verdict(good));
+    good
+}
+
+/// A → B:8080, carried by ztunnel over HBONE with mutual TLS.
+fn hbone(n: &AmbientNode, pa: &Pod, pb: &Pod) -> bool {
+    let o = n.from_pod(pa, pb.ip(), APP_PORT);
+    let good = landed("a -> b:8080", &o, "b", APP_PORT);
+    let mtls = [
+        ("source_workload", "a"),
+        ("destination_workload", "b"),
+        ("reporter", "destination"),
+        ("connection_security_policy", "mutual_tls"),
+    ];
+    good & counted(
+        "  ztunnel: a -> b opened with connection_security_policy=mutual_tls",
+        || opened(n, &mtls) >= 1.0,
+    )
+}
+
+/// A → a non-mesh address: through ztunnel's outbound, passed through to the original
+/// destination; the plain pod's own traffic never meets ztunnel.
+fn passthrough(n: &AmbientNode, pa: &Pod, pp: &Pod) -> bool {
+    let gateway: IpAddr = GATEWAY_V4.parse().expect("address");
+    let unknown = [
+        ("reporter", "source"),
+        ("source_workload", "a"),
+        ("destination_workload", "unknown"),
+    ];
+    let before = opened(n, &unknown);
+    let mut good = landed(
+        "a -> outside 10.88.0.1:80 (not in the mesh)",
+        &n.from_pod(pa, gateway, 80),
+        "world",
+        80,
+    );
+    good &= counted(
+        "  ztunnel: passed through, destination_workload=unknown",
+        || opened(n, &unknown) > before,
+    );
+    good &= landed(
+        "plain -> outside 10.88.0.1:80 (pod not enrolled)",
+        &n.from_pod(pp, gateway, 80),
+        "world",
+        80,
+    );
+    let plain = [("reporter", "source"), ("source_workload", "plain")];
+    good & counted("  ztunnel: nothing from plain", || opened(n, &plain) == 0.0)
+}
+
+/// kubelet's probe (its uid, from the node) reaches A's app directly, from 169.254.7.127.
+fn probe(n: &AmbientNode, pa: &Pod) -> bool {
+    let o = n.from_node(KUBELET_UID, pa.ip(), APP_PORT);
+    let good = landed("kubelet (uid 4242) probe -> a:8080", &o, "a", APP_PORT);
+    let peer = pa.app.accepted().last().map(|c| c.peer.ip());
+    let snat = peer == Some(IpAddr::V4(HOST_PROBE_SNAT_V4));
+    println!(
+        "  the app saw the probe from {peer:?} (the host probe rule's SNAT)              {}",
+        verdict(snat)
+    );
+    good && snat
+}
+
+/// DEL of every pod: ztunnel stops serving them, their rules and the node's probe rule go.
+fn release(n: &AmbientNode, pods: &[&Pod]) -> bool {
+    let mut good = true;
+    for p in pods {
+        good &= n.del(p).ok;
+    }
+    good &= pods
+        .iter()
+        .all(|p| n.not_served(p) && n.ambient_tables(p).is_empty());
+    let host_gone = n.probe_set().is_empty();
+    println!(
+        "\n== cnitool del of 3 pods: ztunnel released them, rules gone, node probe rule gone: {}",
+        verdict(good && host_gone)
+    );
+    good && host_gone
+}
