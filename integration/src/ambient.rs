@@ -442,6 +442,45 @@ impl AmbientNode {
             .collect()
     }
 
+    /// The members of the node's legacy probe ipset `set` (`istio-inpod-probes-v4/v6`) as
+    /// `(address, comment)`; empty when the set does not exist.
+    pub fn probe_ipset(&self, set: &str) -> Vec<(IpAddr, String)> {
+        let out = self.node.ns.exec_ok("ipset", &["save", set]);
+        out.unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.strip_prefix(&format!("add {set} ")))
+            .filter_map(|rest| {
+                let (ip, comment) = rest.split_once(" comment ")?;
+                Some((ip.parse().ok()?, comment.trim_matches('"').to_string()))
+            })
+            .collect()
+    }
+
+    /// The node's ipsets (names).
+    pub fn ipsets(&self) -> Vec<String> {
+        let out = self.node.ns.exec_ok("ipset", &["list", "-n"]);
+        out.unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// `iptables-legacy-save` (or `ip6tables-legacy-save`) of `ns` without comments and
+    /// counters; empty when legacy iptables was never used there.
+    pub fn legacy_save(ns: &TestNetns, v6: bool) -> String {
+        let bin = if v6 {
+            "ip6tables-legacy-save"
+        } else {
+            "iptables-legacy-save"
+        };
+        ns.exec_ok(bin, &[])
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| l.split(" [").next().unwrap_or(l).to_string() + "\n")
+            .collect()
+    }
+
     /// The node's ambient host table as `nft list` prints it (for failure messages).
     pub fn host_table(&self) -> String {
         self.node

@@ -42,6 +42,7 @@ pub mod cni;
 pub mod cri;
 pub mod dns;
 pub mod golden;
+pub mod host_probe;
 pub mod install_fixtures;
 pub mod kube_api;
 pub mod node;

@@ -6,6 +6,7 @@
 
 use capture::{AmbientConfig, AmbientPod, Plan};
 use redirect::BackendChoice;
+use redirect::host_probe::HostProbeRule;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -44,6 +45,8 @@ pub struct AgentSettings {
     pub ipv6: bool,
     /// The host probe rule (`Plan::ambient_host`), installed with the first pod.
     pub host_plan: Plan,
+    /// The host rule's backend: the node's, the same as the pods' rules (as Istio pairs them).
+    pub host: HostProbeRule,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +61,7 @@ pub enum AgentError {
     #[error("pod {pod}: the host probe rule: {source}")]
     Host {
         pod: String,
-        source: nft_backend::NftError,
+        source: redirect::RedirectError,
     },
     #[error("pod {pod}: {source}")]
     Ztunnel { pod: String, source: zds::ZdsError },
@@ -152,12 +155,7 @@ impl Agent {
     pub async fn adopt(&self, pod: AmbientPodRef, netns: OwnedFd) -> Result<(), AgentError> {
         let mut g = self.inner.lock().await;
         self.ensure_host(&mut g, &pod).await?;
-        add_probe_ips(&self.settings.host_plan, &pod)
-            .await
-            .map_err(|source| AgentError::Host {
-                pod: pod.label(),
-                source,
-            })?;
+        self.add_probe_ips(&pod).await?;
         g.pods.insert(
             pod.uid.clone(),
             Enrolled {
@@ -207,7 +205,7 @@ impl Agent {
                 .into_iter()
                 .filter(|ip| !pod.ips.contains(ip))
                 .collect();
-            if let Err(e) = remove_probe_ips(&self.settings.host_plan, &stale).await {
+            if let Err(e) = self.remove_probe_ips(&stale).await {
                 tracing::warn!(pod = %pod.label(), error = %e, "removing the old probe IPs failed");
             }
         }
@@ -223,12 +221,7 @@ impl Agent {
         netns: &Arc<OwnedFd>,
     ) -> Result<(), AgentError> {
         self.ensure_host(g, pod).await?;
-        add_probe_ips(&self.settings.host_plan, pod)
-            .await
-            .map_err(|source| AgentError::Host {
-                pod: pod.label(),
-                source,
-            })?;
+        self.add_probe_ips(pod).await?;
         let fd = netns.try_clone().map_err(|e| AgentError::Worker {
             pod: pod.label(),
             reason: format!("duplicating the netns fd: {e}"),
@@ -252,7 +245,7 @@ impl Agent {
         if let Err(e) = unprogram(netns).await {
             tracing::error!(pod = %pod.label(), error = %e, "rolling back: removing the ambient rules failed");
         }
-        if let Err(e) = remove_probe_ips(&self.settings.host_plan, &pod.ips).await {
+        if let Err(e) = self.remove_probe_ips(&pod.ips).await {
             tracing::error!(pod = %pod.label(), error = %e, "rolling back: removing the probe IPs failed");
         }
         g.pods.remove(&pod.uid);
@@ -278,7 +271,7 @@ impl Agent {
         if let Err(err) = unprogram(&e.netns).await {
             tracing::warn!(%pod, error = %err, "removing the ambient rules failed");
         }
-        if let Err(err) = remove_probe_ips(&self.settings.host_plan, &e.pod.ips).await {
+        if let Err(err) = self.remove_probe_ips(&e.pod.ips).await {
             tracing::warn!(%pod, error = %err, "removing the probe IPs failed");
         }
         self.drop_host_if_idle(&mut g).await;
@@ -298,8 +291,8 @@ impl Agent {
         if g.host_installed {
             return Ok(());
         }
-        let plan = self.settings.host_plan.clone();
-        blocking(move || nft_backend::ambient_host::ensure(&plan))
+        let (plan, host) = (self.settings.host_plan.clone(), self.settings.host);
+        blocking(move || host.ensure(&plan))
             .await
             .map_err(|reason| AgentError::Worker {
                 pod: pod.label(),
@@ -310,7 +303,10 @@ impl Agent {
                 source,
             })?;
         g.host_installed = true;
-        tracing::info!("host probe rule installed (inet istio-ambient-nat)");
+        tracing::info!(
+            rule = self.settings.host.describe(),
+            "host probe rule installed"
+        );
         Ok(())
     }
 
@@ -319,7 +315,8 @@ impl Agent {
         if !g.pods.is_empty() || !g.host_installed {
             return;
         }
-        match blocking(nft_backend::ambient_host::remove_all).await {
+        let host = self.settings.host;
+        match blocking(move || host.remove_all()).await {
             Ok(Ok(_)) => {
                 g.host_installed = false;
                 tracing::info!("last ambient pod gone: host probe rule removed");
@@ -327,6 +324,30 @@ impl Agent {
             Ok(Err(e)) => tracing::warn!(error = %e, "removing the host probe rule failed"),
             Err(e) => tracing::warn!(error = %e, "removing the host probe rule failed"),
         }
+    }
+
+    /// The pod's IPs into the host probe sets, commented with its UID.
+    async fn add_probe_ips(&self, pod: &AmbientPodRef) -> Result<(), AgentError> {
+        let (plan, host) = (self.settings.host_plan.clone(), self.settings.host);
+        let (ips, uid) = (pod.ips.clone(), pod.uid.clone());
+        blocking(move || host.add_pod_ips(&plan, &ips, &uid))
+            .await
+            .map_err(|reason| AgentError::Worker {
+                pod: pod.label(),
+                reason,
+            })?
+            .map_err(|source| AgentError::Host {
+                pod: pod.label(),
+                source,
+            })
+    }
+
+    async fn remove_probe_ips(&self, ips: &[IpAddr]) -> Result<(), String> {
+        let (plan, host) = (self.settings.host_plan.clone(), self.settings.host);
+        let ips = ips.to_vec();
+        blocking(move || host.remove_pod_ips(&plan, &ips))
+            .await?
+            .map_err(|e| e.to_string())
     }
 
     /// Checks an enrolled pod's rules against its plan; re-applies on drift. Returns the
@@ -397,25 +418,6 @@ async fn unprogram(netns: &Arc<OwnedFd>) -> Result<(), String> {
     })
     .await?
     .map_err(|e| e.to_string())
-}
-
-async fn add_probe_ips(host: &Plan, pod: &AmbientPodRef) -> Result<(), nft_backend::NftError> {
-    let (plan, ips, uid) = (host.clone(), pod.ips.clone(), pod.uid.clone());
-    blocking(move || nft_backend::ambient_host::add_pod_ips(&plan, &ips, &uid))
-        .await
-        .unwrap_or_else(|reason| {
-            Err(nft_backend::NftError::Io {
-                context: "the agent's worker",
-                source: std::io::Error::other(reason),
-            })
-        })
-}
-
-async fn remove_probe_ips(host: &Plan, ips: &[IpAddr]) -> Result<(), String> {
-    let (plan, ips) = (host.clone(), ips.to_vec());
-    blocking(move || nft_backend::ambient_host::remove_pod_ips(&plan, &ips))
-        .await?
-        .map_err(|e| e.to_string())
 }
 
 /// Kernel work (netlink, setns) runs off the async thread.

@@ -12,7 +12,7 @@ pub mod agent;
 pub mod plugin_server;
 
 use agent::{Agent, AgentSettings, AmbientPodRef};
-use capture::{HostProbeConfig, Plan, ProbeSource};
+use capture::{HostProbeConfig, Plan};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use node_status::State;
 use node_status::metrics::Counters;
@@ -20,6 +20,7 @@ use node_view::cache::{CacheEvent, NamespaceCache, PodCache};
 use pod_policy::ambient::pod_settings;
 use pod_policy::bypass::finished;
 use pod_policy::{Decision, Policy, PolicyError};
+use redirect::host_probe::HostProbeRule;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::os::fd::OwnedFd;
@@ -72,7 +73,7 @@ pub struct NodeContext {
     pub proc_root: PathBuf,
     /// The plugin's run dir (where `pluginevent.sock` is served).
     pub run_dir: PathBuf,
-    /// The node's backend for in-pod rules.
+    /// The node's backend for in-pod rules and the host probe rule.
     pub backend: redirect::Backend,
     /// Each ambient pod's rules are checked this often (`None`: reconcile is off).
     pub reconcile_interval: Option<Duration>,
@@ -124,19 +125,24 @@ fn status_ips(pod: &Pod) -> Vec<IpAddr> {
     ips
 }
 
-/// The host probe rule: kubelet's sockets (its uid found through the host's /proc, as Istio's
-/// nft mode), or any local socket when no kubelet process is found (Istio's iptables mode).
-fn host_plan(proc_root: &Path, ipv6: bool) -> Result<Plan, String> {
-    let source = match nft_backend::ambient_host::kubelet_uid(proc_root) {
-        Ok(uid) => {
-            tracing::info!(uid, "kubelet found: probes are its sockets' traffic");
-            ProbeSource::KubeletUid(uid)
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "no kubelet uid: every local socket's traffic to ambient pods counts as a probe");
-            ProbeSource::AnyLocalSocket
-        }
+/// The host probe rule, as Istio has it per backend (`HostProbeRule::probe_source`): on nft
+/// nodes kubelet's sockets (its uid found through the host's /proc), or any local socket when
+/// no kubelet process is found; on iptables-legacy nodes any local socket (Istio's payload).
+fn host_plan(proc_root: &Path, ipv6: bool, host: HostProbeRule) -> Result<Plan, String> {
+    let kubelet = match host.backend() {
+        redirect::Backend::IptablesLegacy => None,
+        redirect::Backend::Nft => match nft_backend::ambient_host::kubelet_uid(proc_root) {
+            Ok(uid) => {
+                tracing::info!(uid, "kubelet found: probes are its sockets' traffic");
+                Some(uid)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no kubelet uid: every local socket's traffic to ambient pods counts as a probe");
+                None
+            }
+        },
     };
+    let source = host.probe_source(kubelet);
     Plan::ambient_host(&HostProbeConfig::new(source, ipv6)).map_err(|e| e.to_string())
 }
 
@@ -197,6 +203,7 @@ pub fn start(
         reconcile_on_startup: settings.reconcile_on_startup,
         reconcile_interval: node.reconcile_interval,
         backend: redirect::BackendChoice::Fixed(node.backend),
+        host: HostProbeRule::new(node.backend),
         dns_capture: settings.dns_capture,
         ipv6: settings.ipv6,
         pods: pods.clone(),
@@ -216,6 +223,8 @@ struct Runner {
     reconcile_on_startup: bool,
     reconcile_interval: Option<Duration>,
     backend: redirect::BackendChoice,
+    /// The host probe rule on the node's backend.
+    host: HostProbeRule,
     dns_capture: bool,
     ipv6: bool,
     pods: PodCache,
@@ -270,7 +279,8 @@ impl Runner {
             backend,
             dns_capture: self.dns_capture,
             ipv6: self.ipv6,
-            host_plan: host_plan(&self.proc_root, self.ipv6)?,
+            host_plan: host_plan(&self.proc_root, self.ipv6, self.host)?,
+            host: self.host,
         };
         if let Some(dir) = self.ztunnel_socket.parent() {
             std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;

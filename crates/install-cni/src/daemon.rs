@@ -96,7 +96,8 @@ async fn stop(cfg: &Config, mut installer: Installer, state: &State, signal: &st
         }
     }
     if cfg.ambient.enabled {
-        match nft_backend::ambient_host::remove_all() {
+        // Both backends': the node's backend decision may have changed between runs.
+        match redirect::host_probe::remove_all_backends() {
             Ok(_) => tracing::info!("cleanup: host probe rule removed"),
             Err(e) => tracing::warn!("cleanup: removing the host probe rule: {e}"),
         }

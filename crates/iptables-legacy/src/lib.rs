@@ -46,12 +46,13 @@
 //! apply repairs the same way. The nft backend has no states 2 or a table split: its rules are
 //! one batch, committed all or nothing, then the same routes (state 3).
 
+pub mod ambient_host;
 mod render;
 mod save;
 mod tools;
 
 pub use render::{render_payload, rule_args};
-pub use tools::Tools;
+pub use tools::{NODE_XTABLES_LOCK, Tools};
 
 use capture::Plan;
 use netns::NsLock;
@@ -64,7 +65,8 @@ use tools::Fam;
 #[derive(Debug, thiserror::Error)]
 pub enum LegacyError {
     #[error(
-        "{binary} not found (searched {searched}); install iptables (legacy) or use the nft backend"
+        "{binary} not found (searched {searched}); install {} or use the nft backend",
+        tools::package_of(binary)
     )]
     BinaryNotFound { binary: String, searched: String },
     #[error("could not run {command}: {source}")]
@@ -81,6 +83,12 @@ pub enum LegacyError {
     Read { path: PathBuf, source: io::Error },
     #[error("preparing a scratch namespace to compare rules: {0}")]
     Scratch(io::Error),
+    /// Another call kept the node namespace's lock past the deadline (`ambient_host`).
+    #[error(transparent)]
+    Lock(#[from] netns::LockError),
+    /// A pod UID that cannot be an ipset comment (quotes, control characters, > 255 bytes).
+    #[error("pod UID {uid:?} cannot be an ipset comment: {reason}")]
+    PodUid { uid: String, reason: &'static str },
     #[error("{family} rules of ours still there after removing them: {rules}")]
     LeftBehind { family: &'static str, rules: String },
     /// TPROXY policy routing or the IPv6 inbound passthrough address (shared with nft).
@@ -382,22 +390,31 @@ fn canonical(tools: &Tools, fam: Fam, payload: &str) -> Result<Vec<SavedTable>, 
 /// flush and delete our chains. Flushing all before deleting any lets chains that jump to
 /// each other go in one pass.
 fn removal(live: &[SavedTable], expected: &[SavedTable]) -> BTreeMap<String, Vec<String>> {
+    removal_owned(live, expected, is_ours)
+}
+
+/// [`removal`] of the chains `owns` accepts (and jumps to them) only.
+fn removal_owned(
+    live: &[SavedTable],
+    expected: &[SavedTable],
+    owns: save::Owns,
+) -> BTreeMap<String, Vec<String>> {
     let mut out = BTreeMap::new();
-    for t in live.iter().filter(|t| t.has_ours()) {
+    for t in live.iter().filter(|t| t.has_owned(owns)) {
         let exp = expected.iter().find(|e| e.name == t.name);
         let mut lines = Vec::new();
         for (chain, rule) in &t.rules {
-            if is_ours(chain) {
+            if owns(chain) {
                 continue;
             }
-            let jumps_to_ours = jump_target(rule).is_some_and(is_ours);
+            let jumps_to_ours = jump_target(rule).is_some_and(owns);
             let planned = exp.is_some_and(|e| e.rules_of(chain).any(|r| r == rule));
             if jumps_to_ours || planned {
                 lines.push(format!("-D {chain} {rule}"));
             }
         }
-        lines.extend(t.our_chains().map(|c| format!("-F {c}")));
-        lines.extend(t.our_chains().map(|c| format!("-X {c}")));
+        lines.extend(t.owned_chains(owns).map(|c| format!("-F {c}")));
+        lines.extend(t.owned_chains(owns).map(|c| format!("-X {c}")));
         out.insert(t.name.clone(), lines);
     }
     out

@@ -4,10 +4,15 @@
 //! hex, …) that differs from how Istio writes them, so comparisons are always made between
 //! two save outputs, never between a save output and a restore payload.
 
-/// Chains we own: every `ISTIO_*` chain (the same test Istio's residue detection uses).
+/// Chains we own in a pod's namespace: every `ISTIO_*` chain (the same test Istio's residue
+/// detection uses).
 pub(crate) fn is_ours(chain: &str) -> bool {
     chain.starts_with("ISTIO_")
 }
+
+/// Which chains a caller owns where it works: [`is_ours`] in a pod's namespace; in the node's
+/// own namespace only the host probe chain (`ambient_host`), never another `ISTIO_*` chain.
+pub(crate) type Owns = fn(&str) -> bool;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SavedTable {
@@ -27,19 +32,28 @@ impl SavedTable {
     }
 
     pub fn our_chains(&self) -> impl Iterator<Item = &str> {
-        self.chains
-            .iter()
-            .map(String::as_str)
-            .filter(|c| is_ours(c))
+        self.owned_chains(is_ours)
     }
 
     /// Whether anything of ours is in this table (a chain, or a jump to one).
     pub fn has_ours(&self) -> bool {
-        self.our_chains().next().is_some()
+        self.has_owned(is_ours)
+    }
+
+    pub(crate) fn owned_chains(&self, owns: Owns) -> impl Iterator<Item = &str> {
+        self.chains
+            .iter()
+            .map(String::as_str)
+            .filter(move |c| owns(c))
+    }
+
+    /// Whether a chain `owns` accepts, or a jump to one, is in this table.
+    pub(crate) fn has_owned(&self, owns: Owns) -> bool {
+        self.owned_chains(owns).next().is_some()
             || self
                 .rules
                 .iter()
-                .any(|(_, r)| jump_target(r).is_some_and(is_ours))
+                .any(|(_, r)| jump_target(r).is_some_and(owns))
     }
 }
 

@@ -23,11 +23,29 @@ const LOCK_WAIT_SECS: &str = "30";
 /// none measurable (300 restores: 2.2–2.9 ms each with either file).
 const UNCONTENDED_XTABLES_LOCK: &str = "/proc/self/stat";
 
+/// The xtables lock of the node's own namespace, which kubelet and kube-proxy take (iptables'
+/// default; `XTABLES_LOCKFILE` overrides it, for them and for us).
+pub const NODE_XTABLES_LOCK: &str = "/run/xtables.lock";
+
+/// The ipset binary (the host probe rule's sets, `ambient_host`).
+pub(crate) const IPSET: &str = "ipset";
+
 /// Where the backend looks for the iptables-legacy binaries.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tools {
     /// Searched in order for each binary.
     pub search_dirs: Vec<PathBuf>,
+    /// The xtables lock restores of the host probe rule take in the node's own namespace,
+    /// shared with kubelet and kube-proxy: `XTABLES_LOCKFILE` when set, else
+    /// [`NODE_XTABLES_LOCK`]. (Restores into pods take an uncontended one, see above.)
+    pub node_xtables_lock: PathBuf,
+}
+
+fn node_xtables_lock() -> PathBuf {
+    std::env::var_os("XTABLES_LOCKFILE")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| NODE_XTABLES_LOCK.into())
 }
 
 impl Default for Tools {
@@ -42,7 +60,10 @@ impl Default for Tools {
                 dirs.push(d.into());
             }
         }
-        Tools { search_dirs: dirs }
+        Tools {
+            search_dirs: dirs,
+            node_xtables_lock: node_xtables_lock(),
+        }
     }
 }
 
@@ -87,6 +108,7 @@ impl Tools {
     pub fn in_dirs<I: IntoIterator<Item = P>, P: Into<PathBuf>>(dirs: I) -> Self {
         Tools {
             search_dirs: dirs.into_iter().map(Into::into).collect(),
+            node_xtables_lock: node_xtables_lock(),
         }
     }
 
@@ -110,7 +132,7 @@ impl Tools {
     /// `X-save` output for the current namespace.
     pub(crate) fn save(&self, fam: Fam) -> Result<String, LegacyError> {
         let bin = self.find(fam.save())?;
-        run(&bin, &[], None, None)
+        run(&bin, &[], None, None, None)
     }
 
     /// `X-restore --noflush -w 30 [--test]` with `input` on stdin. With `held`, the child
@@ -128,7 +150,43 @@ impl Tools {
         if test_only {
             args.push("--test");
         }
-        run(&bin, &args, Some(input), held).map(drop)
+        run(&bin, &args, Some(input), held, None).map(drop)
+    }
+
+    /// [`Tools::restore`] in the node's own namespace: the child also waits (up to `-w 30`)
+    /// for the node-wide xtables lock ([`Tools::node_xtables_lock`]), so our commit never
+    /// interleaves with kubelet's or kube-proxy's.
+    pub(crate) fn restore_on_node(
+        &self,
+        fam: Fam,
+        input: &str,
+        held: &NsLock,
+    ) -> Result<(), LegacyError> {
+        let bin = self.find(fam.restore())?;
+        let args = ["--noflush", "-w", LOCK_WAIT_SECS];
+        run(
+            &bin,
+            &args,
+            Some(input),
+            Some(held),
+            Some(&self.node_xtables_lock),
+        )
+        .map(drop)
+    }
+
+    /// `ipset ARGS` (with `input` on stdin), returning its stdout.
+    pub(crate) fn ipset(&self, args: &[&str], input: Option<&str>) -> Result<String, LegacyError> {
+        let bin = self.find(IPSET)?;
+        run(&bin, args, input, None, None)
+    }
+}
+
+/// The Debian package that ships `binary` (for the "not found" error).
+pub(crate) fn package_of(binary: &str) -> &'static str {
+    if binary == IPSET {
+        "ipset"
+    } else {
+        "iptables (legacy)"
     }
 }
 
@@ -142,6 +200,7 @@ fn run(
     args: &[&str],
     stdin: Option<&str>,
     held: Option<&NsLock>,
+    xtables_lock: Option<&Path>,
 ) -> Result<String, LegacyError> {
     let command = format!("{} {}", bin.display(), args.join(" "));
     let mut cmd = Command::new(bin);
@@ -153,7 +212,10 @@ fn run(
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    cmd.env("XTABLES_LOCKFILE", UNCONTENDED_XTABLES_LOCK);
+    cmd.env(
+        "XTABLES_LOCKFILE",
+        xtables_lock.unwrap_or(Path::new(UNCONTENDED_XTABLES_LOCK)),
+    );
     if let Some(lock) = held {
         lock.keep_held_by(&mut cmd);
     }
@@ -179,13 +241,15 @@ fn run(
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// iptables-restore reports "Error occurred at line: N" (or "line N failed"); quote that line.
+/// iptables-restore reports "Error occurred at line: N" (or "line N failed"), ipset
+/// "Error in line N: ..."; quote that line.
 fn offending_line(stderr: &str, input: &str) -> Option<String> {
     let n: usize = stderr
         .lines()
         .find_map(|l| {
             l.strip_prefix("Error occurred at line: ")
                 .or_else(|| l.split("line ").nth(1)?.strip_suffix(" failed"))
+                .or_else(|| l.split("Error in line ").nth(1)?.split(':').next())
         })?
         .trim()
         .parse()

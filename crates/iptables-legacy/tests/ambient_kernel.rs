@@ -1,7 +1,6 @@
 //! Ambient's in-pod rules through the legacy backend on a real kernel: where real
 //! connections land (stand-in ztunnel on 15001/15006/15008/15053, app on 8080), idempotent
-//! re-apply, cleanup. (The host probe rule needs an ipset, created outside the payload; this
-//! machine has no `ipset` tool, so only its payload is tested, in ambient_goldens.rs.)
+//! re-apply, cleanup. (The host probe rule and its ipsets: ambient_host.rs.)
 use netns::NsLock;
 use std::time::{Duration, Instant};
 

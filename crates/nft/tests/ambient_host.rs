@@ -4,41 +4,14 @@
 //! 169.254.7.127 un-proxied; other uids, and pods not in the set, are left alone.
 
 use capture::*;
+use integration::host_probe::{KUBELET_UID, OTHER_UID, ZTUNNEL, in_ns, seen_from};
 use integration::*;
 use nft_backend::ambient_host;
 use std::net::IpAddr;
 use std::path::Path;
 
-const KUBELET_UID: u32 = 4242;
-const OTHER_UID: u32 = 1000;
-
-const ZTUNNEL: [Listen; 4] = [
-    Listen::tcp(15001),
-    Listen::tproxy(15006),
-    Listen::tcp(15008),
-    Listen::tcp(8080),
-];
-
 fn host_plan(ipv6: bool) -> Plan {
-    Plan::ambient_host(&HostProbeConfig::new(
-        ProbeSource::KubeletUid(KUBELET_UID),
-        ipv6,
-    ))
-    .unwrap()
-}
-
-fn in_ns<T: Send>(ns: &Path, f: impl FnOnce() -> T + Send) -> T {
-    netns::run_in(Some(ns), f).unwrap()
-}
-
-/// Who the pod's listener saw connecting, and on which port it landed.
-fn seen_from(probe: &Probe, node: &Path, spec: &ConnectSpec) -> (u16, IpAddr) {
-    let before = probe.accepted().len();
-    let o = connect(node, spec);
-    let port = o.landed_port().unwrap_or_else(|| panic!("no landing: {o}"));
-    let acc = probe.accepted();
-    assert_eq!(acc.len(), before + 1, "{acc:?}");
-    (port, acc[before].peer.ip())
+    integration::host_probe::host_plan(ProbeSource::KubeletUid(KUBELET_UID), ipv6)
 }
 
 fn set_elements(node: &TestNetns, set: &str) -> String {

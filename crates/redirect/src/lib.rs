@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 pub use capture;
 pub use migrate::{MigrateOptions, Migration, migrate, migrate_with};
 
+pub mod host_probe;
 mod migrate;
 pub mod node;
 

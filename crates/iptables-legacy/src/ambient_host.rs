@@ -1,0 +1,312 @@
+//! Ambient's host rule with iptables-legacy, as Istio's node agent builds it on iptables
+//! nodes: the ipsets `istio-inpod-probes-v4/v6` (`hash:ip`, one element per ambient pod IP,
+//! commented with the pod's UID, as Istio's `cni/pkg/ipset`) and `nat ISTIO_POSTRT`, jumped to
+//! first in `POSTROUTING`, SNATing probes to them to 169.254.7.127 (payload byte-identical to
+//! Istio's `hostprobe` goldens with `capture::ProbeSource::AnyLocalSocket`). The same four
+//! calls as `nft_backend::ambient_host`.
+//!
+//! Every function works in the calling thread's network namespace, the node's own (enter it
+//! first when it is not the caller's). In it, only `ISTIO_POSTRT` and the jumps to it are
+//! ours: kube-proxy's chains and any other `ISTIO_*` chain are never touched. Each call takes
+//! the namespace's lock ([`netns::NsLock`]), so calls of ours never interleave; the restores
+//! also take the node-wide xtables lock kubelet and kube-proxy use
+//! ([`Tools::node_xtables_lock`]).
+//!
+//! Order, so a failure never leaves a rule naming a missing set: sets are created before the
+//! rule (iptables refuses a rule naming a missing set) and destroyed after it.
+
+use crate::save::{Owns, SavedTable};
+use crate::tools::{Fam, IPSET};
+use crate::{
+    LegacyError, Tools, live_tables, removal_owned, render_payload, tables_instantiated,
+    with_removal,
+};
+use capture::ambient_constants::{PROBE_SET_V4, PROBE_SET_V6};
+use capture::{ChainId, NamedSet, Plan};
+use netns::NsLock;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+/// How long a call waits for the node namespace's lock (other calls of ours hold it for a few
+/// ms; a restore waiting for kube-proxy's xtables lock, up to its `-w 30`).
+pub const LOCK_WAIT: Duration = Duration::from_secs(35);
+
+/// The longest comment an ipset element takes (the kernel's `IPSET_MAX_COMMENT_SIZE`).
+const MAX_COMMENT: usize = 255;
+
+/// The only chain of ours in the node's namespace.
+fn is_host_chain(chain: &str) -> bool {
+    chain == ChainId::IstioPostrouting.iptables_name()
+}
+
+const HOST: Owns = is_host_chain;
+
+/// Creates the plan's sets if missing, then writes the rule: an existing rule of ours is
+/// removed and the new one written in the same restore, one per family (atomic per table).
+/// Set elements already there stay. A set the plan no longer has (IPv6 turned off) is
+/// destroyed after the rule that used it.
+pub fn ensure(plan: &Plan) -> Result<(), LegacyError> {
+    ensure_with(plan, &Tools::default())
+}
+
+/// [`ensure`] with explicit binary lookup. Every binary is located first: a missing one
+/// (`ipset` included) changes nothing and creates no iptables table.
+pub fn ensure_with(plan: &Plan, tools: &Tools) -> Result<(), LegacyError> {
+    tools.find(IPSET)?;
+    let payloads: Vec<(Fam, String)> = [Fam::V4, Fam::V6]
+        .into_iter()
+        .map(|fam| (fam, render_payload(plan, fam == Fam::V6)))
+        .collect();
+    for (fam, payload) in &payloads {
+        if !payload.is_empty() {
+            tools.find(fam.restore())?;
+            tools.find(fam.save())?;
+        }
+    }
+    let held = lock()?;
+    tools.ipset(&["restore"], Some(&create_sets(&plan.sets)))?;
+    for (fam, payload) in &payloads {
+        let live = host_tables(tools, *fam)?;
+        let input = with_removal(payload, &removal_owned(&live, &[], HOST));
+        if !input.is_empty() {
+            tools.restore_on_node(*fam, &input, &held)?;
+        }
+    }
+    let unplanned: Vec<&str> = [PROBE_SET_V4, PROBE_SET_V6]
+        .into_iter()
+        .filter(|s| !plan.sets.iter().any(|p| p.name == *s))
+        .collect();
+    destroy_sets(tools, &unplanned)?;
+    tracing::debug!(sets = ?plan.sets.iter().map(|s| &s.name).collect::<Vec<_>>(), "iptables-legacy host probe rule written");
+    Ok(())
+}
+
+/// Adds a pod's IPs to the plan's sets (IPv4, and IPv4-mapped IPv6, to the v4 set; IPv6 to
+/// the v6 set, skipped when the plan has none), each element commented with `pod_uid`. One
+/// `ipset restore`; an IP already there is not an error (its comment is updated).
+pub fn add_pod_ips(plan: &Plan, ips: &[IpAddr], pod_uid: &str) -> Result<(), LegacyError> {
+    add_pod_ips_with(plan, ips, pod_uid, &Tools::default())
+}
+
+/// [`add_pod_ips`] with explicit binary lookup.
+pub fn add_pod_ips_with(
+    plan: &Plan,
+    ips: &[IpAddr],
+    pod_uid: &str,
+    tools: &Tools,
+) -> Result<(), LegacyError> {
+    check_uid(pod_uid)?;
+    let elements = elements(plan, ips);
+    if elements.is_empty() {
+        return Ok(());
+    }
+    tools.find(IPSET)?;
+    let _held = lock()?;
+    let input: String = elements
+        .iter()
+        .map(|(set, ip)| format!("add {set} {ip} comment \"{pod_uid}\" -exist\n"))
+        .collect();
+    tools.ipset(&["restore"], Some(&input)).map(drop)
+}
+
+/// Removes IPs from the plan's sets. IPs (or sets) that are not there are ignored (a DEL may
+/// repeat).
+pub fn remove_pod_ips(plan: &Plan, ips: &[IpAddr]) -> Result<(), LegacyError> {
+    remove_pod_ips_with(plan, ips, &Tools::default())
+}
+
+/// [`remove_pod_ips`] with explicit binary lookup.
+pub fn remove_pod_ips_with(plan: &Plan, ips: &[IpAddr], tools: &Tools) -> Result<(), LegacyError> {
+    let elements = elements(plan, ips);
+    if elements.is_empty() {
+        return Ok(());
+    }
+    tools.find(IPSET)?;
+    let _held = lock()?;
+    let existing = existing_sets(tools)?;
+    let input: String = elements
+        .iter()
+        .filter(|(set, _)| existing.iter().any(|e| e == set))
+        .map(|(set, ip)| format!("del {set} {ip} -exist\n"))
+        .collect();
+    if input.is_empty() {
+        return Ok(());
+    }
+    tools.ipset(&["restore"], Some(&input)).map(drop)
+}
+
+/// Removes the rule and the jump to it (both families), then destroys both sets. Returns
+/// whether any of them existed. Without an `ipset` binary, only a node where a rule of ours
+/// was found is an error (its sets must go too); elsewhere there is nothing to remove.
+pub fn remove_all() -> Result<bool, LegacyError> {
+    remove_all_with(&Tools::default())
+}
+
+/// [`remove_all`] with explicit binary lookup.
+pub fn remove_all_with(tools: &Tools) -> Result<bool, LegacyError> {
+    let held = lock()?;
+    let mut any = false;
+    for fam in [Fam::V4, Fam::V6] {
+        let live = host_tables(tools, fam)?;
+        let removal = removal_owned(&live, &[], HOST);
+        if !removal.is_empty() {
+            tools.restore_on_node(fam, &with_removal("", &removal), &held)?;
+            any = true;
+        }
+    }
+    match tools.find(IPSET) {
+        Ok(_) => {}
+        Err(_) if !any => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    any |= destroy_sets(tools, &[PROBE_SET_V4, PROBE_SET_V6])?;
+    Ok(any)
+}
+
+/// The node namespace's lock (see the module doc).
+fn lock() -> Result<NsLock, LegacyError> {
+    Ok(NsLock::current(
+        &"(the node's network namespace)",
+        Instant::now() + LOCK_WAIT,
+    )?)
+}
+
+/// The family's live tables; none (and no process) when legacy iptables was never used here.
+fn host_tables(tools: &Tools, fam: Fam) -> Result<Vec<SavedTable>, LegacyError> {
+    if tables_instantiated(fam)? {
+        live_tables(tools, fam)
+    } else {
+        Ok(Vec::new())
+    }
+}
+
+/// `ipset restore` input creating the sets as Istio's `cni/pkg/ipset` does.
+fn create_sets(sets: &[NamedSet]) -> String {
+    sets.iter()
+        .map(|s| {
+            let family = if s.v6 { "inet6" } else { "inet" };
+            format!("create {} hash:ip family {family} comment -exist\n", s.name)
+        })
+        .collect()
+}
+
+/// Destroys those of `names` that exist. Returns whether any did.
+fn destroy_sets(tools: &Tools, names: &[&str]) -> Result<bool, LegacyError> {
+    let existing = existing_sets(tools)?;
+    let mut any = false;
+    for name in names.iter().filter(|n| existing.iter().any(|e| e == *n)) {
+        tools.ipset(&["destroy", name], None)?;
+        any = true;
+    }
+    Ok(any)
+}
+
+/// The names of the namespace's ipsets.
+fn existing_sets(tools: &Tools) -> Result<Vec<String>, LegacyError> {
+    Ok(tools
+        .ipset(&["list", "-n"], None)?
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect())
+}
+
+/// Each IP with the plan's set it belongs to (IPv4-mapped IPv6 counts as IPv4, as Istio's
+/// `Unmap`); IPs of a family the plan has no set for are skipped.
+fn elements<'p>(plan: &'p Plan, ips: &[IpAddr]) -> Vec<(&'p str, IpAddr)> {
+    ips.iter()
+        .map(|ip| ip.to_canonical())
+        .filter_map(|ip| {
+            let set = plan.sets.iter().find(|s| s.v6 == ip.is_ipv6())?;
+            Some((set.name.as_str(), ip))
+        })
+        .collect()
+}
+
+/// A pod UID is written into `ipset restore` input as a quoted comment: it must not end the
+/// quote or the line, and must fit the kernel's comment size.
+fn check_uid(uid: &str) -> Result<(), LegacyError> {
+    let reason = if uid.len() > MAX_COMMENT {
+        "longer than 255 bytes"
+    } else if uid.contains('"') {
+        "contains a double quote"
+    } else if uid.chars().any(char::is_control) {
+        "contains a control character"
+    } else {
+        return Ok(());
+    };
+    Err(LegacyError::PodUid {
+        uid: uid.to_string(),
+        reason,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use capture::{HostProbeConfig, ProbeSource};
+
+    fn plan(ipv6: bool) -> Plan {
+        Plan::ambient_host(&HostProbeConfig::new(ProbeSource::AnyLocalSocket, ipv6)).unwrap()
+    }
+
+    #[test]
+    fn sets_are_created_like_istio() {
+        assert_eq!(
+            create_sets(&plan(true).sets),
+            "create istio-inpod-probes-v4 hash:ip family inet comment -exist\n\
+             create istio-inpod-probes-v6 hash:ip family inet6 comment -exist\n"
+        );
+    }
+
+    #[test]
+    fn ips_go_to_their_familys_set() {
+        let ips: Vec<IpAddr> = ["10.0.0.1", "fd00::1", "::ffff:10.0.0.2"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let dual = plan(true);
+        let both = elements(&dual, &ips);
+        let shown: Vec<String> = both.iter().map(|(s, ip)| format!("{s} {ip}")).collect();
+        assert_eq!(
+            shown,
+            [
+                "istio-inpod-probes-v4 10.0.0.1",
+                "istio-inpod-probes-v6 fd00::1",
+                "istio-inpod-probes-v4 10.0.0.2"
+            ]
+        );
+        assert_eq!(
+            elements(&plan(false), &ips).len(),
+            2,
+            "no v6 set: v6 skipped"
+        );
+    }
+
+    #[test]
+    fn uids_that_break_the_comment_are_refused() {
+        assert!(check_uid("0b3c9a2e-1f7d-4a55-9c0e-2d8f4b6a1c3e").is_ok());
+        for bad in ["a\"b", "a\nb", "a\tb", &"x".repeat(256)] {
+            let err = check_uid(bad).unwrap_err().to_string();
+            assert!(err.contains("ipset comment"), "{err}");
+        }
+        assert!(check_uid(&"x".repeat(255)).is_ok());
+    }
+
+    #[test]
+    fn only_the_host_chain_is_ours_on_the_node() {
+        let live = crate::save::parse(
+            "*nat\n:POSTROUTING ACCEPT [0:0]\n:ISTIO_POSTRT - [0:0]\n:ISTIO_OTHER - [0:0]\n:KUBE-POSTROUTING - [0:0]\n-A POSTROUTING -j ISTIO_POSTRT\n-A POSTROUTING -j KUBE-POSTROUTING\n-A POSTROUTING -j ISTIO_OTHER\n-A ISTIO_POSTRT -j RETURN\nCOMMIT\n",
+        );
+        let r = removal_owned(&live, &[], HOST);
+        assert_eq!(
+            r["nat"],
+            [
+                "-D POSTROUTING -j ISTIO_POSTRT",
+                "-F ISTIO_POSTRT",
+                "-X ISTIO_POSTRT"
+            ]
+        );
+    }
+}

@@ -1,0 +1,139 @@
+//! Ambient's host probe rule on the node's backend: kubelet's probes to ambient pods SNATed to
+//! 169.254.7.127 so the pods' rules let them through to the app. The rule follows the backend
+//! of the pods' rules, as Istio pairs them: `inet istio-ambient-nat` with its nft sets
+//! (`nft_backend::ambient_host`), or Istio's legacy rule, `nat ISTIO_POSTRT` with the ipsets
+//! `istio-inpod-probes-v4/v6` (`iptables_legacy::ambient_host`).
+//!
+//! Every call works in the calling thread's network namespace, the node's own.
+
+use crate::{Backend, RedirectError};
+use capture::{Plan, ProbeSource};
+use std::net::IpAddr;
+
+/// The host rule of one backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostProbeRule {
+    backend: Backend,
+}
+
+impl HostProbeRule {
+    pub fn new(backend: Backend) -> HostProbeRule {
+        HostProbeRule { backend }
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Which local traffic is a probe, as Istio has it per backend: with nft kubelet's sockets
+    /// when its uid is known (else any local socket); with iptables-legacy any local socket
+    /// (`-m owner --socket-exists`), so the payload is Istio's own, byte for byte.
+    pub fn probe_source(&self, kubelet_uid: Option<u32>) -> ProbeSource {
+        match (self.backend, kubelet_uid) {
+            (Backend::Nft, Some(uid)) => ProbeSource::KubeletUid(uid),
+            _ => ProbeSource::AnyLocalSocket,
+        }
+    }
+
+    /// Where the rule lives, for logs.
+    pub fn describe(&self) -> &'static str {
+        match self.backend {
+            Backend::Nft => "nftables inet istio-ambient-nat",
+            Backend::IptablesLegacy => {
+                "iptables-legacy nat ISTIO_POSTRT, ipsets istio-inpod-probes-v4/v6"
+            }
+        }
+    }
+
+    /// Writes the rule and its sets (elements already there stay). A host rule of the other
+    /// backend (the node's backend changed since it was written) is removed first; failing to
+    /// remove it is logged, not fatal: this backend's rule works either way.
+    pub fn ensure(&self, plan: &Plan) -> Result<(), RedirectError> {
+        let other = match self.backend {
+            Backend::Nft => Backend::IptablesLegacy,
+            Backend::IptablesLegacy => Backend::Nft,
+        };
+        match HostProbeRule::new(other).remove_all() {
+            Ok(true) => tracing::info!(
+                removed = HostProbeRule::new(other).describe(),
+                "host probe rule of the other backend removed"
+            ),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(
+                error = %e,
+                "removing the host probe rule of the other backend failed"
+            ),
+        }
+        match self.backend {
+            Backend::Nft => nft_backend::ambient_host::ensure(plan)?,
+            Backend::IptablesLegacy => iptables_legacy::ambient_host::ensure(plan)?,
+        }
+        Ok(())
+    }
+
+    /// Adds a pod's IPs to the sets, commented with its UID (IPv6 skipped without IPv6 sets).
+    pub fn add_pod_ips(
+        &self,
+        plan: &Plan,
+        ips: &[IpAddr],
+        pod_uid: &str,
+    ) -> Result<(), RedirectError> {
+        match self.backend {
+            Backend::Nft => nft_backend::ambient_host::add_pod_ips(plan, ips, pod_uid)?,
+            Backend::IptablesLegacy => {
+                iptables_legacy::ambient_host::add_pod_ips(plan, ips, pod_uid)?
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes IPs from the sets; IPs that are not there are ignored.
+    pub fn remove_pod_ips(&self, plan: &Plan, ips: &[IpAddr]) -> Result<(), RedirectError> {
+        match self.backend {
+            Backend::Nft => nft_backend::ambient_host::remove_pod_ips(plan, ips)?,
+            Backend::IptablesLegacy => iptables_legacy::ambient_host::remove_pod_ips(plan, ips)?,
+        }
+        Ok(())
+    }
+
+    /// Removes the rule and its sets. Returns whether they existed.
+    pub fn remove_all(&self) -> Result<bool, RedirectError> {
+        Ok(match self.backend {
+            Backend::Nft => nft_backend::ambient_host::remove_all()?,
+            Backend::IptablesLegacy => iptables_legacy::ambient_host::remove_all()?,
+        })
+    }
+}
+
+/// Removes the host rule of both backends (uninstall: the node's backend may have changed
+/// between runs). Both are tried; the first error is returned. Returns whether any existed.
+pub fn remove_all_backends() -> Result<bool, RedirectError> {
+    let mut any = false;
+    let mut first_err = None;
+    for backend in [Backend::Nft, Backend::IptablesLegacy] {
+        match HostProbeRule::new(backend).remove_all() {
+            Ok(existed) => any |= existed,
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(any),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn legacy_probes_are_istios_any_local_socket() {
+        let legacy = HostProbeRule::new(Backend::IptablesLegacy);
+        assert_eq!(legacy.probe_source(Some(7)), ProbeSource::AnyLocalSocket);
+        let nft = HostProbeRule::new(Backend::Nft);
+        assert_eq!(nft.probe_source(Some(7)), ProbeSource::KubeletUid(7));
+        assert_eq!(nft.probe_source(None), ProbeSource::AnyLocalSocket);
+    }
+}

@@ -1,0 +1,104 @@
+//! The host probe rule through `redirect::host_probe` on each backend, on the real kernel: a
+//! "node" namespace (the world side of a pod/world pair) and a pod with ambient's in-pod rules
+//! of the same backend and a stand-in ztunnel. Kubelet's probe is SNATed and reaches the app;
+//! the node holds the rule of that backend only, also after switching from the other.
+
+use capture::ambient_constants::HOST_PROBE_SNAT_V4;
+use capture::{AmbientConfig, Plan};
+use integration::host_probe::{KUBELET_UID, OTHER_UID, ZTUNNEL, host_plan, in_ns, seen_from};
+use integration::*;
+use redirect::host_probe::{HostProbeRule, remove_all_backends};
+use redirect::{Backend, BackendChoice};
+use std::net::IpAddr;
+
+/// What of each backend's host rule the node holds: (nft tables, legacy `ISTIO_POSTRT` +
+/// ipsets).
+fn holdings(node: &TestNetns) -> (String, String) {
+    let nft = node.exec_ok("nft", &["list", "ruleset"]).unwrap();
+    let mut legacy: String = node
+        .exec_ok("iptables-legacy-save", &["-t", "nat"])
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("ISTIO_POSTRT"))
+        .map(|l| l.to_string() + "\n")
+        .collect();
+    legacy += &node.exec_ok("ipset", &["list", "-n"]).unwrap();
+    (nft.trim().to_string(), legacy.trim().to_string())
+}
+
+#[track_caller]
+fn only(node: &TestNetns, backend: Backend) {
+    let (nft, legacy) = holdings(node);
+    match backend {
+        Backend::Nft => {
+            assert!(nft.contains("istio-ambient-nat"), "{nft}");
+            assert!(legacy.is_empty(), "legacy host rule left: {legacy}");
+        }
+        Backend::IptablesLegacy => {
+            assert!(nft.is_empty(), "nftables on a legacy node: {nft}");
+            assert!(
+                legacy.contains("-A POSTROUTING -j ISTIO_POSTRT"),
+                "{legacy}"
+            );
+            assert!(legacy.contains("istio-inpod-probes-v4"), "{legacy}");
+        }
+    }
+}
+
+fn probes_are_snatted_on(backend: Backend) {
+    require_root();
+    let w = PodWorld::ipv4_only().unwrap();
+    let (node, pod) = (w.world.path(), IpAddr::V4(w.pod_v4));
+    let inpod = Plan::ambient(&AmbientConfig::default()).unwrap();
+    redirect::apply(&inpod, Some(w.pod.path()), BackendChoice::Fixed(backend)).unwrap();
+    let ztunnel = Probe::start(w.pod.path(), "pod", &ZTUNNEL).unwrap();
+    let rule = HostProbeRule::new(backend);
+    let plan = host_plan(rule.probe_source(Some(KUBELET_UID)), false);
+    in_ns(node, || {
+        rule.ensure(&plan)?;
+        rule.add_pod_ips(&plan, &[pod], "uid-a")
+    })
+    .unwrap();
+    only(&w.world, backend);
+    let snat = IpAddr::V4(HOST_PROBE_SNAT_V4);
+    let kubelet = ConnectSpec::new(pod, 8080).uid(KUBELET_UID);
+    assert_eq!(seen_from(&ztunnel, node, &kubelet), (8080, snat));
+    let other = ConnectSpec::new(pod, 8080).uid(OTHER_UID);
+    let other_lands = match backend {
+        // Istio's nft rule matches kubelet's uid only.
+        Backend::Nft => (15006, IpAddr::V4(w.world_v4)),
+        // Istio's legacy rule: any local socket (`--socket-exists`).
+        Backend::IptablesLegacy => (8080, snat),
+    };
+    assert_eq!(seen_from(&ztunnel, node, &other), other_lands);
+
+    // The node's backend changes (a restart with another decision): the new backend's rule
+    // replaces the old one's, and probes still arrive SNATed.
+    let switched = match backend {
+        Backend::Nft => Backend::IptablesLegacy,
+        Backend::IptablesLegacy => Backend::Nft,
+    };
+    let rule2 = HostProbeRule::new(switched);
+    let plan2 = host_plan(rule2.probe_source(Some(KUBELET_UID)), false);
+    in_ns(node, || {
+        rule2.ensure(&plan2)?;
+        rule2.add_pod_ips(&plan2, &[pod], "uid-a")
+    })
+    .unwrap();
+    only(&w.world, switched);
+    assert_eq!(seen_from(&ztunnel, node, &kubelet), (8080, snat));
+
+    assert!(in_ns(node, remove_all_backends).unwrap());
+    assert_eq!(holdings(&w.world), (String::new(), String::new()));
+    assert!(!in_ns(node, remove_all_backends).unwrap());
+}
+
+#[test]
+fn nft_host_rule_snats_probes_and_leaves_no_legacy_rule() {
+    probes_are_snatted_on(Backend::Nft);
+}
+
+#[test]
+fn legacy_host_rule_snats_probes_and_leaves_no_nft_table() {
+    probes_are_snatted_on(Backend::IptablesLegacy);
+}

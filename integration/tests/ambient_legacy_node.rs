@@ -1,0 +1,127 @@
+//! An iptables-legacy node in ambient mode (`REDIRECT_BACKEND=iptables-legacy`), end to end
+//! with the real ztunnel (`integration::ambient` is the rig): the pods' rules AND the host
+//! probe rule are iptables-legacy, as Istio pairs them (Istio's legacy host rule: `nat
+//! ISTIO_POSTRT` and the ipset `istio-inpod-probes-v4`), and the node never gets an nftables
+//! table. The set follows the pods; the last DEL removes the rule and the set.
+//!
+//! Needs root, cnitool, ipset, the product's binaries (`cargo build --bins`) and the ztunnel
+//! binary (`integration/scripts/build-ztunnel.sh`); under `CI=true` nothing skips.
+
+use capture::ambient_constants::{HOST_PROBE_SNAT_V4, PROBE_SET_V4};
+use integration::ambient::{AmbientNode, AmbientOptions, KUBELET_UID, Mode, Pod, PodPlan, tables};
+use integration::cni::require_cni_tools;
+use integration::ztunnel::ztunnel_binary;
+use integration::{Outcome, TestNetns};
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+const APP: u16 = integration::ambient::APP_PORT;
+
+/// Istio's legacy host rule as iptables-legacy-save prints it (`hostprobe.golden`, canonical).
+const HOST_RULE: &str = "-A ISTIO_POSTRT -p tcp -m owner --socket-exists -m set --match-set istio-inpod-probes-v4 dst -j SNAT --to-source 169.254.7.127";
+
+fn prerequisites() -> Option<PathBuf> {
+    require_cni_tools();
+    ztunnel_binary()
+}
+
+fn a() -> PodPlan {
+    PodPlan::new("a", [10, 88, 1, 10], Mode::Ambient)
+}
+fn b() -> PodPlan {
+    PodPlan::new("b", [10, 88, 1, 11], Mode::Ambient)
+}
+
+fn legacy_node() -> AmbientOptions {
+    AmbientOptions {
+        env: vec![("REDIRECT_BACKEND".into(), "iptables-legacy".into())],
+        ..AmbientOptions::default()
+    }
+}
+
+#[track_caller]
+fn lands(n: &AmbientNode, o: &Outcome, probe: &str, port: u16) {
+    match o.landed() {
+        Some(l) if l.probe == probe && l.port == port => {}
+        _ => panic!("expected to land on {probe}:{port}, got {o}\n{}", n.logs()),
+    }
+}
+
+fn last_peer(pod: &Pod) -> IpAddr {
+    let acc = pod.app.accepted();
+    acc.last().map(|a| a.peer.ip()).expect("a connection")
+}
+
+/// No nftables table in `ns`, anyone's.
+#[track_caller]
+fn no_nft(n: &AmbientNode, ns: &TestNetns, what: &str) {
+    let t = tables(ns);
+    assert!(t.is_empty(), "nftables in {what}: {t:?}\n{}", n.logs());
+}
+
+fn members(n: &AmbientNode) -> Vec<(IpAddr, String)> {
+    let mut m = n.probe_ipset(PROBE_SET_V4);
+    m.sort();
+    m
+}
+
+#[test]
+fn a_legacy_node_gets_istios_legacy_host_rule_and_no_nftables() {
+    let Some(bin) = prerequisites() else { return };
+    let n = AmbientNode::start(&bin, &legacy_node(), &[a(), b()]).unwrap();
+    let node = &n.node.ns;
+    // No ambient pod yet: no host rule, no set.
+    assert!(n.ipsets().is_empty(), "{:?}", n.ipsets());
+    let (pa, pb) = (n.start_pod(&a()), n.start_pod(&b()));
+    assert!(n.served(&pa) && n.served(&pb), "{}", n.logs());
+
+    // The pods' rules: iptables-legacy, nothing in nftables.
+    for p in [&pa, &pb] {
+        let save = AmbientNode::legacy_save(&p.ns, false);
+        assert!(
+            save.contains(":ISTIO_PRERT") && save.contains(":ISTIO_OUTPUT"),
+            "{save}"
+        );
+        no_nft(&n, &p.ns, p.name());
+    }
+    // The host rule: Istio's legacy one, jumped to first in POSTROUTING; no nftables at all.
+    let host = AmbientNode::legacy_save(node, false);
+    let postrouting: Vec<&str> = host
+        .lines()
+        .filter(|l| l.starts_with("-A POSTROUTING"))
+        .collect();
+    assert_eq!(
+        postrouting.first(),
+        Some(&"-A POSTROUTING -j ISTIO_POSTRT"),
+        "{host}"
+    );
+    assert!(host.lines().any(|l| l == HOST_RULE), "{host}");
+    no_nft(&n, node, "the node");
+    // The set holds exactly the ambient pods, each with its UID.
+    assert_eq!(members(&n), [(pa.ip(), pa.uid()), (pb.ip(), pb.uid())]);
+
+    // Kubelet's probe reaches A's app directly, from the probe address.
+    let o = n.from_node(KUBELET_UID, pa.ip(), APP);
+    lands(&n, &o, "a", APP);
+    assert_eq!(last_peer(&pa), IpAddr::V4(HOST_PROBE_SNAT_V4));
+    // A -> B through ztunnel (HBONE) over the legacy in-pod rules: B's app sees A.
+    let o = n.from_pod(&pa, pb.ip(), APP);
+    lands(&n, &o, "b", APP);
+    assert_eq!(last_peer(&pb), pa.ip());
+
+    // DEL B: its IP leaves the set, its rules go; the host rule stays for A.
+    n.del(&pb).assert_ok();
+    n.eventually("B out of the probe set", || {
+        members(&n) == [(pa.ip(), pa.uid())]
+    });
+    assert!(!AmbientNode::legacy_save(&pb.ns, false).contains("ISTIO_"));
+    assert!(AmbientNode::legacy_save(node, false).contains(HOST_RULE));
+
+    // The last DEL: rule, jump and set are gone; still no nftables on the node.
+    n.del(&pa).assert_ok();
+    n.eventually(
+        "the host rule and its set removed with the last pod",
+        || n.ipsets().is_empty() && !AmbientNode::legacy_save(node, false).contains("ISTIO_POSTRT"),
+    );
+    no_nft(&n, node, "the node");
+}
