@@ -2,7 +2,9 @@
 //! malformed plugin events are refused naming the field and touch nothing; concurrent ADDs
 //! and DELs of one pod never leave it half served (rules without ztunnel, or ztunnel without
 //! rules); a SIGKILLed agent mid-ADD leaves no pod half programmed once the runtime has DELed
-//! the failed sandboxes, and the restarted agent serves the rest.
+//! the failed sandboxes, and the restarted agent serves the rest. Different pods are enrolled
+//! concurrently: many pods ADDed and DELed at once each end whole, the probe set holds exactly
+//! the served ones, and the host rule is there while any pod is served and gone with the last.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -181,9 +183,72 @@ fn concurrent_adds_and_dels_of_one_pod_never_leave_it_half_served() {
 }
 
 #[test]
+fn many_pods_added_and_deleted_at_once_each_end_whole_with_the_host_rule_while_needed() {
+    let Some(zt) = prerequisites() else { return };
+    let plans: Vec<PodPlan> = (0..16u8)
+        .map(|i| PodPlan::new(&format!("burst-{i}"), [10, 88, 4, 10 + i], Mode::Ambient))
+        .collect();
+    let n = AmbientNode::start(&zt, &AmbientOptions::default(), &plans).unwrap();
+    let pods: Vec<Pod> = plans.iter().map(|p| n.create_pod(p).unwrap()).collect();
+    let sock = socket(&n);
+    for round in 0..3 {
+        // Every pod ADDed at once; odd pods DELed again at once while the others still ADD.
+        std::thread::scope(|s| {
+            for (i, pod) in pods.iter().enumerate() {
+                let sock = &sock;
+                s.spawn(move || {
+                    let (status, text) =
+                        post(sock, "POST", "/cmdadd", &add_body(pod, &netns_path(pod)));
+                    assert_eq!(status, 200, "ADD {}: {text}", pod.name());
+                    if (i + round) % 2 == 1 {
+                        let (status, text) = post(sock, "POST", "/cmddel", &del_body(pod));
+                        assert_eq!(status, 200, "DEL {}: {text}", pod.name());
+                    }
+                });
+            }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let mut served: Vec<_> = pods
+            .iter()
+            .filter(|p| whole(&n, p))
+            .map(|p| p.ip())
+            .collect();
+        let mut set = n.probe_set();
+        served.sort();
+        set.sort();
+        assert_eq!(
+            served.len(),
+            8,
+            "round {round}: served {served:?}\n{}",
+            n.logs()
+        );
+        assert_eq!(
+            set,
+            served,
+            "round {round}: the probe set is not the served pods\n{}",
+            n.host_table()
+        );
+    }
+    std::thread::scope(|s| {
+        for pod in &pods {
+            let sock = &sock;
+            s.spawn(move || assert_eq!(post(sock, "POST", "/cmddel", &del_body(pod)).0, 200));
+        }
+    });
+    for pod in &pods {
+        n.eventually("every pod released", || n.not_served(pod));
+        assert!(!whole(&n, pod));
+    }
+    assert!(n.probe_set().is_empty(), "{:?}", n.probe_set());
+    n.eventually("the host rule gone with the last pod", || {
+        n.host_table().contains("no host table")
+    });
+}
+
+#[test]
 fn a_sigkilled_agent_mid_add_leaves_no_pod_half_programmed() {
     let Some(zt) = prerequisites() else { return };
-    let plans: Vec<PodPlan> = (0..16)
+    let plans: Vec<PodPlan> = (0..16u8)
         .map(|i| PodPlan::new(&format!("kill-{i}"), [10, 88, 4, 10 + i], Mode::Ambient))
         .collect();
     let mut n = AmbientNode::start(&zt, &AmbientOptions::default(), &plans).unwrap();

@@ -1,8 +1,10 @@
 //! The one place that enrolls an ambient pod and releases it, in named steps: in-pod rules
 //! (one atomic batch under the namespace's lock) → the pod's IPs in the host probe sets →
 //! ztunnel's Ack over ZDS. A failed step undoes the ones before it, so a pod is either fully
-//! served or left as it was. Calls are serialized: the plugin's ADD/DEL, the pod watch and the
-//! reconciler never interleave on the agent's state.
+//! served or left as it was. Calls on ONE pod are serialized (the plugin's ADD/DEL, the pod
+//! watch and the reconciler never interleave on it); different pods proceed at once: their
+//! rules live in different namespaces (each under its own lock), a probe-set update is one
+//! small atomic write, and ZDS keeps what ztunnel needs in order (one message at a time).
 
 use capture::{AmbientConfig, AmbientPod, Plan};
 use redirect::BackendChoice;
@@ -98,12 +100,17 @@ struct Enrolled {
 struct Inner {
     pods: HashMap<String, Enrolled>,
     host_installed: bool,
+    /// Enrolls between their host-rule check and their end: the host rule stays for them.
+    in_flight: usize,
 }
 
 pub struct Agent {
     zds: ZdsServer,
     settings: AgentSettings,
+    /// Held briefly (map and host-rule state), never across a pod's kernel work or ZDS.
     inner: Mutex<Inner>,
+    /// One lock per pod UID: one operation on a pod at a time.
+    pod_locks: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
 }
 
 /// How an enrolled pod's namespace is reached for rule work: through our fd.
@@ -118,6 +125,24 @@ impl Agent {
             zds,
             settings,
             inner: Mutex::new(Inner::default()),
+            pod_locks: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Waits for the pod's own lock (other pods' operations do not queue here).
+    async fn lock_pod(&self, uid: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = {
+            let mut locks = self.pod_locks.lock().unwrap_or_else(|e| e.into_inner());
+            locks.entry(uid.to_string()).or_default().clone()
+        };
+        lock.lock_owned().await
+    }
+
+    /// Forgets a released pod's lock once nobody holds or waits for it.
+    fn forget_pod_lock(&self, uid: &str) {
+        let mut locks = self.pod_locks.lock().unwrap_or_else(|e| e.into_inner());
+        if locks.get(uid).is_some_and(|l| Arc::strong_count(l) == 1) {
+            locks.remove(uid);
         }
     }
 
@@ -180,23 +205,18 @@ impl Agent {
                 },
             });
         }
-        // Enrolls are one at a time per node (ztunnel takes one message at a time anyway).
-        let mut g = self.inner.lock().await;
+        let _pod = self.lock_pod(&pod.uid).await;
         let queued = started.elapsed();
         let plan = self.plan_for(&pod)?;
         let netns = Arc::new(netns);
         program(&plan, &netns, self.settings.backend, &pod).await?;
-        if let Err(e) = self.serve(&mut g, &pod, &netns).await {
-            self.undo(&mut g, &pod, &netns).await;
+        self.begin(&pod).await?;
+        let served = self.serve(&pod, &netns).await;
+        let previous = self.finish(&pod, &netns, served.is_ok()).await;
+        if let Err(e) = served {
+            self.undo(&pod, &netns).await;
             return Err(e);
         }
-        let previous = g.pods.insert(
-            pod.uid.clone(),
-            Enrolled {
-                pod: pod.clone(),
-                netns,
-            },
-        );
         // A re-created sandbox may have new addresses: the old ones leave the probe sets.
         if let Some(old) = previous.filter(|old| old.pod.ips != pod.ips) {
             let stale: Vec<IpAddr> = old
@@ -213,14 +233,36 @@ impl Agent {
         Ok(())
     }
 
-    /// The host rule and probe IPs, then ztunnel's Ack.
-    async fn serve(
+    /// The host rule is in (installed with the first pod) and stays while this enroll runs.
+    async fn begin(&self, pod: &AmbientPodRef) -> Result<(), AgentError> {
+        let mut g = self.inner.lock().await;
+        self.ensure_host(&mut g, pod).await?;
+        g.in_flight += 1;
+        Ok(())
+    }
+
+    /// Records the outcome: a served pod enters the map (returning the entry it replaced); a
+    /// failed one leaves it.
+    async fn finish(
         &self,
-        g: &mut Inner,
         pod: &AmbientPodRef,
         netns: &Arc<OwnedFd>,
-    ) -> Result<(), AgentError> {
-        self.ensure_host(g, pod).await?;
+        served: bool,
+    ) -> Option<Enrolled> {
+        let mut g = self.inner.lock().await;
+        g.in_flight -= 1;
+        if !served {
+            return g.pods.remove(&pod.uid);
+        }
+        let entry = Enrolled {
+            pod: pod.clone(),
+            netns: netns.clone(),
+        };
+        g.pods.insert(pod.uid.clone(), entry)
+    }
+
+    /// The probe IPs, then ztunnel's Ack.
+    async fn serve(&self, pod: &AmbientPodRef, netns: &Arc<OwnedFd>) -> Result<(), AgentError> {
         self.add_probe_ips(pod).await?;
         let fd = netns.try_clone().map_err(|e| AgentError::Worker {
             pod: pod.label(),
@@ -241,22 +283,29 @@ impl Agent {
     }
 
     /// Rolls a failed enroll back: no rules, no probe IPs (ZDS withdrew the pod itself).
-    async fn undo(&self, g: &mut Inner, pod: &AmbientPodRef, netns: &Arc<OwnedFd>) {
+    async fn undo(&self, pod: &AmbientPodRef, netns: &Arc<OwnedFd>) {
         if let Err(e) = unprogram(netns).await {
             tracing::error!(pod = %pod.label(), error = %e, "rolling back: removing the ambient rules failed");
         }
         if let Err(e) = self.remove_probe_ips(&pod.ips).await {
             tracing::error!(pod = %pod.label(), error = %e, "rolling back: removing the probe IPs failed");
         }
-        g.pods.remove(&pod.uid);
-        self.drop_host_if_idle(g).await;
+        let mut g = self.inner.lock().await;
+        self.drop_host_if_idle(&mut g).await;
     }
 
     /// Stops serving a pod: ztunnel told, the rules removed from its namespace (which our fd
     /// keeps alive until then), probe IPs removed. Returns whether the pod was enrolled.
     pub async fn release(&self, uid: &str, why: &str) -> bool {
-        let mut g = self.inner.lock().await;
-        let Some(e) = g.pods.remove(uid) else {
+        let guard = self.lock_pod(uid).await;
+        let released = self.release_locked(uid, why).await;
+        drop(guard);
+        self.forget_pod_lock(uid);
+        released
+    }
+
+    async fn release_locked(&self, uid: &str, why: &str) -> bool {
+        let Some(e) = self.inner.lock().await.pods.remove(uid) else {
             // A pod kept in the snapshot (its namespace not found at startup) leaves it too.
             if self.zds.known_workloads().iter().any(|k| k == uid) {
                 let _ = self.zds.del_workload(uid).await;
@@ -274,7 +323,7 @@ impl Agent {
         if let Err(err) = self.remove_probe_ips(&e.pod.ips).await {
             tracing::warn!(%pod, error = %err, "removing the probe IPs failed");
         }
-        self.drop_host_if_idle(&mut g).await;
+        self.drop_host_if_idle(&mut *self.inner.lock().await).await;
         tracing::info!(%pod, uid, reason = why, "ambient pod released");
         true
     }
@@ -312,7 +361,7 @@ impl Agent {
 
     /// The host rule goes with the last ambient pod.
     async fn drop_host_if_idle(&self, g: &mut Inner) {
-        if !g.pods.is_empty() || !g.host_installed {
+        if !g.pods.is_empty() || g.in_flight > 0 || !g.host_installed {
             return;
         }
         let host = self.settings.host;
@@ -353,12 +402,19 @@ impl Agent {
     /// Checks an enrolled pod's rules against its plan; re-applies on drift. Returns the
     /// differences found (empty: in sync).
     pub async fn reconcile(&self, uid: &str) -> Result<Vec<String>, AgentError> {
-        let g = self.inner.lock().await;
-        let Some(e) = g.pods.get(uid) else {
+        let _pod = self.lock_pod(uid).await;
+        let Some((pod, netns)) = self
+            .inner
+            .lock()
+            .await
+            .pods
+            .get(uid)
+            .map(|e| (e.pod.clone(), e.netns.clone()))
+        else {
             return Ok(Vec::new());
         };
-        let plan = self.plan_for(&e.pod)?;
-        let (netns, backend, pod) = (e.netns.clone(), self.settings.backend, e.pod.clone());
+        let plan = self.plan_for(&pod)?;
+        let backend = self.settings.backend;
         let path = fd_path(&netns);
         let check_plan = plan.clone();
         let drift = blocking(move || {
