@@ -57,6 +57,11 @@ mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)
   echo "bench: CNI ADD" >&2
   "$bin/bench-cni" "${PODS:-200}" "${PAR:-100}"
   echo
+  echo "**Pod lookup** (the plugin asks the node daemon's pod watch over \`pods.sock\` instead of the API server; API server behind TLS on loopback):"
+  echo
+  echo "bench: pod lookup" >&2
+  "$bin/bench-lookup" "${LOOKUP_PODS:-100}"
+  echo
   echo "**Ambient ADD** (ambient pods through the chain, the node agent and the real ztunnel; agent RSS):"
   echo
   echo "bench: ambient ADD" >&2

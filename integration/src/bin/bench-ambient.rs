@@ -23,7 +23,7 @@ fn plan(i: usize) -> PodPlan {
 }
 
 /// The agent's enroll durations from its log: `took_us` (rules + probe set + ztunnel's Ack)
-/// or `queued_us` (waiting for the enrolls before it).
+/// or `queued_us` (waiting for the pod's own lock: another operation on the same pod).
 fn agent_enrolls(log: &str, field: &str) -> Vec<Duration> {
     let key = format!("{field}=");
     log.lines()
@@ -97,6 +97,7 @@ fn main() {
             .collect()
     };
     let sequential = create(0..seq);
+    let requests_before = node.kube().requests().len();
     let seq_wall = add_all(&node, &sequential);
     let own_seq = plugin_adds(&node.node.plugin_log());
     let agent_seq = agent_enrolls(&node.node.daemon().log(), "took_us");
@@ -125,6 +126,10 @@ fn main() {
     let agent_par = agent_enrolls(&log, "took_us")[agent_seq.len()..].to_vec();
     let queued_par = agent_enrolls(&log, "queued_us")[agent_seq.len()..].to_vec();
 
+    let lookups = node.kube().requests()[requests_before..]
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.starts_with("/api/v1/namespaces/"))
+        .count();
     let rest = create(seq + par..total);
     add_all(&node, &rest);
     node.eventually("every pod enrolled", || {
@@ -148,12 +153,13 @@ fn main() {
     row(&format!("{par} at once: istio-cni's own ADD"), own_par);
     row(&format!("{par} at once: agent enroll"), agent_par);
     row(
-        &format!("{par} at once: agent queue (enrolls before it)"),
+        &format!("{par} at once: agent queue (waiting for the pod's own lock)"),
         queued_par,
     );
     println!(
-        "\n{par} ADDs at once done in {} ms. Agent RSS: {:.1} MB with 0 ambient pods, {:.1} MB with {total}.",
+        "\n{par} ADDs at once done in {} ms. API requests (pod or namespace GETs) per ambient pod start: {:.2}. Agent RSS: {:.1} MB with 0 ambient pods, {:.1} MB with {total}.",
         par_total.as_millis(),
+        lookups as f64 / (seq + par) as f64,
         rss_idle as f64 / 1024.0,
         rss_full as f64 / 1024.0
     );
