@@ -62,6 +62,11 @@ mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)
   echo "bench: pod lookup" >&2
   "$bin/bench-lookup" "${LOOKUP_PODS:-100}"
   echo
+  echo "**The node daemon's per-event costs** (install-cni's own CPU from /proc; the inputs of the scale table):"
+  echo
+  echo "bench: daemon per-event costs" >&2
+  "$bin/bench-scale" "${SCALE_PODS:-250}" "${SCALE_EVENTS:-5000}" "${SCALE_LOOKUPS:-2000}"
+  echo
   echo "**Ambient ADD** (ambient pods through the chain, the node agent and the real ztunnel; agent RSS):"
   echo
   echo "bench: ambient ADD" >&2
