@@ -120,7 +120,7 @@ fn hostile_plugin_events_are_refused_naming_the_field_and_touch_nothing() {
             "/nonexistent",
         ),
         (with(&format!("\"{}\"", pod.ip()), ""), 400, "IPs is empty"),
-        (vec![b'x'; 200 * 1024], 400, "body"),
+        (vec![b'x'; 200 * 1024], 413, "body"),
     ];
     for (body, status, needle) in &cases {
         let (got, text) = post(&sock, "POST", "/cmdadd", body);
