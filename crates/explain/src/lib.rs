@@ -177,7 +177,10 @@ pub fn explain_with(
     let end = match conn.direction {
         Direction::Inbound => w.hook(Hook::Prerouting, false, &mut pkt),
         Direction::Outbound => match w.hook(Hook::Output, false, &mut pkt) {
-            HookEnd::Passed if facts.is_local(pkt.dst.ip()) => w.loop_back(&mut pkt),
+            HookEnd::Passed => match w.hook(Hook::Postrouting, false, &mut pkt) {
+                HookEnd::Passed if facts.is_local(pkt.dst.ip()) => w.loop_back(&mut pkt),
+                end => end,
+            },
             end => end,
         },
     };
