@@ -94,7 +94,7 @@ pub fn explain(netns: Option<&Path>, conn: &Connection) -> Result<Explanation, E
     if rs.is_empty() {
         return Err(ExplainError::NoRules {
             netns: shown(netns),
-            looked: "no inet istio-proxy-* tables".into(),
+            looked: "no inet istio-proxy-* or istio-ambient-* tables".into(),
         });
     }
     explain_with(&rs, conn, &facts)
