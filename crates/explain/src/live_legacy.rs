@@ -356,35 +356,7 @@ fn matcher(
             };
             vec![meta(key), cmp(negate, id.to_ne_bytes().to_vec())]
         }
-        "--mark" => {
-            // `-m mark --mark` or `-m connmark --mark`: the latest of the two modules says which.
-            let module = ctx
-                .before
-                .iter()
-                .rev()
-                .find(|t| matches!(t.as_str(), "mark" | "connmark"));
-            let (v, mask) = value_mask(arg).ok_or_else(unknown)?;
-            let load = if module.is_some_and(|t| t == "connmark") {
-                Expr::Ct {
-                    key: libc::NFT_CT_MARK as u32,
-                    dreg: REG1,
-                }
-            } else {
-                meta(libc::NFT_META_MARK)
-            };
-            let mut e = vec![load];
-            // xt_mark: (mark & mask) == value (ambient's `0x539/0xfff`).
-            if mask != u32::MAX {
-                e.push(Expr::Bitwise {
-                    sreg: REG1,
-                    dreg: REG1,
-                    mask: mask.to_ne_bytes().to_vec(),
-                    xor: vec![0; 4],
-                });
-            }
-            e.push(cmp(negate, (v & mask).to_ne_bytes().to_vec()));
-            e
-        }
+        "--mark" => mark_match(arg, negate, ctx).ok_or_else(unknown)?,
         "--ctstate" if !negate => {
             let mut mask = 0u32;
             for s in arg.split(',') {
@@ -414,6 +386,38 @@ fn matcher(
         "-m" => return Err(unknown()),
         _ => return Err(tok.to_string()),
     })
+}
+
+/// `-m mark --mark V[/M]` or `-m connmark --mark V[/M]`: the latest of the two modules says
+/// which; xt_mark compares `(mark & M) == V`.
+fn mark_match(arg: &str, negate: bool, ctx: &Ctx) -> Option<Vec<Expr>> {
+    // `-m mark --mark` or `-m connmark --mark`: the latest of the two modules says which.
+    let module = ctx
+        .before
+        .iter()
+        .rev()
+        .find(|t| matches!(t.as_str(), "mark" | "connmark"));
+    let (v, mask) = value_mask(arg)?;
+    let load = if module.is_some_and(|t| t == "connmark") {
+        Expr::Ct {
+            key: libc::NFT_CT_MARK as u32,
+            dreg: REG1,
+        }
+    } else {
+        meta(libc::NFT_META_MARK)
+    };
+    let mut e = vec![load];
+    // xt_mark: (mark & mask) == value (ambient's `0x539/0xfff`).
+    if mask != u32::MAX {
+        e.push(Expr::Bitwise {
+            sreg: REG1,
+            dreg: REG1,
+            mask: mask.to_ne_bytes().to_vec(),
+            xor: vec![0; 4],
+        });
+    }
+    e.push(cmp(negate, (v & mask).to_ne_bytes().to_vec()));
+    Some(e)
 }
 
 /// `-j TARGET options…` as expressions (always the last thing of a rule).
@@ -477,45 +481,7 @@ fn target(w: &[String], goto: bool, out: &mut Vec<Expr>) {
             }
             None => out.push(Expr::Unknown(format!("-j {}", w.join(" ")))),
         },
-        "CONNMARK" if opt("--set-xmark").is_some() => {
-            // ctmark = (ctmark & ~mask) ^ value.
-            match opt("--set-xmark").and_then(value_mask) {
-                Some((v, mask)) => {
-                    out.push(Expr::Ct {
-                        key: libc::NFT_CT_MARK as u32,
-                        dreg: REG1,
-                    });
-                    out.push(Expr::Bitwise {
-                        sreg: REG1,
-                        dreg: REG1,
-                        mask: (!mask).to_ne_bytes().to_vec(),
-                        xor: v.to_ne_bytes().to_vec(),
-                    });
-                    out.push(Expr::CtSet {
-                        key: libc::NFT_CT_MARK as u32,
-                        sreg: REG1,
-                    });
-                }
-                None => out.push(Expr::Unknown(format!("-j {}", w.join(" ")))),
-            }
-        }
-        "CONNMARK" if w.iter().any(|t| t == "--save-mark") => {
-            out.push(meta(libc::NFT_META_MARK));
-            out.push(Expr::CtSet {
-                key: libc::NFT_CT_MARK as u32,
-                sreg: REG1,
-            });
-        }
-        "CONNMARK" if w.iter().any(|t| t == "--restore-mark") => {
-            out.push(Expr::Ct {
-                key: libc::NFT_CT_MARK as u32,
-                dreg: REG1,
-            });
-            out.push(Expr::MetaSet {
-                key: libc::NFT_META_MARK as u32,
-                sreg: REG1,
-            });
-        }
+        "CONNMARK" => connmark(w, out),
         "CT" => match opt("--zone").and_then(|z| z.parse::<u16>().ok()) {
             Some(z) => {
                 out.push(imm(z.to_ne_bytes().to_vec()));
@@ -536,6 +502,45 @@ fn target(w: &[String], goto: bool, out: &mut Vec<Expr>) {
             }));
         }
         _ => out.push(Expr::Unknown(format!("-j {}", w.join(" ")))),
+    }
+}
+
+/// `-j CONNMARK --set-xmark V/M | --save-mark | --restore-mark`.
+fn connmark(w: &[String], out: &mut Vec<Expr>) {
+    let has = |name: &str| w.iter().any(|t| t == name);
+    let xmark = w
+        .iter()
+        .position(|t| t == "--set-xmark")
+        .map(|p| w.get(p + 1).and_then(|v| value_mask(v)));
+    let ct_load = Expr::Ct {
+        key: libc::NFT_CT_MARK as u32,
+        dreg: REG1,
+    };
+    let ct_set = Expr::CtSet {
+        key: libc::NFT_CT_MARK as u32,
+        sreg: REG1,
+    };
+    if let Some(Some((v, mask))) = xmark {
+        // ctmark = (ctmark & ~mask) ^ value.
+        out.push(ct_load);
+        out.push(Expr::Bitwise {
+            sreg: REG1,
+            dreg: REG1,
+            mask: (!mask).to_ne_bytes().to_vec(),
+            xor: v.to_ne_bytes().to_vec(),
+        });
+        out.push(ct_set);
+    } else if xmark.is_none() && has("--save-mark") {
+        out.push(meta(libc::NFT_META_MARK));
+        out.push(ct_set);
+    } else if xmark.is_none() && has("--restore-mark") {
+        out.push(ct_load);
+        out.push(Expr::MetaSet {
+            key: libc::NFT_META_MARK as u32,
+            sreg: REG1,
+        });
+    } else {
+        out.push(Expr::Unknown(format!("-j {}", w.join(" "))));
     }
 }
 
