@@ -190,6 +190,23 @@ fn scenario(backend: Backend) -> Vec<String> {
         "{backend}: the ambient rules were read"
     );
     let mut failures = Vec::new();
+    if backend == Backend::Nft {
+        // Every live rule is shown as the plan renderer writes it.
+        let planned = nft_backend::render_text(&plan);
+        let lines: Vec<&str> = planned.lines().map(str::trim).collect();
+        for (c, r) in rs
+            .chains
+            .iter()
+            .flat_map(|c| c.rules.iter().map(move |r| (c, r)))
+        {
+            if !lines.contains(&r.text.as_str()) {
+                failures.push(format!(
+                    "text of {} {} rule {}: {}",
+                    c.table, c.name, r.position, r.text
+                ));
+            }
+        }
+    }
     for c in cases(&w) {
         let facts = ex::namespace_facts(Some(w.pod.path()), &c.conn).unwrap();
         let e = ex::explain_with(&rs, &c.conn, &facts).unwrap();
@@ -274,6 +291,14 @@ fn host_probe_rule_is_explained_from_the_node_and_confirmed() {
     let snat = IpAddr::V4(ambient_constants::HOST_PROBE_SNAT_V4);
     let host_rs = ex::live_ruleset(Some(node)).unwrap();
     let pod_rs = ex::live_ruleset(Some(w.pod.path())).unwrap();
+    let planned = nft_backend::render_text(&host);
+    for r in host_rs.chains.iter().flat_map(|c| &c.rules) {
+        assert!(
+            planned.lines().any(|l| l.trim() == r.text),
+            "{} not in\n{planned}",
+            r.text
+        );
+    }
 
     for (uid, src_in_pod, lands_on) in [(KUBELET, snat, 8080), (APP, IpAddr::V4(w.world_v4), 15006)]
     {
