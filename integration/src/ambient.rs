@@ -161,7 +161,7 @@ impl Drop for FakeKubelet {
     }
 }
 
-fn sleep_binary() -> io::Result<&'static str> {
+pub fn sleep_binary() -> io::Result<&'static str> {
     ["/usr/bin/sleep", "/bin/sleep"]
         .into_iter()
         .find(|p| Path::new(p).is_file())
@@ -172,7 +172,7 @@ fn sleep_binary() -> io::Result<&'static str> {
 /// namespace between fork and exec (then drops root: setns needs it), from the calling
 /// thread, not a short-lived one (PR_SET_PDEATHSIG fires when the forking *thread* exits),
 /// and gets SIGKILL should the test die first.
-fn spawn_in(ns: &TestNetns, mut cmd: Command, uid: Option<u32>) -> io::Result<Child> {
+pub fn spawn_in(ns: &TestNetns, mut cmd: Command, uid: Option<u32>) -> io::Result<Child> {
     use std::os::fd::AsRawFd;
     let ns_file = std::fs::File::open(ns.path())?;
     let fd = ns_file.as_raw_fd();
@@ -535,7 +535,7 @@ impl AmbientNode {
 }
 
 /// Makes process `pid` visible in the node's /proc as `<proc_root>/<name>`.
-fn link_process(proc_root: &Path, name: &str, pid: u32) -> io::Result<()> {
+pub fn link_process(proc_root: &Path, name: &str, pid: u32) -> io::Result<()> {
     std::os::unix::fs::symlink(format!("/proc/{pid}"), proc_root.join(name))
 }
 

@@ -285,6 +285,7 @@ fn kind(o: &ex::Outcome) -> &'static str {
         ex::Outcome::Dropped { .. } => "dropped",
         ex::Outcome::NotCaptured { .. } => "not-captured",
         ex::Outcome::Untouched { .. } => "untouched",
+        ex::Outcome::Snatted { .. } => "snatted",
         ex::Outcome::CannotEvaluate { .. } => "cannot-evaluate",
     }
 }

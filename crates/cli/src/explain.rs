@@ -14,13 +14,13 @@ use std::time::Duration;
 const JSON_HELP: &str = "\
 JSON output (--json), one object; field names are stable:
   backend            \"nft\" | \"iptables-legacy\"
-  connection         {direction, protocol, src, dst, uid, gid, iif, oif, assumed[]}
+  connection         {direction, protocol, src, dst, uid, gid, mark?, iif, oif, assumed[]}
   steps[]            the path, in evaluation order:
                      {hook, family, table, chain, kind: rule|return|policy,
                       rule?: {position, handle?, comment?, text}, verdict, effects[]?}
                      verdict: {kind: accept|drop|return|continue|jump|goto, chain?}
-  outcome            {kind: redirected|tproxied|dropped|not-captured|untouched|cannot-evaluate,
-                      to?, port?, local?, reason?, expr?, chain?, rule?,
+  outcome            {kind: redirected|tproxied|snatted|dropped|not-captured|untouched|
+                      cannot-evaluate, to?, port?, from?, local?, reason?, expr?, chain?, rule?,
                       by?: {family, table, chain, rule}}
   summary            the outcome in one line
   notes[]            facts the explanation relied on
@@ -35,19 +35,45 @@ uses an expression the evaluator does not know (outcome cannot-evaluate); 2 bad 
 #[command(
     name = "istio-nftables explain",
     about = "Explain where a connection goes through a pod's live istio rules, and why.",
-    long_about = "Reads the live rules of our tables (nft: inet istio-proxy-{raw,mangle,nat}; \
+    long_about = "Reads the live rules of our tables (nft: inet istio-proxy-{raw,mangle,nat} of \
+                  sidecar pods, inet istio-ambient-{raw,mangle,nat} of ambient pods; \
                   iptables-legacy: the raw, mangle and nat tables holding ISTIO_* chains, built-in \
                   chains included) \
-                  in the pod's network namespace, walks a synthetic first packet of the \
+                  in the pod's network namespace (--network-namespace, or --pod NAMESPACE/NAME \
+                  found as the node daemon finds it; --host: the node's ambient probe rule), walks a synthetic first packet of the \
                   connection through them hook by hook, and prints each chain entered, the \
                   rule that decided (comment and text) and the outcome. --trace confirms it \
                   with the kernel (nft only).",
     after_help = JSON_HELP
 )]
 pub struct ExplainArgs {
-    /// The pod's network namespace (e.g. /var/run/netns/NAME or /proc/PID/ns/net).
-    #[arg(long = "network-namespace", value_name = "PATH")]
-    netns: PathBuf,
+    /// The pod's network namespace (e.g. /var/run/netns/NAME or /proc/PID/ns/net); with
+    /// --host the node's (default: this one).
+    #[arg(
+        long = "network-namespace",
+        value_name = "PATH",
+        conflicts_with = "pod"
+    )]
+    netns: Option<PathBuf>,
+    /// The pod, by name: its IP from the Kubernetes API, its network namespace through
+    /// --proc-root (as the node daemon finds running pods). Sidecar and ambient pods.
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    pod: Option<String>,
+    /// With --pod: the kubeconfig (default: KUBECONFIG, else in-cluster).
+    #[arg(long, value_name = "PATH", requires = "pod")]
+    kubeconfig: Option<PathBuf>,
+    /// With --pod: the host's /proc (in the node daemon's container usually /host/proc).
+    #[arg(
+        long = "proc-root",
+        value_name = "DIR",
+        default_value = "/proc",
+        requires = "pod"
+    )]
+    proc_root: PathBuf,
+    /// Explain a connection made on the node (e.g. kubelet's probe, --uid its uid) through
+    /// ambient's host probe rule (inet istio-ambient-nat postrouting; nft only).
+    #[arg(long, conflicts_with = "pod")]
+    host: bool,
     /// outbound: made by a process in the pod; inbound: arriving at the pod.
     #[arg(long, value_enum, default_value = "outbound")]
     direction: Dir,
@@ -67,6 +93,10 @@ pub struct ExplainArgs {
     /// gid of the sending process (outbound only; default 0).
     #[arg(long)]
     gid: Option<u32>,
+    /// The sending socket's mark (outbound only; default 0), e.g. ztunnel's 0x539: decimal
+    /// or 0x-hex. --trace sets it with SO_MARK (needs uid 0).
+    #[arg(long, value_parser = parse_mark)]
+    mark: Option<u32>,
     /// Which rules to read: auto (nft if our nft tables exist, else iptables-legacy).
     #[arg(long, value_enum, default_value = "auto")]
     backend: Which,
@@ -113,6 +143,14 @@ fn parse_dst(s: &str) -> Result<Dst, String> {
     Ok(Dst(a, zone))
 }
 
+fn parse_mark(s: &str) -> Result<u32, String> {
+    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => u32::from_str_radix(h, 16),
+        None => s.parse(),
+    }
+    .map_err(|_| "expected a 32-bit mark, decimal or 0x-hex".into())
+}
+
 impl ExplainArgs {
     fn connection(&self) -> Connection {
         let mut c = Connection::new(
@@ -130,7 +168,49 @@ impl ExplainArgs {
         c.src = self.src;
         c.uid = self.uid;
         c.gid = self.gid;
+        c.mark = self.mark;
         c
+    }
+
+    /// The namespace to explain in: --pod's, --network-namespace, or with --host the node's
+    /// (`None`: this one).
+    fn target(&self) -> Result<Option<PathBuf>, ExplainError> {
+        if let Some(pod) = &self.pod {
+            return crate::pod::netns_of(pod, self.kubeconfig.as_deref(), &self.proc_root)
+                .map(Some);
+        }
+        match (&self.netns, self.host) {
+            (Some(p), _) => Ok(Some(p.clone())),
+            (None, true) => Ok(None),
+            (None, false) => Err(ExplainError::BadInput {
+                arg: "--network-namespace",
+                value: String::new(),
+                why: "required (or --pod NAMESPACE/NAME, or --host for the node's probe rule)"
+                    .into(),
+            }),
+        }
+    }
+
+    /// --host: a connection from the node, through nft rules.
+    fn check_host(&self) -> Result<(), ExplainError> {
+        if !self.host {
+            return Ok(());
+        }
+        if matches!(self.direction, Dir::Inbound) {
+            return Err(ExplainError::BadInput {
+                arg: "--direction",
+                value: "inbound".into(),
+                why: "--host explains connections made on the node (outbound)".into(),
+            });
+        }
+        if self.backend == Which::IptablesLegacy {
+            return Err(ExplainError::BadInput {
+                arg: "--backend",
+                value: "iptables-legacy".into(),
+                why: "the host probe rule is always nftables (inet istio-ambient-nat)".into(),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -156,8 +236,17 @@ pub fn main(argv: Vec<String>) -> ExitCode {
 
 fn run(a: &ExplainArgs) -> Result<ExitCode, ExplainError> {
     let conn = a.connection();
-    let netns = Some(a.netns.as_path());
-    let (rs, backend) = ruleset(netns, a.backend)?;
+    a.check_host()?;
+    let target = a.target()?;
+    let netns = target.as_deref();
+    let which = if a.host { Which::Nft } else { a.backend };
+    let (rs, backend) = ruleset(netns, which)?;
+    if a.host && !has_host_rule(&rs) {
+        return Err(ExplainError::NoRules {
+            netns: ex::shown(netns),
+            looked: "no host probe rule (inet istio-ambient-nat, chain postrouting)".into(),
+        });
+    }
     if a.trace && rs.backend != ex::ir::Backend::Nft {
         return Err(ExplainError::BadInput {
             arg: "--trace",
@@ -256,6 +345,13 @@ fn render_agreement(ag: &Agreement) -> String {
     o
 }
 
+fn has_host_rule(rs: &ex::ir::Ruleset) -> bool {
+    rs.chains.iter().any(|c| {
+        c.table == "istio-ambient-nat"
+            && c.base.is_some_and(|b| b.hook == ex::ir::Hook::Postrouting)
+    })
+}
+
 /// The live rules to explain, and which backend they are.
 fn ruleset(
     netns: Option<&Path>,
@@ -282,9 +378,12 @@ fn ruleset(
         return Err(ExplainError::NoRules {
             netns: ex::shown(netns),
             looked: match which {
-                Which::Nft => "no inet istio-proxy-* tables",
+                Which::Nft => "no inet istio-proxy-* or istio-ambient-* tables",
                 Which::IptablesLegacy => "no ISTIO_* chains in iptables-legacy",
-                Which::Auto => "no inet istio-proxy-* tables, no ISTIO_* chains in iptables-legacy",
+                Which::Auto => {
+                    "no inet istio-proxy-* or istio-ambient-* tables, no ISTIO_* chains in \
+                     iptables-legacy"
+                }
             }
             .into(),
         });

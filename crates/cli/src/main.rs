@@ -4,6 +4,7 @@
 mod args;
 mod explain;
 mod migrate;
+mod pod;
 mod validation;
 
 use args::Args;

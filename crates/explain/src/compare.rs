@@ -28,6 +28,7 @@ pub struct Agreement {
 pub fn kernel_steps(rs: &Ruleset, kp: &KernelPath) -> Vec<Step> {
     let mut hook = match kp.hook {
         "prerouting" => Hook::Prerouting,
+        "postrouting" => Hook::Postrouting,
         _ => Hook::Output,
     };
     let mut out = Vec::new();
@@ -138,6 +139,14 @@ fn class_of(rs: &Ruleset, steps: &[Step]) -> String {
         if s.verdict == Verdict::Drop {
             return "dropped".into();
         }
+        if s.verdict == Verdict::Accept
+            && let Some(Expr::Immediate { data, .. }) = r.exprs.iter().rev().find(|e| {
+                matches!(e, Expr::Immediate { data, .. } if data.len() == 4 || data.len() == 16)
+            })
+            && r.exprs.iter().any(|e| matches!(e, Expr::Nat { snat: true, .. }))
+        {
+            class = format!("source NATed to {}", snat_addr(data));
+        }
         if r.exprs.iter().any(|e| matches!(e, Expr::Redir { .. })) {
             class = format!("redirected to port {port}");
         }
@@ -149,6 +158,13 @@ fn class_of(rs: &Ruleset, steps: &[Step]) -> String {
     class
 }
 
+fn snat_addr(data: &[u8]) -> std::net::IpAddr {
+    match <[u8; 4]>::try_from(data) {
+        Ok(a) => a.into(),
+        Err(_) => <[u8; 16]>::try_from(data).unwrap_or([0; 16]).into(),
+    }
+}
+
 fn static_class(o: &Outcome) -> String {
     match o {
         Outcome::Redirected { to, .. } => format!("redirected to port {}", to.port()),
@@ -158,6 +174,7 @@ fn static_class(o: &Outcome) -> String {
             ..
         } => format!("redirected to port {}, then dropped", to.port()),
         Outcome::Dropped { .. } => "dropped".into(),
+        Outcome::Snatted { from, .. } => format!("source NATed to {from}"),
         Outcome::NotCaptured { .. } | Outcome::Untouched { .. } => "not captured".into(),
         Outcome::CannotEvaluate { .. } => "cannot evaluate".into(),
     }

@@ -18,6 +18,9 @@ pub struct Described {
     pub zone: Option<String>,
     pub uid: Option<u32>,
     pub gid: Option<u32>,
+    /// The packet's mark (`--mark`; outbound only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mark: Option<u32>,
     pub iif: Option<String>,
     pub oif: Option<String>,
     /// Values not given on the command line and what was assumed for them.
@@ -42,6 +45,7 @@ impl Described {
             zone: facts.zone.as_ref().map(|(n, _)| n.clone()),
             uid: pkt.uid,
             gid: pkt.gid,
+            mark: conn.mark,
             iif: pkt.iif.clone(),
             oif: pkt.oif.clone(),
             assumed,
@@ -83,6 +87,13 @@ pub fn validate(conn: &Connection, facts: &NsFacts) -> Result<(), ExplainError> 
     }
     match conn.direction {
         Direction::Inbound => {
+            if let Some(m) = conn.mark {
+                return Err(bad(
+                    "--mark",
+                    format!("{m:#x}"),
+                    "an inbound packet arrives from another namespace, which clears its mark: --mark applies to outbound only",
+                ));
+            }
             if conn.uid.is_some() || conn.gid.is_some() {
                 let (arg, v) = match conn.uid {
                     Some(u) => ("--uid", u),
@@ -142,7 +153,10 @@ pub(super) fn first_packet(
         oif: None,
         uid: None,
         gid: None,
-        mark: 0,
+        mark: match conn.direction {
+            Direction::Outbound => conn.mark.unwrap_or(0),
+            Direction::Inbound => 0,
+        },
         ct_state: CT_STATE_NEW,
         ct_mark: 0,
         ct_zone: 0,

@@ -153,6 +153,8 @@ pub struct Effects {
     pub tproxied: Option<(u16, RuleRef)>,
     /// `tproxy` found no listener on this port.
     pub tproxy_missed: Option<u16>,
+    /// `snat`: the new source address and the rule that did it.
+    pub snatted: Option<(IpAddr, RuleRef)>,
 }
 
 /// Walks the base chains of `hook` in priority order. `skip_nat`: the connection's NAT was
@@ -422,8 +424,48 @@ impl<'a> Walker<'a> {
                 miss_drops,
                 ..
             } => self.tproxy(r.port(*port_reg), *miss_drops, rule, r),
+            Expr::Nat {
+                snat,
+                addr_reg,
+                port_reg,
+                ..
+            } => self.nat(*snat, *addr_reg, *port_reg, rule, r),
             Expr::Unknown(name) => Flow::Unknown(name.clone()),
         }
+    }
+
+    /// `snat to ADDR` (the host probe rule): the source becomes ADDR; like every NAT
+    /// statement it ends the rule with accept. `dnat` and port mapping are not ours.
+    fn nat(
+        &mut self,
+        snat: bool,
+        addr_reg: Option<u32>,
+        port_reg: Option<u32>,
+        rule: &Rule,
+        r: &mut RuleState,
+    ) -> Flow {
+        let addr = addr_reg
+            .and_then(|reg| r.get(reg))
+            .and_then(|b| match b.len() {
+                4 => <[u8; 4]>::try_from(b.as_slice()).ok().map(IpAddr::from),
+                16 => <[u8; 16]>::try_from(b.as_slice()).ok().map(IpAddr::from),
+                _ => None,
+            });
+        let (true, Some(addr), None) = (snat, addr, port_reg) else {
+            let what = match (snat, port_reg) {
+                (false, _) => "dnat",
+                (true, Some(_)) => "snat with a port",
+                (true, None) => "snat without an address",
+            };
+            return Flow::Unknown(what.into());
+        };
+        if addr.is_ipv6() != self.pkt.is_ipv6() {
+            return Flow::Unknown(format!("snat to {addr} for another family"));
+        }
+        self.pkt.src.set_ip(addr);
+        r.effects.push(format!("snat to {addr}"));
+        self.fx.snatted = Some((addr, RuleRef::of(rule)));
+        Flow::Verdict(Verdict::Accept)
     }
 
     fn meta_set(&mut self, key: u32, v: u32, r: &mut RuleState) -> Flow {

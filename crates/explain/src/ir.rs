@@ -36,6 +36,8 @@ impl TableFamily {
 pub enum Hook {
     Prerouting,
     Output,
+    /// The node's host probe rule (ambient's kubelet-probe SNAT).
+    Postrouting,
     /// Any other hook (not traversed by the connections we explain).
     Other,
 }
@@ -45,6 +47,7 @@ impl Hook {
         match self {
             Hook::Prerouting => "prerouting",
             Hook::Output => "output",
+            Hook::Postrouting => "postrouting",
             Hook::Other => "other",
         }
     }
@@ -148,6 +151,13 @@ pub enum Expr {
         family: u32,
         port_reg: Option<u32>,
         miss_drops: bool,
+    },
+    /// `snat`/`dnat` to the address in `addr_reg` (`family`: `NFPROTO_IPV4`/`IPV6`).
+    Nat {
+        snat: bool,
+        family: u32,
+        addr_reg: Option<u32>,
+        port_reg: Option<u32>,
     },
     /// Anything else: the evaluator stops and says so instead of guessing.
     Unknown(String),

@@ -94,7 +94,7 @@ pub fn explain(netns: Option<&Path>, conn: &Connection) -> Result<Explanation, E
     if rs.is_empty() {
         return Err(ExplainError::NoRules {
             netns: shown(netns),
-            looked: "no inet istio-proxy-* tables".into(),
+            looked: "no inet istio-proxy-* or istio-ambient-* tables".into(),
         });
     }
     explain_with(&rs, conn, &facts)
@@ -177,7 +177,10 @@ pub fn explain_with(
     let end = match conn.direction {
         Direction::Inbound => w.hook(Hook::Prerouting, false, &mut pkt),
         Direction::Outbound => match w.hook(Hook::Output, false, &mut pkt) {
-            HookEnd::Passed if facts.is_local(pkt.dst.ip()) => w.loop_back(&mut pkt),
+            HookEnd::Passed => match w.hook(Hook::Postrouting, false, &mut pkt) {
+                HookEnd::Passed if facts.is_local(pkt.dst.ip()) => w.loop_back(&mut pkt),
+                end => end,
+            },
             end => end,
         },
     };

@@ -153,6 +153,14 @@ fn parse_u32(s: &str) -> Option<u32> {
     }
 }
 
+/// `VALUE[/MASK]` (mask all ones when absent).
+fn value_mask(s: &str) -> Option<(u32, u32)> {
+    match s.split_once('/') {
+        Some((v, m)) => Some((parse_u32(v)?, parse_u32(m)?)),
+        None => Some((parse_u32(s)?, u32::MAX)),
+    }
+}
+
 /// `VALUE[/MASK]` with the mask required to be all ones (or absent).
 fn full_mask_value(s: &str) -> Option<u32> {
     match s.split_once('/') {
@@ -348,24 +356,7 @@ fn matcher(
             };
             vec![meta(key), cmp(negate, id.to_ne_bytes().to_vec())]
         }
-        "--mark" => {
-            // `-m mark --mark` or `-m connmark --mark`: the latest of the two modules says which.
-            let module = ctx
-                .before
-                .iter()
-                .rev()
-                .find(|t| matches!(t.as_str(), "mark" | "connmark"));
-            let v = full_mask_value(arg).ok_or_else(unknown)?;
-            let load = if module.is_some_and(|t| t == "connmark") {
-                Expr::Ct {
-                    key: libc::NFT_CT_MARK as u32,
-                    dreg: REG1,
-                }
-            } else {
-                meta(libc::NFT_META_MARK)
-            };
-            vec![load, cmp(negate, v.to_ne_bytes().to_vec())]
-        }
+        "--mark" => mark_match(arg, negate, ctx).ok_or_else(unknown)?,
         "--ctstate" if !negate => {
             let mut mask = 0u32;
             for s in arg.split(',') {
@@ -395,6 +386,38 @@ fn matcher(
         "-m" => return Err(unknown()),
         _ => return Err(tok.to_string()),
     })
+}
+
+/// `-m mark --mark V[/M]` or `-m connmark --mark V[/M]`: the latest of the two modules says
+/// which; xt_mark compares `(mark & M) == V`.
+fn mark_match(arg: &str, negate: bool, ctx: &Ctx) -> Option<Vec<Expr>> {
+    // `-m mark --mark` or `-m connmark --mark`: the latest of the two modules says which.
+    let module = ctx
+        .before
+        .iter()
+        .rev()
+        .find(|t| matches!(t.as_str(), "mark" | "connmark"));
+    let (v, mask) = value_mask(arg)?;
+    let load = if module.is_some_and(|t| t == "connmark") {
+        Expr::Ct {
+            key: libc::NFT_CT_MARK as u32,
+            dreg: REG1,
+        }
+    } else {
+        meta(libc::NFT_META_MARK)
+    };
+    let mut e = vec![load];
+    // xt_mark: (mark & mask) == value (ambient's `0x539/0xfff`).
+    if mask != u32::MAX {
+        e.push(Expr::Bitwise {
+            sreg: REG1,
+            dreg: REG1,
+            mask: mask.to_ne_bytes().to_vec(),
+            xor: vec![0; 4],
+        });
+    }
+    e.push(cmp(negate, (v & mask).to_ne_bytes().to_vec()));
+    Some(e)
 }
 
 /// `-j TARGET options…` as expressions (always the last thing of a rule).
@@ -458,23 +481,7 @@ fn target(w: &[String], goto: bool, out: &mut Vec<Expr>) {
             }
             None => out.push(Expr::Unknown(format!("-j {}", w.join(" ")))),
         },
-        "CONNMARK" if w.iter().any(|t| t == "--save-mark") => {
-            out.push(meta(libc::NFT_META_MARK));
-            out.push(Expr::CtSet {
-                key: libc::NFT_CT_MARK as u32,
-                sreg: REG1,
-            });
-        }
-        "CONNMARK" if w.iter().any(|t| t == "--restore-mark") => {
-            out.push(Expr::Ct {
-                key: libc::NFT_CT_MARK as u32,
-                dreg: REG1,
-            });
-            out.push(Expr::MetaSet {
-                key: libc::NFT_META_MARK as u32,
-                sreg: REG1,
-            });
-        }
+        "CONNMARK" => connmark(w, out),
         "CT" => match opt("--zone").and_then(|z| z.parse::<u16>().ok()) {
             Some(z) => {
                 out.push(imm(z.to_ne_bytes().to_vec()));
@@ -495,6 +502,45 @@ fn target(w: &[String], goto: bool, out: &mut Vec<Expr>) {
             }));
         }
         _ => out.push(Expr::Unknown(format!("-j {}", w.join(" ")))),
+    }
+}
+
+/// `-j CONNMARK --set-xmark V/M | --save-mark | --restore-mark`.
+fn connmark(w: &[String], out: &mut Vec<Expr>) {
+    let has = |name: &str| w.iter().any(|t| t == name);
+    let xmark = w
+        .iter()
+        .position(|t| t == "--set-xmark")
+        .map(|p| w.get(p + 1).and_then(|v| value_mask(v)));
+    let ct_load = Expr::Ct {
+        key: libc::NFT_CT_MARK as u32,
+        dreg: REG1,
+    };
+    let ct_set = Expr::CtSet {
+        key: libc::NFT_CT_MARK as u32,
+        sreg: REG1,
+    };
+    if let Some(Some((v, mask))) = xmark {
+        // ctmark = (ctmark & ~mask) ^ value.
+        out.push(ct_load);
+        out.push(Expr::Bitwise {
+            sreg: REG1,
+            dreg: REG1,
+            mask: (!mask).to_ne_bytes().to_vec(),
+            xor: v.to_ne_bytes().to_vec(),
+        });
+        out.push(ct_set);
+    } else if xmark.is_none() && has("--save-mark") {
+        out.push(meta(libc::NFT_META_MARK));
+        out.push(ct_set);
+    } else if xmark.is_none() && has("--restore-mark") {
+        out.push(ct_load);
+        out.push(Expr::MetaSet {
+            key: libc::NFT_META_MARK as u32,
+            sreg: REG1,
+        });
+    } else {
+        out.push(Expr::Unknown(format!("-j {}", w.join(" "))));
     }
 }
 
@@ -527,5 +573,35 @@ mod tests {
         assert_eq!(sets.len(), 1);
         let (e, _) = translate("-p tcp -m foo --bar -j RETURN", false, "nat", &mut sets);
         assert_eq!(e.last(), Some(&Expr::Unknown("-m foo".into())));
+    }
+
+    #[test]
+    fn translates_ambient_rules() {
+        let save = "*mangle\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:ISTIO_PRERT - [0:0]\n:ISTIO_OUTPUT - [0:0]\n-A PREROUTING -j ISTIO_PRERT\n-A OUTPUT -j ISTIO_OUTPUT\n-A ISTIO_PRERT -m mark --mark 0x539/0xfff -j CONNMARK --set-xmark 0x111/0xfff\n-A ISTIO_OUTPUT -m connmark --mark 0x111/0xfff -j CONNMARK --restore-mark --nfmask 0xffffffff --ctmask 0xffffffff\nCOMMIT\n*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:ISTIO_PRERT - [0:0]\n:ISTIO_OUTPUT - [0:0]\n-A PREROUTING -j ISTIO_PRERT\n-A OUTPUT -j ISTIO_OUTPUT\n-A ISTIO_PRERT -s 169.254.7.127/32 -p tcp -m tcp -j ACCEPT\n-A ISTIO_PRERT ! -d 127.0.0.1/32 -p tcp -m tcp ! --dport 15008 -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15006\n-A ISTIO_OUTPUT ! -o lo -p udp -m mark ! --mark 0x539/0xfff -m udp --dport 53 -j REDIRECT --to-ports 15053\nCOMMIT\n";
+        let mut rs = Ruleset {
+            backend: Backend::IptablesLegacy,
+            chains: Vec::new(),
+            sets: Vec::new(),
+        };
+        add_family(&mut rs, save, false);
+        let all: Vec<&Expr> = rs
+            .chains
+            .iter()
+            .flat_map(|c| &c.rules)
+            .flat_map(|r| &r.exprs)
+            .collect();
+        assert!(
+            !all.iter().any(|e| matches!(e, Expr::Unknown(_))),
+            "{all:?}"
+        );
+        // `--set-xmark 0x111/0xfff`: ctmark = (ctmark & ~0xfff) ^ 0x111.
+        assert!(all.contains(&&Expr::Bitwise {
+            sreg: REG1,
+            dreg: REG1,
+            mask: 0xffff_f000u32.to_ne_bytes().to_vec(),
+            xor: 0x111u32.to_ne_bytes().to_vec(),
+        }));
+        // `! --mark 0x539/0xfff`: (mark & 0xfff) != 0x539.
+        assert!(all.contains(&&cmp(true, 0x539u32.to_ne_bytes().to_vec())));
     }
 }

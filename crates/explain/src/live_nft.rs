@@ -10,8 +10,13 @@ use nft_backend::live::{cstr_to_string, msg_type, rule_text};
 use nft_backend::netlink::{self, Socket};
 use nftnl::nftnl_sys as sys;
 
+/// The sidecar's tables and ambient's (in a pod: `istio-ambient-{nat,mangle,raw}`; on the
+/// node: `istio-ambient-nat` with the host probe rule and its sets).
 fn ours(table: &str) -> bool {
-    Table::ALL.iter().any(|t| t.nft_name() == table)
+    Table::ALL
+        .iter()
+        .chain(Table::AMBIENT.iter())
+        .any(|t| t.nft_name() == table)
 }
 
 fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> NftError {
@@ -89,6 +94,7 @@ fn parse_chain(raw: *const libc::nlmsghdr) -> Option<Chain> {
                     {
                         libc::NF_INET_PRE_ROUTING => Hook::Prerouting,
                         libc::NF_INET_LOCAL_OUT => Hook::Output,
+                        libc::NF_INET_POST_ROUTING => Hook::Postrouting,
                         _ => Hook::Other,
                     },
                     priority: sys::nftnl_chain_get_s32(c, sys::NFTNL_CHAIN_PRIO as u16),
@@ -267,6 +273,15 @@ unsafe fn parse_expr(e: *mut sys::nftnl_expr) -> Expr {
                     .then(|| u(sys::NFTNL_EXPR_TPROXY_REG_PORT)),
                 miss_drops: false,
             },
+            "nat" => {
+                let reg = |a: u32| is(a).then(|| u(a));
+                Expr::Nat {
+                    snat: u(sys::NFTNL_EXPR_NAT_TYPE) == libc::NFT_NAT_SNAT as u32,
+                    family: u(sys::NFTNL_EXPR_NAT_FAMILY),
+                    addr_reg: reg(sys::NFTNL_EXPR_NAT_REG_ADDR_MIN),
+                    port_reg: reg(sys::NFTNL_EXPR_NAT_REG_PROTO_MIN),
+                }
+            }
             other => Expr::Unknown(other.to_string()),
         }
     }

@@ -51,6 +51,13 @@ pub enum Outcome {
         #[serde(skip_serializing_if = "Option::is_none")]
         redirected_to: Option<SocketAddr>,
     },
+    /// The host probe rule rewrote its source to `from` (kubelet's probe to an ambient pod);
+    /// it leaves the node for `to`.
+    Snatted {
+        from: std::net::IpAddr,
+        to: SocketAddr,
+        by: Decider,
+    },
     /// Our rules let it through unchanged, because of `by`.
     NotCaptured {
         by: Option<Decider>,
@@ -89,6 +96,7 @@ impl Outcome {
             Outcome::Redirected { to, .. } => Landing::Pod(to.port()),
             Outcome::Tproxied { port, .. } => Landing::Pod(*port),
             Outcome::Dropped { .. } => Landing::Dropped,
+            Outcome::Snatted { to, .. } => Landing::Away(*to),
             Outcome::NotCaptured { to, local, .. } | Outcome::Untouched { to, local, .. } => {
                 if *local {
                     Landing::Pod(to.port())
@@ -108,6 +116,9 @@ impl Outcome {
                 format!("diverted by TPROXY to the listener on port {port}")
             }
             Outcome::Dropped { reason, .. } => format!("dropped: {reason}"),
+            Outcome::Snatted { from, to, by } => {
+                format!("source NATed to {from} ({}); leaves for {to}", by.why())
+            }
             Outcome::NotCaptured {
                 reason, to, local, ..
             } => format!("not captured: {reason}; {}", destination(*to, *local)),
@@ -170,6 +181,14 @@ pub(super) fn outcome(
             if let Some((port, rule)) = &fx.tproxied {
                 let by = decider_for(steps, rule);
                 return Outcome::Tproxied { port: *port, by };
+            }
+            if let Some((from, rule)) = &fx.snatted {
+                let by = decider_for(steps, rule);
+                return Outcome::Snatted {
+                    from: *from,
+                    to: pkt.dst,
+                    by,
+                };
             }
             if let Some((to, rule)) = &fx.redirected {
                 let by = decider_for(steps, rule);

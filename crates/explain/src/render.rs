@@ -19,6 +19,9 @@ pub fn render_text(e: &Explanation) -> String {
     if let (Some(u), Some(g)) = (c.uid, c.gid) {
         let _ = write!(o, ", uid {u} gid {g}");
     }
+    if let Some(m) = c.mark {
+        let _ = write!(o, ", mark {m:#x}");
+    }
     if let Some(i) = &c.oif {
         let _ = write!(o, ", out via {i}");
     }
@@ -52,7 +55,7 @@ pub fn render_text(e: &Explanation) -> String {
 fn decider(o: &super::Outcome) -> Option<&super::Decider> {
     use super::Outcome::*;
     match o {
-        Redirected { by, .. } | Tproxied { by, .. } => Some(by),
+        Redirected { by, .. } | Tproxied { by, .. } | Snatted { by, .. } => Some(by),
         Dropped { by, .. } | NotCaptured { by, .. } => by.as_ref(),
         _ => None,
     }

@@ -58,6 +58,44 @@ fn one(e: &[Expr], sets: &[Set], table: &str, l4: &mut &'static str) -> Option<(
         [Counter, ..] => ("counter".into(), 1),
         [Verdict(v), ..] => (v.to_string(), 1),
         [Meta { key, dreg: REG1 }, Cmp { op, data, .. }, ..] => (meta_cmp(*key, *op, data, l4)?, 2),
+        [
+            Meta { key, dreg: REG1 },
+            Bitwise { mask, xor, .. },
+            Cmp { op, data, .. },
+            ..,
+        ] if *key as i32 == libc::NFT_META_MARK && u32_ne(xor)? == 0 => {
+            (masked("meta mark", mask, *op, data)?, 3)
+        }
+        [
+            Ct { key, dreg: REG1 },
+            Bitwise { mask, xor, .. },
+            Cmp { op, data, .. },
+            ..,
+        ] if *key as i32 == libc::NFT_CT_MARK && u32_ne(xor)? == 0 => {
+            (masked("ct mark", mask, *op, data)?, 3)
+        }
+        [
+            Ct { key, dreg: REG1 },
+            Bitwise { mask, xor, .. },
+            CtSet { key: ck, .. },
+            ..,
+        ] if *key as i32 == libc::NFT_CT_MARK && *ck as i32 == libc::NFT_CT_MARK => {
+            // As the plan renderer (`--dry-run`) writes it: the kernel's mask and xor.
+            let (m, x) = (u32_ne(mask)?, u32_ne(xor)?);
+            (format!("ct mark set ct mark & {m:#010x} | {x:#010x}"), 3)
+        }
+        [Immediate { data, .. }, Nat { snat, family, .. }, ..] => {
+            let f = if *family as i32 == libc::NFPROTO_IPV6 {
+                "ip6"
+            } else {
+                "ip"
+            };
+            let kind = if *snat { "snat" } else { "dnat" };
+            (
+                format!("{kind} {f} to {}", capture::DisplayIp(addr(data)?)),
+                2,
+            )
+        }
         [Meta { key, dreg: REG1 }, CtSet { key: ck, .. }, ..]
             if *key as i32 == libc::NFT_META_MARK && *ck as i32 == libc::NFT_CT_MARK =>
         {
@@ -111,6 +149,20 @@ fn one(e: &[Expr], sets: &[Set], table: &str, l4: &mut &'static str) -> Option<(
         }
         _ => return None,
     })
+}
+
+/// `meta mark & 0x00000fff != 0x00000539`.
+fn masked(what: &str, mask: &[u8], op: u32, data: &[u8]) -> Option<String> {
+    let op = match op as i32 {
+        libc::NFT_CMP_EQ => "==",
+        libc::NFT_CMP_NEQ => "!=",
+        _ => return None,
+    };
+    Some(format!(
+        "{what} & {:#010x} {op} {:#010x}",
+        u32_ne(mask)?,
+        u32_ne(data)?
+    ))
 }
 
 /// `meta KEY [!=] VALUE` (the protocol also remembered for the port matches that follow).
@@ -176,6 +228,10 @@ fn payload_match(
             format!("{word} {}{}/{}", neq(*op)?, addr(data)?, prefix_len(mask)),
             3,
         ),
+        [Lookup { set, invert, .. }, ..] if !set.starts_with("__set") => {
+            let n = if *invert { "!= " } else { "" };
+            (format!("{word} {n}@{set}"), 2)
+        }
         [Lookup { set, invert, .. }, ..] => {
             let s = sets.iter().find(|s| s.table == table && &s.name == set)?;
             let items = set_items(s, &word)?;

@@ -139,6 +139,14 @@ fn prepare(netns: &Netns, conn: &Connection) -> Result<(OwnedFd, u32), TraceErro
         None,
     )
     .map_err(|e| conn_err("creating the socket")(e.into()))?;
+    if let Some(mark) = conn.mark {
+        // As ztunnel marks its own sockets; needs CAP_NET_ADMIN, which a non-root --uid gave up.
+        nix::sys::socket::setsockopt(&fd, sockopt::Mark, &mark).map_err(|e| {
+            conn_err(&format!(
+                "SO_MARK {mark:#x} (needs CAP_NET_ADMIN: uid 0, as ztunnel runs)"
+            ))(e.into())
+        })?;
+    }
     let any: IpAddr = if conn.is_ipv6() {
         Ipv6Addr::UNSPECIFIED.into()
     } else {

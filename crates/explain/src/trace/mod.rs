@@ -94,6 +94,8 @@ pub struct Connection {
     /// connecting thread takes them). `None` = any (and root when connecting).
     pub uid: Option<u32>,
     pub gid: Option<u32>,
+    /// The sending socket's mark (`SO_MARK`; outbound only), e.g. ztunnel's 0x539. `None` = 0.
+    pub mark: Option<u32>,
     /// The zone of a link-local `dst` (`[fe80::1%eth0]:80`), in the pod's namespace: the
     /// interface it is reached through (outbound) or arrives on (inbound).
     pub zone: Option<Zone>,
@@ -124,8 +126,13 @@ impl Connection {
             src: None,
             uid: None,
             gid: None,
+            mark: None,
             zone: None,
         }
+    }
+    pub fn mark(mut self, mark: u32) -> Self {
+        self.mark = Some(mark);
+        self
     }
     pub fn zone(mut self, zone: Zone) -> Self {
         self.zone = Some(zone);
@@ -445,6 +452,11 @@ fn validate(conn: &Connection) -> Result<(), TraceError> {
             "destination port 0 in {}",
             conn.dst
         )));
+    }
+    if conn.direction == Direction::Inbound && conn.mark.is_some() {
+        return Err(TraceError::InvalidConnection(
+            "a mark only applies to outbound connections (marks do not cross namespaces)".into(),
+        ));
     }
     if conn.direction == Direction::Inbound && (conn.uid.is_some() || conn.gid.is_some()) {
         return Err(TraceError::InvalidConnection(
