@@ -144,11 +144,13 @@ fn dual_stack_ambient_pods_talk_hbone_over_ipv6_and_probes_and_dns_work_on_ipv6(
     n.eventually("A -> B over IPv6 counted by B's ztunnel as mTLS", || {
         opened(&n, &mtls) > before
     });
-    let hbone = format!("[{}]:{APP}", pb.ip6());
-    n.eventually("ztunnel's access log shows the IPv6 HBONE hop", || {
+    // ztunnel's access log: the tunnel itself went to B's IPv6 address on 15008.
+    let tunnel = format!("dst.addr=[{}]:15008", pb.ip6());
+    let target = format!("dst.hbone_addr=[{}]:{APP}", pb.ip6());
+    n.eventually("ztunnel logs the HBONE tunnel over IPv6", || {
         n.zt.log()
             .lines()
-            .any(|l| l.contains("hbone") && l.contains(&hbone))
+            .any(|l| l.contains(&tunnel) && l.contains(&target))
     });
 
     // kubelet's IPv6 probe reaches A's app directly, SNATed to HOST_PROBE_SNAT_IPV6;
@@ -175,6 +177,28 @@ fn dual_stack_ambient_pods_talk_hbone_over_ipv6_and_probes_and_dns_work_on_ipv6(
         gateway6,
         "the reply comes from where it was sent"
     );
+
+    // A -> a non-mesh IPv6 address: through A's ztunnel outbound (15001), passed through.
+    let outside = Probe::world(n.node.ns.path()).unwrap();
+    let unknown = [
+        ("reporter", "source"),
+        ("source_workload", "a"),
+        ("destination_workload", "unknown"),
+    ];
+    let before = opened(&n, &unknown);
+    let o = n.from_pod(&pa, gateway6, 80);
+    lands(&n, &o, "world", 80);
+    assert_eq!(outside.accepted().last().unwrap().peer.ip(), pa.ip6());
+    n.eventually("A -> outside over IPv6 counted by ztunnel", || {
+        opened(&n, &unknown) > before
+    });
+
+    // DEL B: both of its addresses leave the probe sets, its IPv6 rules go with the tables.
+    n.del(&pb).assert_ok();
+    n.eventually("ztunnel gone from B after DEL", || n.not_served(&pb));
+    assert!(n.ambient_tables(&pb).is_empty(), "{:?}", n.tables(&pb));
+    assert_eq!(n.probe_set_v6(), [pa.ip6()], "{}", n.host_table());
+    assert_eq!(n.probe_set(), [pa.ip()], "{}", n.host_table());
 }
 
 #[test]
