@@ -88,10 +88,10 @@ fn opened(n: &AmbientNode, labels: &[(&str, &str)]) -> f64 {
     metric_sum(&n.zt.metrics(), OPENED, labels)
 }
 
-/// `nft list table inet <name>` inside the pod (empty when there is none).
+/// `nft -s list table inet <name>` inside the pod (no counters; empty when there is none).
 fn pod_table(pod: &Pod, name: &str) -> String {
     pod.ns
-        .exec_ok("nft", &["list", "table", "inet", name])
+        .exec_ok("nft", &["-s", "list", "table", "inet", name])
         .unwrap_or_default()
 }
 
@@ -110,7 +110,7 @@ fn dns_over_v6(pod: &Pod, timeout: Duration) -> std::io::Result<integration::dns
 fn dual_stack_ambient_pods_talk_hbone_over_ipv6_and_probes_and_dns_work_on_ipv6() {
     let Some(bin) = prerequisites() else { return };
     let (a, b) = pods(6);
-    let n = AmbientNode::start(&bin, &options(true), &[a.clone(), b.clone()]).unwrap();
+    let mut n = AmbientNode::start(&bin, &options(true), &[a.clone(), b.clone()]).unwrap();
     let (pa, pb) = (n.start_pod(&a), n.start_pod(&b));
     let gateway6: IpAddr = GATEWAY_V6.parse().unwrap();
     assert!(n.served(&pa) && n.served(&pb), "{}", n.logs());
@@ -192,6 +192,38 @@ fn dual_stack_ambient_pods_talk_hbone_over_ipv6_and_probes_and_dns_work_on_ipv6(
     n.eventually("A -> outside over IPv6 counted by ztunnel", || {
         opened(&n, &unknown) > before
     });
+
+    // Agent restart: the dual-stack pods are found again (their status lists both addresses),
+    // both probe sets refilled, the IPv6 rules and policy route unchanged, IPv6 HBONE works.
+    let tables_before: Vec<String> = ["istio-ambient-nat", "istio-ambient-mangle"]
+        .iter()
+        .map(|t| pod_table(&pa, t))
+        .collect();
+    let (status, _log) = n.node.stop_daemon().unwrap();
+    assert!(status.success(), "{status:?}");
+    n.node.start_daemon().unwrap();
+    n.eventually("both IPv6 addresses back in the probe set", || {
+        let mut set = n.probe_set_v6();
+        set.sort();
+        set == [pa.ip6(), pb.ip6()]
+    });
+    assert!(n.served(&pa) && n.served(&pb), "{}", n.logs());
+    for (t, before) in ["istio-ambient-nat", "istio-ambient-mangle"]
+        .iter()
+        .zip(&tables_before)
+    {
+        assert_eq!(&pod_table(&pa, t), before, "{t}");
+    }
+    assert!(ip6_rules(&pa).contains("fwmark 0x111/0xfff lookup 100"));
+    let before = opened(&n, &mtls);
+    let o = n.from_pod(&pa, pb.ip6(), APP);
+    lands(&n, &o, "b", APP);
+    n.eventually("A -> B over IPv6 after the agent's restart", || {
+        opened(&n, &mtls) > before
+    });
+    let o = n.from_node(KUBELET_UID, pa.ip6(), APP);
+    lands(&n, &o, "a", APP);
+    assert_eq!(last_peer(&pa), IpAddr::V6(HOST_PROBE_SNAT_V6));
 
     // DEL B: both of its addresses leave the probe sets, its IPv6 rules go with the tables.
     n.del(&pb).assert_ok();
