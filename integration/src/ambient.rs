@@ -10,8 +10,10 @@
 //! tests' processes (other fake kubelets, other pods) out of the agent's scans, and works
 //! where the real `/proc/1/ns/net` is unreadable (a sandboxed CI whose pid 1 is protected).
 //!
-//! Each pod has a fixed IPv4 address (host-local's `IP=` CNI arg), because ztunnel learns the
-//! workloads (identity, address) from its local config before any pod exists; a sandbox
+//! Each pod has a fixed IPv4 address and, on a dual-stack node ([`AmbientOptions::dual_stack`]),
+//! optionally a fixed IPv6 one too (host-local's `IP=` CNI arg; its `ips` capability for
+//! both), because ztunnel learns the workloads (identity, addresses) from its local config
+//! before any pod exists; a sandbox
 //! process living in the pod's namespace (what the agent finds through /proc after a
 //! restart); and its app, a landing probe on 8080.
 
@@ -23,7 +25,7 @@ use crate::ztunnel::{LocalService, LocalWorkload, Ztunnel, serves_nothing, serve
 use crate::{TestNetns, require_root};
 use serde_json::{Value, json};
 use std::io;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -53,11 +55,13 @@ pub enum Mode {
     Sidecar,
 }
 
-/// A pod to create: name, fixed address, kind.
+/// A pod to create: name, fixed address(es), kind.
 #[derive(Clone, Debug)]
 pub struct PodPlan {
     pub name: String,
     pub ip: Ipv4Addr,
+    /// The pod's fixed IPv6 address (dual stack; needs [`AmbientOptions::dual_stack`]).
+    pub ip6: Option<Ipv6Addr>,
     pub mode: Mode,
 }
 
@@ -66,8 +70,22 @@ impl PodPlan {
         PodPlan {
             name: name.into(),
             ip: ip.into(),
+            ip6: None,
             mode,
         }
+    }
+
+    /// The same pod, dual stack: `ip6` is its IPv6 address (in the node's `fd00:88::/64`).
+    pub fn with_ip6(mut self, ip6: Ipv6Addr) -> PodPlan {
+        self.ip6 = Some(ip6);
+        self
+    }
+
+    /// The pod's addresses, IPv4 first.
+    pub fn ips(&self) -> Vec<IpAddr> {
+        let mut ips = vec![IpAddr::V4(self.ip)];
+        ips.extend(self.ip6.map(IpAddr::V6));
+        ips
     }
 
     /// ztunnel's view of the pod (identity = its service account, named after the pod).
@@ -76,7 +94,7 @@ impl PodPlan {
             name: self.name.clone(),
             namespace: POD_NAMESPACE.into(),
             service_account: self.name.clone(),
-            ips: vec![IpAddr::V4(self.ip)],
+            ips: self.ips(),
         }
     }
 
@@ -111,6 +129,10 @@ pub struct AmbientOptions {
     pub env: Vec<(String, String)>,
     /// Services in ztunnel's config (VIPs, names its DNS proxy answers).
     pub services: Vec<LocalService>,
+    /// `AMBIENT_IPV6` (the rig's default: off).
+    pub ipv6: bool,
+    /// The node's primary network has an IPv6 range too (pods with [`PodPlan::ip6`]).
+    pub dual_stack: bool,
 }
 
 impl Default for AmbientOptions {
@@ -119,6 +141,8 @@ impl Default for AmbientOptions {
             dns_capture: true,
             env: Vec::new(),
             services: Vec::new(),
+            ipv6: false,
+            dual_stack: false,
         }
     }
 }
@@ -211,6 +235,10 @@ impl Pod {
     pub fn ip(&self) -> IpAddr {
         IpAddr::V4(self.plan.ip)
     }
+    /// The pod's IPv6 address (panics for an IPv4-only pod).
+    pub fn ip6(&self) -> IpAddr {
+        IpAddr::V6(self.plan.ip6.expect("a dual-stack pod"))
+    }
     pub fn name(&self) -> &str {
         &self.plan.name
     }
@@ -252,7 +280,8 @@ impl AmbientNode {
         require_root();
         let mut node_opts = NodeOptions::new(product_bin_dir()?);
         node_opts.full_api = true;
-        node_opts.dual_stack = false;
+        node_opts.dual_stack = opts.dual_stack;
+        node_opts.ips_capability = opts.dual_stack;
         let mut node = Node::new(node_opts)?;
         let zds_socket = node.root.join("var/run/ztunnel/ztunnel.sock");
         std::fs::create_dir_all(zds_socket.parent().expect("has a parent"))?;
@@ -315,18 +344,28 @@ impl AmbientNode {
     /// CNI ADD through the chain with the pod's fixed address; on success the API server
     /// reports the pod Running with its IP, as kubelet would.
     pub fn add(&self, pod: &Pod) -> Run {
-        let ip = format!("IP={}", pod.plan.ip);
-        let run = self.node.cni_with_args("add", &pod.ns, &pod.demo, &ip);
+        let run = self.cni(&pod.plan, "add", pod);
         if run.ok {
-            self.set_status(pod, "Running", Some(pod.plan.ip));
+            self.set_status(pod, "Running", &pod.plan.ips());
         }
         run
     }
 
     /// CNI DEL through the chain.
     pub fn del(&self, pod: &Pod) -> Run {
-        let ip = format!("IP={}", pod.plan.ip);
-        self.node.cni_with_args("del", &pod.ns, &pod.demo, &ip)
+        self.cni(&pod.plan, "del", pod)
+    }
+
+    /// The chain with the pod's fixed addresses: host-local's `IP=` for an IPv4-only pod,
+    /// the `ips` capability for a dual-stack one.
+    fn cni(&self, plan: &PodPlan, command: &str, pod: &Pod) -> Run {
+        if plan.ip6.is_some() {
+            self.node
+                .cni_with_ips(command, &pod.ns, &pod.demo, &plan.ips())
+        } else {
+            let ip = format!("IP={}", plan.ip);
+            self.node.cni_with_args(command, &pod.ns, &pod.demo, &ip)
+        }
     }
 
     /// Creates and ADDs the pod; panics (with the logs) when the ADD fails.
@@ -346,15 +385,15 @@ impl AmbientNode {
         pod
     }
 
-    fn set_status(&self, pod: &Pod, phase: &str, ip: Option<Ipv4Addr>) {
+    fn set_status(&self, pod: &Pod, phase: &str, ips: &[IpAddr]) {
         let kube = self.kube();
         let mut json = kube
             .pod(POD_NAMESPACE, pod.name())
             .unwrap_or_else(|| pod.demo.json.clone());
         json["status"]["phase"] = phase.into();
-        if let Some(ip) = ip {
+        if let Some(ip) = ips.first() {
             json["status"]["podIP"] = ip.to_string().into();
-            json["status"]["podIPs"] = json!([{"ip": ip.to_string()}]);
+            json["status"]["podIPs"] = ips.iter().map(|ip| json!({"ip": ip.to_string()})).collect();
         }
         kube.modify(json);
     }
@@ -417,16 +456,18 @@ impl AmbientNode {
     /// The IPv4 addresses in the node's probe set (`inet istio-ambient-nat`
     /// `istio-inpod-probes-v4`); empty when the set (or table) does not exist.
     pub fn probe_set(&self) -> Vec<IpAddr> {
+        self.probe_set_named("istio-inpod-probes-v4")
+    }
+
+    /// The IPv6 addresses in the node's `istio-inpod-probes-v6` (exists with `AMBIENT_IPV6`).
+    pub fn probe_set_v6(&self) -> Vec<IpAddr> {
+        self.probe_set_named("istio-inpod-probes-v6")
+    }
+
+    fn probe_set_named(&self, set: &str) -> Vec<IpAddr> {
         let out = self.node.ns.exec(
             "nft",
-            &[
-                "-j",
-                "list",
-                "set",
-                "inet",
-                "istio-ambient-nat",
-                "istio-inpod-probes-v4",
-            ],
+            &["-j", "list", "set", "inet", "istio-ambient-nat", set],
         );
         let Ok(out) = out else { return Vec::new() };
         let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
@@ -549,7 +590,7 @@ fn ambient_env(
         ("AMBIENT_ENABLED", "true".to_string()),
         ("ZTUNNEL_UDS_ADDRESS", zds_socket.display().to_string()),
         ("AMBIENT_DNS_CAPTURE", opts.dns_capture.to_string()),
-        ("AMBIENT_IPV6", "false".into()),
+        ("AMBIENT_IPV6", opts.ipv6.to_string()),
         ("AMBIENT_RECONCILE_POD_RULES_ON_STARTUP", "true".into()),
         ("REPAIR_PROC_ROOT", proc_root.display().to_string()),
         ("KUBERNETES_NODE_NAME", NODE_NAME.into()),

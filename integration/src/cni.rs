@@ -319,20 +319,36 @@ impl CniTool<'_> {
     /// `cnitool <command> <net> <pod netns>` inside the node with `CNI_ARGS`, as a runtime
     /// calls the chain (`CNI_IFNAME=eth0`).
     pub fn run(&self, net: &str, command: &str, pod: &Path, cni_args: &str) -> Run {
+        self.run_with_caps(net, command, pod, cni_args, None)
+    }
+
+    /// [`CniTool::run`] with `CAP_ARGS` (cnitool's capability arguments, e.g.
+    /// `{"ips": [..]}`, passed as `runtimeConfig` to plugins that declare the capability).
+    pub fn run_with_caps(
+        &self,
+        net: &str,
+        command: &str,
+        pod: &Path,
+        cni_args: &str,
+        cap_args: Option<&str>,
+    ) -> Run {
         let start = Instant::now();
         let out = self
             .node
             .run(|| {
-                Command::new(CNITOOL)
-                    .args([command, net])
+                let mut cmd = Command::new(CNITOOL);
+                cmd.args([command, net])
                     .arg(pod)
                     .env("NETCONFPATH", self.netconf)
                     .env("CNI_PATH", &self.cni_path)
                     .env("CNI_ARGS", cni_args)
                     .env("CNI_IFNAME", "eth0")
                     .env_remove("CAP_ARGS")
-                    .stdin(Stdio::null())
-                    .output()
+                    .stdin(Stdio::null());
+                if let Some(caps) = cap_args {
+                    cmd.env("CAP_ARGS", caps);
+                }
+                cmd.output()
             })
             .expect("thread in the node namespace")
             .expect("cnitool runs");

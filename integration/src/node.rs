@@ -101,6 +101,9 @@ pub struct NodeOptions {
     pub env: Vec<(String, String)>,
     /// The conflist's host-local ranges include IPv6 (every pod dual stack).
     pub dual_stack: bool,
+    /// The primary plugin (bridge) declares the `ips` capability, so a pod's addresses can be
+    /// fixed per ADD ([`Node::cni_with_ips`]).
+    pub ips_capability: bool,
     /// Serve the full fake API ([`FakeKube`]: pod and namespace get/list/watch) instead of the
     /// pod-GET-only [`FakeApi`]: what the ambient node agent needs next to the plugin.
     pub full_api: bool,
@@ -114,6 +117,7 @@ impl NodeOptions {
             plugin_log_level: "info".into(),
             env: Vec::new(),
             dual_stack: true,
+            ips_capability: false,
             full_api: false,
         }
     }
@@ -206,15 +210,19 @@ impl Node {
             ranges.push(json!([{"subnet": "fd00:88::/64", "gateway": GATEWAY_V6}]));
             routes.push(json!({"dst": "::/0"}));
         }
+        let mut bridge = json!({
+            "type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
+            "hairpinMode": true,
+            "ipam": {"type": "host-local", "dataDir": self.ipam_dir, "ranges": ranges, "routes": routes}
+        });
+        if self.opts.ips_capability {
+            bridge["capabilities"] = json!({"ips": true});
+        }
         json!({
             "cniVersion": "1.0.0",
             "name": NET,
             "plugins": [
-                {
-                    "type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
-                    "hairpinMode": true,
-                    "ipam": {"type": "host-local", "dataDir": self.ipam_dir, "ranges": ranges, "routes": routes}
-                },
+                bridge,
                 {"type": "portmap", "capabilities": {"portMappings": true}, "snat": false}
             ]
         })
@@ -383,6 +391,23 @@ impl Node {
             args.push_str(extra);
         }
         self.cnitool().run(NET, command, pod.path(), &args)
+    }
+
+    /// A CNI command whose pod gets exactly `ips` (one per range: IPv4, and IPv6 on a dual-stack
+    /// node) through the `ips` capability (host-local's `runtimeConfig.ips`; Debian's
+    /// host-local 1.1.1 takes a single address in `CNI_ARGS` `IP=`). Needs
+    /// [`NodeOptions::ips_capability`].
+    pub fn cni_with_ips(
+        &self,
+        command: &str,
+        pod: &TestNetns,
+        p: &DemoPod,
+        ips: &[std::net::IpAddr],
+    ) -> Run {
+        let args = k8s_args(&p.namespace, &p.name);
+        let caps = json!({ "ips": ips.iter().map(ToString::to_string).collect::<Vec<_>>() });
+        self.cnitool()
+            .run_with_caps(NET, command, pod.path(), &args, Some(&caps.to_string()))
     }
 
     /// Addresses for [`crate::pods::expectations`] from an ADD result.
