@@ -42,6 +42,7 @@ pub fn run() -> Res<bool> {
     all_ok &= hbone(&n, &pa, &pb);
     all_ok &= passthrough(&n, &pa, &pp);
     all_ok &= probe(&n, &pa);
+    all_ok &= explain_both(&n, &pa, &pb)?;
     all_ok &= release(&n, &[&pa, &pb, &pp]);
     Ok(all_ok)
 }
@@ -149,6 +150,48 @@ fn probe(n: &AmbientNode, pa: &Pod) -> bool {
         verdict(snat)
     );
     good && snat
+}
+
+/// `explain` of A's connection to B (into ztunnel's outbound) and of kubelet's probe through
+/// the node's host rule, each confirmed by the kernel's trace.
+fn explain_both(n: &AmbientNode, pa: &Pod, pb: &Pod) -> Res<bool> {
+    let bins = integration::node::product_bin_dir()?;
+    let pod_ns = pa.ns.path().display().to_string();
+    let node_ns = n.node.ns.path().display().to_string();
+    let to_b = format!("{}:{APP_PORT}", pb.ip());
+    let to_a = format!("{}:{APP_PORT}", pa.ip());
+    let kubelet = KUBELET_UID.to_string();
+    let app = integration::pods::APP_UID.to_string();
+    let mut good = crate::explain(
+        &bins,
+        &[
+            "--network-namespace",
+            &pod_ns,
+            "--dst",
+            &to_b,
+            "--uid",
+            &app,
+            "--gid",
+            &app,
+            "--trace",
+        ],
+    )?;
+    good &= crate::explain(
+        &bins,
+        &[
+            "--host",
+            "--network-namespace",
+            &node_ns,
+            "--dst",
+            &to_a,
+            "--uid",
+            &kubelet,
+            "--gid",
+            &kubelet,
+            "--trace",
+        ],
+    )?;
+    Ok(good)
 }
 
 /// DEL of every pod: ztunnel stops serving them, their rules and the node's probe rule go.
