@@ -19,6 +19,7 @@ command -v cargo >/dev/null || { echo "bench: needs cargo (Rust >= 1.85)" >&2; e
 integration/scripts/install-deps.sh >&2
 echo "bench: building (release)" >&2
 bin=$(integration/scripts/build-bins.sh | tail -1)
+cargo build --locked --release -q --workspace --bins
 res=integration/results
 out=$res/bench.md
 tmp=$(mktemp); trap 'rm -f "$tmp"' EXIT

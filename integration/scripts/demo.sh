@@ -13,4 +13,5 @@ command -v cargo >/dev/null || { echo "demo: needs cargo (Rust >= 1.85)" >&2; ex
 # The ambient section runs Istio's real ztunnel: built once into a cache outside the checkout.
 integration/scripts/install-deps.sh >&2
 bin=$(integration/scripts/build-bins.sh | tail -1)
+cargo build --locked --release -q --workspace --bin demo
 exec "$bin/demo" "$bin"
