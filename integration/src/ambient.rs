@@ -414,32 +414,9 @@ impl AmbientNode {
             .collect()
     }
 
-    /// The IPv4 addresses in the node's probe set (`inet istio-ambient-nat`
-    /// `istio-inpod-probes-v4`); empty when the set (or table) does not exist.
+    /// The IPv4 addresses in the node's probe set (see [`probe_set`]).
     pub fn probe_set(&self) -> Vec<IpAddr> {
-        let out = self.node.ns.exec(
-            "nft",
-            &[
-                "-j",
-                "list",
-                "set",
-                "inet",
-                "istio-ambient-nat",
-                "istio-inpod-probes-v4",
-            ],
-        );
-        let Ok(out) = out else { return Vec::new() };
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        v["nftables"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|o| o["set"]["elem"].as_array())
-            .flatten()
-            // A plain element is a string; one with a comment (the pod's uid) an object.
-            .filter_map(|e| e.as_str().or_else(|| e["elem"]["val"].as_str()))
-            .filter_map(|s| s.parse().ok())
-            .collect()
+        probe_set(&self.node.ns)
     }
 
     /// The node's ambient host table as `nft list` prints it (for failure messages).
@@ -522,6 +499,34 @@ fn ambient_env(
     .collect();
     env.extend(opts.env.iter().cloned());
     env
+}
+
+/// The IPv4 addresses in the probe set of the node namespace `node` (`inet istio-ambient-nat`
+/// `istio-inpod-probes-v4`); empty when the set (or table) does not exist.
+pub fn probe_set(node: &TestNetns) -> Vec<IpAddr> {
+    let out = node.exec(
+        "nft",
+        &[
+            "-j",
+            "list",
+            "set",
+            "inet",
+            "istio-ambient-nat",
+            "istio-inpod-probes-v4",
+        ],
+    );
+    let Ok(out) = out else { return Vec::new() };
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    v["nftables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|o| o["set"]["elem"].as_array())
+        .flatten()
+        // A plain element is a string; one with a comment (the pod's uid) an object.
+        .filter_map(|e| e.as_str().or_else(|| e["elem"]["val"].as_str()))
+        .filter_map(|s| s.parse().ok())
+        .collect()
 }
 
 /// `family name` of every nftables table in the namespace.
