@@ -115,6 +115,12 @@ fn containerd_runs_the_ambient_agent_and_ambient_pods_talk_hbone_through_restart
         istio_tables(sp.netns())
     );
     assert_eq!(n.probe_set(), [sa.ip(), sb.ip()]);
+    assert_eq!(
+        (n.proxies_started(), n.active_proxies()),
+        (2.0, 2.0),
+        "{}",
+        n.logs()
+    );
 
     // A -> B and B -> A over HBONE; the plain pod reaches B (B's inbound capture) but is
     // never a ztunnel source.
@@ -136,6 +142,7 @@ fn containerd_runs_the_ambient_agent_and_ambient_pods_talk_hbone_through_restart
         assert_served(&n, s, &tables);
     }
     hbone(&n, &sa, &sb);
+    assert_eq!((n.proxies_started(), n.active_proxies()), (2.0, 2.0));
 
     // The agent's container crashes (SIGKILL) and kubelet restarts it: the new agent finds
     // A and B through the host's /proc and sends them in its snapshot, so ztunnel keeps them.
@@ -150,10 +157,17 @@ fn containerd_runs_the_ambient_agent_and_ambient_pods_talk_hbone_through_restart
     }
     assert_eq!(n.probe_set(), [sa.ip(), sb.ip()], "old agent:\n{old_log}");
     hbone(&n, &sa, &sb);
+    // It found both pods' namespaces through the host's /proc (none merely kept), and
+    // ztunnel took them as the same pods: no proxy restarted.
+    let log = n.rn.install_cni_log();
+    assert!(log.contains("ambient node agent started pods=2"), "{log}");
+    assert!(!log.contains("namespace not found"), "{log}");
+    assert_eq!((n.proxies_started(), n.active_proxies()), (2.0, 2.0));
 
     // A pod started after both restarts is served and talks HBONE both ways.
     let sl = n.run_ok(&late);
     assert_served(&n, &sl, &tables);
+    assert_eq!((n.proxies_started(), n.active_proxies()), (3.0, 3.0));
     hbone(&n, &sl, &sb);
     hbone(&n, &sa, &sl);
 
@@ -171,6 +185,7 @@ fn containerd_runs_the_ambient_agent_and_ambient_pods_talk_hbone_through_restart
         istio_tables(&b_ns.path())
     );
     assert_eq!(n.probe_set(), [sa.ip(), sl.ip()]);
+    assert_eq!(n.active_proxies(), 2.0);
     assert_served(&n, &sa, &tables);
     hbone(&n, &sl, &sa);
 
@@ -188,6 +203,7 @@ fn containerd_runs_the_ambient_agent_and_ambient_pods_talk_hbone_through_restart
         n.eventually("ztunnel gone after Stop + Remove", || not_served(&h.path()));
         assert!(istio_tables(&h.path()).is_empty());
     }
+    n.eventually("ztunnel runs no proxy", || n.active_proxies() == 0.0);
     n.eventually("the host probe rule removed with the last pod", || {
         n.probe_set().is_empty()
             && !n

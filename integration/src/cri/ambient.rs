@@ -107,6 +107,7 @@ impl PodPlan {
 
 /// Hands out [`PodPlan`]s with the addresses host-local gives, in the order pods are run.
 pub struct Plans {
+    first: Ipv4Addr,
     next: Ipv4Addr,
     last: Ipv4Addr,
 }
@@ -115,14 +116,17 @@ impl Plans {
     /// A range in 10.88.0.0/16 of this process's own (a third octet from the pid).
     pub fn new() -> Plans {
         let octet = 100 + (std::process::id() % 100) as u8;
+        let first = Ipv4Addr::new(10, 88, octet, 10);
         Plans {
-            next: Ipv4Addr::new(10, 88, octet, 10),
+            first,
+            next: first,
             last: Ipv4Addr::new(10, 88, octet, 250),
         }
     }
 
+    /// host-local's `rangeStart`, `rangeEnd`.
     pub fn range(&self) -> (Ipv4Addr, Ipv4Addr) {
-        (self.next, self.last)
+        (self.first, self.last)
     }
 
     /// The next pod (the next address: host-local allocates in order and never reuses an
@@ -240,8 +244,12 @@ impl AmbientRuntime {
         assert_eq!(
             sandbox.net.ip,
             Some(IpAddr::V4(plan.ip)),
-            "{}: host-local did not hand out the planned address",
-            plan.name
+            "{}: host-local did not hand out the planned address; leases: {:?}\nplugin log:\n{}\ncontainerd:\n{}",
+            plan.name,
+            std::fs::read_dir(self.rn.node.ipam_dir.join(crate::node::NET))
+                .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>()),
+            self.rn.node.plugin_log(),
+            self.rn.containerd.log_tail()
         );
         assert!(
             sandbox.netns().starts_with(&self.netns_dir),
@@ -306,6 +314,25 @@ impl AmbientRuntime {
                 ("destination_workload", dst),
                 ("connection_security_policy", "mutual_tls"),
             ],
+        )
+    }
+
+    /// ztunnel's count of in-pod proxies it started (a pod taken again with the same netns
+    /// is not restarted: the count stays).
+    pub fn proxies_started(&self) -> f64 {
+        metric_sum(
+            &self.zt.metrics(),
+            "workload_manager_proxies_started_total",
+            &[],
+        )
+    }
+
+    /// ztunnel's count of in-pod proxies running.
+    pub fn active_proxies(&self) -> f64 {
+        metric_sum(
+            &self.zt.metrics(),
+            "workload_manager_active_proxy_count",
+            &[],
         )
     }
 

@@ -104,7 +104,17 @@ impl RuntimeNode {
             host_paths,
         };
         let yaml = std::fs::read_to_string(repo_root().join(manifest))?;
-        let spec = from_manifest(&yaml, &layout)?;
+        let mut spec = from_manifest(&yaml, &layout)?;
+        // kubelet's pod log directory (`/var/log/pods/<ns>_<name>_<uid>`), here under
+        // containerd's dir; each container attempt logs to `<name>/<attempt>.log` in it.
+        let meta = spec.sandbox.metadata.clone().unwrap_or_default();
+        spec.sandbox.log_directory = self
+            .containerd
+            .dir
+            .join("pod-logs")
+            .join(format!("{}_{}_{}", meta.namespace, meta.name, meta.uid))
+            .display()
+            .to_string();
         let sandbox_id = self
             .cri
             .run_pod(&spec.sandbox)
@@ -131,6 +141,7 @@ impl RuntimeNode {
         let i = self.install.as_mut().expect("install-cni sandbox");
         if let Some(m) = i.spec.container.metadata.as_mut() {
             m.attempt = attempt;
+            i.spec.container.log_path = format!("{}/{attempt}.log", m.name);
         }
         let i = self.install.as_ref().expect("install-cni sandbox");
         let container_id = self
