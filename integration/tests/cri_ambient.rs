@@ -9,9 +9,11 @@
 //! pod whose namespace has the label returns with the in-pod rules and ztunnel's listeners
 //! (15001/15006/15008/15053) inside the sandbox's netns; a plain pod beside them is left alone;
 //! A -> B between two sandboxes is carried over HBONE (B's ztunnel counts it as mutual TLS,
-//! B's app sees A's address); containerd SIGKILLed and restarted, then the agent's container
-//! SIGKILLed and restarted by "kubelet", leave the running sandboxes served (rules untouched,
-//! connections still through ztunnel) and a sandbox started afterwards is served too; Stop +
+//! B's app sees A's address); containerd SIGKILLed and restarted, the agent's container
+//! SIGKILLed and restarted by "kubelet" (the new agent finds the pods through the host's /proc),
+//! and the agent's pod replaced (SIGTERM: an uninstall, then a new pod) leave the running
+//! sandboxes served (rules untouched, connections still through ztunnel, which restarts no
+//! proxy) and a sandbox started afterwards is served too; Stop +
 //! Remove release a pod (ztunnel's listeners and the rules gone, out of the node's probe set,
 //! lease released), and the last one takes the host probe rule with it.
 //!
@@ -164,7 +166,23 @@ fn containerd_runs_the_ambient_agent_and_ambient_pods_talk_hbone_through_restart
     assert!(!log.contains("namespace not found"), "{log}");
     assert_eq!((n.proxies_started(), n.active_proxies()), (2.0, 2.0));
 
-    // A pod started after both restarts is served and talks HBONE both ways.
+    // The agent's pod is replaced (SIGTERM; with no DaemonSet left to find it uninstalls: the
+    // plugin and the host probe rule go), and a new pod starts: ztunnel serves A and B all
+    // along, and the new agent takes them back without restarting a proxy.
+    let snapshots = n.snapshots();
+    let old_log = n.replace_agent().unwrap();
+    assert!(old_log.contains("removing the install"), "{old_log}");
+    n.eventually("ztunnel took the new agent pod's snapshot", || {
+        n.snapshots() > snapshots
+    });
+    for s in [&sa, &sb] {
+        assert_served(&n, s, &tables);
+    }
+    assert_eq!(n.probe_set(), [sa.ip(), sb.ip()]);
+    assert_eq!((n.proxies_started(), n.active_proxies()), (2.0, 2.0));
+    hbone(&n, &sb, &sa);
+
+    // A pod started after the restarts is served and talks HBONE both ways.
     let sl = n.run_ok(&late);
     assert_served(&n, &sl, &tables);
     assert_eq!((n.proxies_started(), n.active_proxies()), (3.0, 3.0));
@@ -217,7 +235,8 @@ fn containerd_runs_the_ambient_agent_and_ambient_pods_talk_hbone_through_restart
     let addrs: Vec<IpAddr> = [&sa, &sb, &sl].iter().map(|s| s.ip()).collect();
     eprintln!(
         "cri_ambient: agent + ztunnel up in {:.1} s; pods {addrs:?} served through a containerd \
-         and an agent restart, released by Stop + Remove; total {:.1} s",
+         restart, an agent crash and an agent pod replacement, released by Stop + Remove; \
+         total {:.1} s",
         started.as_secs_f64(),
         t0.elapsed().as_secs_f64()
     );

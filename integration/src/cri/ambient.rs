@@ -204,7 +204,7 @@ impl AmbientRuntime {
         opts.full_api = true;
         opts.dual_stack = false;
         opts.range_v4 = Some(range);
-        let mut rn = RuntimeNode::with_node(pause_bin, opts)?;
+        let rn = RuntimeNode::with_node(pause_bin, opts)?;
         let kube = rn.node.kube.as_ref().expect("full API");
         for ns in ["default", "istio-system"] {
             kube.put_namespace_meta(ns, json!({}), json!({}));
@@ -219,16 +219,34 @@ impl AmbientRuntime {
         std::fs::create_dir_all(zds_socket.parent().expect("has a parent"))?;
         let ws: Vec<LocalWorkload> = workloads.iter().map(PodPlan::workload).collect();
         let zt = Ztunnel::start(ztunnel_bin, &zds_socket, &ws)?;
+        let mut n = AmbientRuntime { rn, zt, netns_dir };
+        n.start_agent()?;
+        Ok(n)
+    }
+
+    /// The agent's pod from the ambient manifest, ready (ztunnel connected).
+    fn start_agent(&mut self) -> io::Result<()> {
         // info: every ADD/DEL in the plugin's log, every enrollment in the agent's.
         let env = [("PLUGIN_LOG_LEVEL", "info"), ("LOG_LEVEL", "info")];
-        let host_paths = BTreeMap::from([("/var/run/netns".to_string(), netns_dir.clone())]);
-        if let Err(e) = rn.start_install_cni_from(AMBIENT_MANIFEST, &env, host_paths) {
-            return Err(io::Error::other(format!(
-                "{e}\nztunnel log:\n{}",
-                zt.log_tail(30)
-            )));
-        }
-        Ok(AmbientRuntime { rn, zt, netns_dir })
+        let host_paths = BTreeMap::from([("/var/run/netns".to_string(), self.netns_dir.clone())]);
+        self.rn
+            .start_install_cni_from(AMBIENT_MANIFEST, &env, host_paths)
+            .map_err(|e| io::Error::other(format!("{e}\nztunnel log:\n{}", self.zt.log_tail(30))))
+    }
+
+    /// The agent's pod deleted (StopContainer with the grace period: SIGTERM) and a new one
+    /// created, as when its DaemonSet pod is replaced. Returns the old agent's log.
+    pub fn replace_agent(&mut self) -> io::Result<String> {
+        let i = self.rn.install.as_ref().expect("the agent runs");
+        let status = self.rn.cri.container_status(&i.container_id);
+        let log_path = status.map(|s| s.log_path).unwrap_or_default();
+        self.rn
+            .stop_install_cni()
+            .map_err(|e| io::Error::other(format!("stopping install-cni: {}", e.message())))?;
+        // Read after the stop (its shutdown is in it); the runtime leaves the file.
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        self.start_agent()?;
+        Ok(log)
     }
 
     /// Serves the pod, RunPodSandbox, checks its address is the planned one, reports it
