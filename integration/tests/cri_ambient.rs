@@ -83,6 +83,7 @@ fn containerd_runs_the_ambient_agent_and_ambient_pods_talk_hbone_through_restart
     let a = plans.pod("a", Enroll::PodLabel);
     let b = plans.pod("b", Enroll::NamespaceLabel);
     let plain = plans.pod("plain", Enroll::None);
+    let refused = plans.pod("refused", Enroll::PodLabel);
     let late = plans.pod("late", Enroll::PodLabel);
     let pause = env!("CARGO_BIN_EXE_pause").as_ref();
     let workloads = [a.clone(), b.clone(), late.clone()];
@@ -146,10 +147,27 @@ fn containerd_runs_the_ambient_agent_and_ambient_pods_talk_hbone_through_restart
     hbone(&n, &sa, &sb);
     assert_eq!((n.proxies_started(), n.active_proxies()), (2.0, 2.0));
 
-    // The agent's container crashes (SIGKILL) and kubelet restarts it: the new agent finds
-    // A and B through the host's /proc and sends them in its snapshot, so ztunnel keeps them.
+    // The agent's container crashes (SIGKILL). Meanwhile an ambient pod cannot start: the
+    // plugin's ADD fails naming the agent's socket (kubelet retries), containerd runs the DELs,
+    // nothing is left (lease, netns mount); A and B stay served by ztunnel.
     let snapshots = n.snapshots();
-    let old_log = n.rn.crash_and_restart_install_cni().unwrap();
+    let (leases, mounts) = (n.rn.leases(), n.rn.containerd.netns_mounts().len());
+    let old_log = n.rn.crash_install_cni().unwrap();
+    let err = n
+        .run(&refused)
+        .err()
+        .expect("an ambient pod started without the agent");
+    assert!(
+        err.message().contains("pluginevent.sock") && err.message().contains("not reachable"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(n.rn.leases(), leases, "a lease was left behind");
+    assert_eq!(n.rn.containerd.netns_mounts().len(), mounts);
+    hbone(&n, &sa, &sb);
+    // kubelet restarts the container: the new agent finds A and B through the host's /proc
+    // and sends them in its snapshot, so ztunnel keeps them.
+    n.rn.restart_install_cni().unwrap();
     n.eventually("ztunnel took the restarted agent's snapshot", || {
         n.snapshots() > snapshots
     });
@@ -159,11 +177,19 @@ fn containerd_runs_the_ambient_agent_and_ambient_pods_talk_hbone_through_restart
     }
     assert_eq!(n.probe_set(), [sa.ip(), sb.ip()], "old agent:\n{old_log}");
     hbone(&n, &sa, &sb);
-    // It found both pods' namespaces through the host's /proc (none merely kept), and
+    // It found A's and B's namespaces through the host's /proc (neither merely kept; the
+    // refused pod, still Pending without an IP, is the only one it could not locate), and
     // ztunnel took them as the same pods: no proxy restarted.
     let log = n.rn.install_cni_log();
     assert!(log.contains("ambient node agent started pods=2"), "{log}");
-    assert!(!log.contains("namespace not found"), "{log}");
+    let not_found: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("namespace not found"))
+        .collect();
+    assert!(
+        not_found.len() == 1 && not_found[0].contains("pod=default/refused"),
+        "{not_found:?}"
+    );
     assert_eq!((n.proxies_started(), n.active_proxies()), (2.0, 2.0));
 
     // The agent's pod is replaced (SIGTERM; with no DaemonSet left to find it uninstalls: the

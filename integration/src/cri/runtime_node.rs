@@ -169,9 +169,20 @@ impl RuntimeNode {
     /// kubelet restarts it: a new container, the next attempt, in the same sandbox. Returns
     /// the old container's log.
     pub fn crash_and_restart_install_cni(&mut self) -> io::Result<String> {
-        let i = self.install.as_ref().expect("install-cni started");
-        let old = i.container_id.clone();
-        let attempt = i.spec.container.metadata.as_ref().map_or(0, |m| m.attempt) + 1;
+        let log = self.crash_install_cni()?;
+        self.restart_install_cni()?;
+        Ok(log)
+    }
+
+    /// install-cni's container crashes (SIGKILL: nothing cleaned up) and is removed; its
+    /// sandbox stays. Returns its log.
+    pub fn crash_install_cni(&mut self) -> io::Result<String> {
+        let old = self
+            .install
+            .as_ref()
+            .expect("install-cni started")
+            .container_id
+            .clone();
         let log = self.install_cni_log();
         self.cri
             .stop_container(&old, 0)
@@ -179,8 +190,14 @@ impl RuntimeNode {
         self.cri
             .remove_container(&old)
             .map_err(|e| self.cri_err("RemoveContainer install-cni", e))?;
-        self.start_install_cni_container(attempt)?;
         Ok(log)
+    }
+
+    /// kubelet restarts the crashed container: the next attempt in the same sandbox, ready.
+    pub fn restart_install_cni(&mut self) -> io::Result<()> {
+        let i = self.install.as_ref().expect("install-cni sandbox");
+        let attempt = i.spec.container.metadata.as_ref().map_or(0, |m| m.attempt) + 1;
+        self.start_install_cni_container(attempt)
     }
 
     /// The install-cni container's output (containerd's CRI log file).
