@@ -281,9 +281,15 @@ def main():
               manifest_body == rendered["default"][2],
               "out of date: run deploy/scripts/render.sh")
     manifest_docs = docs_of(manifest_text)
+    ambient_text = read("deploy/manifests/istio-cni-ambient.yaml")
+    if "ambient" in rendered:
+        check("deploy/manifests/istio-cni-ambient.yaml is the rendering with ambient.enabled=true (deploy/scripts/render.sh)",
+              re.sub(r"\A(#[^\n]*\n)+", "", ambient_text) == rendered["ambient"][2],
+              "out of date: run deploy/scripts/render.sh")
 
     # --- (1) Kubernetes schemas -------------------------------------------------------------
-    sets = [("manifests/istio-cni.yaml", manifest_docs)] + [(f"rendering {n}", r[1]) for n, r in rendered.items()]
+    sets = [("manifests/istio-cni.yaml", manifest_docs),
+            ("manifests/istio-cni-ambient.yaml", docs_of(ambient_text))] + [(f"rendering {n}", r[1]) for n, r in rendered.items()]
     for kv in KUBE_VERSIONS:
         for label, docs in sets:
             errs = []

@@ -453,34 +453,14 @@ impl AmbientNode {
             .collect()
     }
 
-    /// The IPv4 addresses in the node's probe set (`inet istio-ambient-nat`
-    /// `istio-inpod-probes-v4`); empty when the set (or table) does not exist.
+    /// The IPv4 addresses in the node's probe set (see [`probe_set`]).
     pub fn probe_set(&self) -> Vec<IpAddr> {
-        self.probe_set_named("istio-inpod-probes-v4")
+        probe_set(&self.node.ns)
     }
 
     /// The IPv6 addresses in the node's `istio-inpod-probes-v6` (exists with `AMBIENT_IPV6`).
     pub fn probe_set_v6(&self) -> Vec<IpAddr> {
-        self.probe_set_named("istio-inpod-probes-v6")
-    }
-
-    fn probe_set_named(&self, set: &str) -> Vec<IpAddr> {
-        let out = self.node.ns.exec(
-            "nft",
-            &["-j", "list", "set", "inet", "istio-ambient-nat", set],
-        );
-        let Ok(out) = out else { return Vec::new() };
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        v["nftables"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|o| o["set"]["elem"].as_array())
-            .flatten()
-            // A plain element is a string; one with a comment (the pod's uid) an object.
-            .filter_map(|e| e.as_str().or_else(|| e["elem"]["val"].as_str()))
-            .filter_map(|s| s.parse().ok())
-            .collect()
+        probe_set_named(&self.node.ns, "istio-inpod-probes-v6")
     }
 
     /// The members of the node's legacy probe ipset `set` (`istio-inpod-probes-v4/v6`) as
@@ -602,6 +582,32 @@ fn ambient_env(
     .collect();
     env.extend(opts.env.iter().cloned());
     env
+}
+
+/// The IPv4 addresses in the probe set of the node namespace `node` (`inet istio-ambient-nat`
+/// `istio-inpod-probes-v4`); empty when the set (or table) does not exist.
+pub fn probe_set(node: &TestNetns) -> Vec<IpAddr> {
+    probe_set_named(node, "istio-inpod-probes-v4")
+}
+
+/// The addresses in the node's nft probe set `set`; empty when it (or its table) is missing.
+pub fn probe_set_named(node: &TestNetns, set: &str) -> Vec<IpAddr> {
+    let out = node.exec(
+        "nft",
+        &["-j", "list", "set", "inet", "istio-ambient-nat", set],
+    );
+    let Ok(out) = out else { return Vec::new() };
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    v["nftables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|o| o["set"]["elem"].as_array())
+        .flatten()
+        // A plain element is a string; one with a comment (the pod's uid) an object.
+        .filter_map(|e| e.as_str().or_else(|| e["elem"]["val"].as_str()))
+        .filter_map(|s| s.parse().ok())
+        .collect()
 }
 
 /// `family name` of every nftables table in the namespace.

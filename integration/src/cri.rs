@@ -5,12 +5,14 @@
 //!   drop, also on failure);
 //! * [`images`]: the local pause image and the install-cni image archive;
 //! * [`daemonset`]: the install-cni container spec from the rendered chart;
+//! * [`ambient`]: ambient pods with the node agent's container and a real ztunnel;
 //! * [`Cri`]: a blocking CRI client (RuntimeService) over the unix socket.
 //!
 //! containerd calls the CNI chain itself: ADD on RunPodSandbox with its own `CNI_ARGS`
 //! (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`, `K8S_POD_INFRA_CONTAINER_ID`, `K8S_POD_UID`), DEL on
 //! StopPodSandbox (with the netns) and on RemovePodSandbox, and never CHECK.
 
+pub mod ambient;
 pub mod containerd;
 pub mod daemonset;
 pub mod images;

@@ -107,6 +107,9 @@ pub struct NodeOptions {
     /// Serve the full fake API ([`FakeKube`]: pod and namespace get/list/watch) instead of the
     /// pod-GET-only [`FakeApi`]: what the ambient node agent needs next to the plugin.
     pub full_api: bool,
+    /// host-local's `rangeStart`/`rangeEnd` inside 10.88.0.0/16 (addresses handed out in
+    /// order from the start: predictable, and apart from other nodes' pods).
+    pub range_v4: Option<(std::net::Ipv4Addr, std::net::Ipv4Addr)>,
 }
 
 impl NodeOptions {
@@ -119,6 +122,7 @@ impl NodeOptions {
             dual_stack: true,
             ips_capability: false,
             full_api: false,
+            range_v4: None,
         }
     }
 }
@@ -204,7 +208,12 @@ impl Node {
 
     /// What the primary CNI (here: a kubeadm-style bridge setup) writes.
     pub fn primary_conflist(&self) -> Value {
-        let mut ranges = vec![json!([{"subnet": "10.88.0.0/16", "gateway": GATEWAY_V4}])];
+        let mut v4 = json!({"subnet": "10.88.0.0/16", "gateway": GATEWAY_V4});
+        if let Some((start, end)) = self.opts.range_v4 {
+            v4["rangeStart"] = start.to_string().into();
+            v4["rangeEnd"] = end.to_string().into();
+        }
+        let mut ranges = vec![json!([v4])];
         let mut routes = vec![json!({"dst": "0.0.0.0/0"})];
         if self.opts.dual_stack {
             ranges.push(json!([{"subnet": "fd00:88::/64", "gateway": GATEWAY_V6}]));

@@ -159,12 +159,18 @@ fn scenario(backend: Option<&str>) {
     rn.stop_and_remove(&sidecar).unwrap();
     assert_eq!(rn.leases(), 0);
     // containerd called the plugin: ADD with the backend asked for, DEL on stop (with the
-    // netns: rules removed) and DEL on remove (no netns), each one succeeded; no CHECK.
+    // netns: rules removed) and DEL on remove (no netns), each one succeeded; no CHECK. This
+    // node's API server answers pod GETs only, so install-cni's pod cache is empty and the
+    // plugin's ADD falls back to its own GET (the fallback, through containerd).
     let log = rn.node.plugin_log();
     let backend_name = backend.unwrap_or("nft");
     assert_eq!(
         plugin_events(&log, "sidecar"),
         [
+            (
+                "ADD",
+                "pod not from the node daemon; asking the API server".into()
+            ),
             ("ADD", format!("redirect rules programmed ({backend_name})")),
             ("ADD", "command succeeded".into()),
             ("DEL", "redirect rules removed".into()),

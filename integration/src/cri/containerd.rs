@@ -210,11 +210,37 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         self.spawn()
     }
 
+    /// Where the CRI plugin mounts sandbox network namespaces (`netns_mounts_under_state_dir`),
+    /// created and made a shared mount (bound onto itself): a container mounting it with
+    /// HostToContainer propagation (the ambient agent's `cniNetnsDir`) then sees the
+    /// namespaces mounted after it started, and the CRI accepts the propagation (it refuses
+    /// it for a source on a private mount). Drop unmounts it with everything below `dir`.
+    pub fn shared_netns_dir(&self) -> io::Result<PathBuf> {
+        let dir = self.dir.join("state/io.containerd.grpc.v1.cri/netns");
+        fs::create_dir_all(&dir)?;
+        if !mounts_under(&dir).contains(&dir) {
+            let bind = [dir.as_os_str(), dir.as_os_str()];
+            for (flag, paths) in [("--bind", &bind[..]), ("--make-shared", &bind[..1])] {
+                let out = Command::new("mount").arg(flag).args(paths).output()?;
+                if !out.status.success() {
+                    return Err(io::Error::other(format!(
+                        "mount {flag} {}: {}",
+                        dir.display(),
+                        String::from_utf8_lossy(&out.stderr)
+                    )));
+                }
+            }
+        }
+        Ok(dir)
+    }
+
     /// Sandbox network namespaces containerd currently has mounted.
     pub fn netns_mounts(&self) -> Vec<PathBuf> {
         mounts_under(&self.dir)
             .into_iter()
             .filter(|m| m.components().any(|c| c.as_os_str() == "netns"))
+            // Not the directory itself (see `shared_netns_dir`).
+            .filter(|m| m.file_name().is_some_and(|n| n != "netns"))
             .collect()
     }
 

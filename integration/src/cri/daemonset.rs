@@ -16,7 +16,15 @@
 //!   plugin, run on the host, reads files at the path install-cni wrote them) keeps that
 //!   property: the container path moves with it, and any env value naming it follows.
 //! * `KUBERNETES_SERVICE_PROTOCOL=http`: the local API server speaks plain HTTP.
+//!   An env value naming a path below such a volume (`ZTUNNEL_UDS_ADDRESS` under
+//!   `/var/run/ztunnel`) follows too.
+//! * `host_paths` puts a hostPath volume where the test node really has it, instead of under
+//!   the layout (the runtime's netns dir, `cniNetnsDir`: where this containerd mounts sandbox
+//!   namespaces).
 //! * `extra_env` (e.g. `REDIRECT_BACKEND`) wins over the chart's values.
+//!
+//! `mountPropagation` is passed on (HostToContainer: netns bind mounts the runtime makes
+//! after the container started appear in it; the host side must be a shared mount).
 
 use k8s_cri::v1 as cri;
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -42,6 +50,8 @@ pub struct NodeLayout {
     pub api_host: String,
     pub api_port: u16,
     pub extra_env: Vec<(String, String)>,
+    /// hostPath (as the chart names it) -> where it is on this node, instead of `<root>/path`.
+    pub host_paths: BTreeMap<String, PathBuf>,
 }
 
 /// The DaemonSet's container, ready for the CRI.
@@ -170,7 +180,10 @@ fn mounts(
         let hp = vol.host_path.as_ref().ok_or_else(|| {
             io::Error::other(format!("volume {}: only hostPath is supported", vol.name))
         })?;
-        let host = relocate(&node.root, &hp.path);
+        let host = match node.host_paths.get(&hp.path) {
+            Some(p) => p.clone(),
+            None => relocate(&node.root, &hp.path),
+        };
         if hp.type_.as_deref() == Some("DirectoryOrCreate") {
             std::fs::create_dir_all(&host)?;
         }
@@ -183,6 +196,7 @@ fn mounts(
             container_path,
             host_path: host.display().to_string(),
             readonly: m.read_only.unwrap_or(false),
+            propagation: propagation(m.mount_propagation.as_deref())? as i32,
             ..Default::default()
         });
     }
@@ -193,6 +207,19 @@ fn mounts(
         ..Default::default()
     });
     Ok((out, moved))
+}
+
+/// The CRI's propagation for a volumeMount's `mountPropagation` (kubelet's mapping).
+fn propagation(mode: Option<&str>) -> io::Result<cri::MountPropagation> {
+    use cri::MountPropagation as P;
+    match mode {
+        None | Some("None") => Ok(P::PropagationPrivate),
+        Some("HostToContainer") => Ok(P::PropagationHostToContainer),
+        Some("Bidirectional") => Ok(P::PropagationBidirectional),
+        Some(other) => Err(io::Error::other(format!(
+            "mountPropagation {other:?} is not a Kubernetes mode"
+        ))),
+    }
 }
 
 fn relocate(root: &Path, host_path: &str) -> PathBuf {
@@ -248,8 +275,8 @@ fn env(
         env.insert(e.name.clone(), value);
     }
     for v in env.values_mut() {
-        if let Some(new) = moved.get(v.as_str()) {
-            *v = new.clone();
+        if let Some(new) = follow_move(v, moved) {
+            *v = new;
         }
     }
     env.insert("KUBERNETES_SERVICE_HOST".into(), node.api_host.clone());
@@ -257,6 +284,17 @@ fn env(
     env.insert("KUBERNETES_SERVICE_PROTOCOL".into(), "http".into());
     env.extend(node.extra_env.iter().cloned());
     Ok(env)
+}
+
+/// `value` when it names a moved container path or a path below one, at its new place.
+fn follow_move(value: &str, moved: &BTreeMap<String, String>) -> Option<String> {
+    moved.iter().find_map(|(old, new)| {
+        if value == old {
+            return Some(new.clone());
+        }
+        let rest = value.strip_prefix(old.as_str())?.strip_prefix('/')?;
+        Some(format!("{new}/{rest}"))
+    })
 }
 
 fn security_context(c: &Container, host_network: bool) -> cri::LinuxContainerSecurityContext {
@@ -314,4 +352,43 @@ fn readiness(c: &Container) -> io::Result<(String, u16)> {
             .ok_or_else(|| io::Error::other(format!("readiness probe: no port named {name}")))?,
     };
     Ok((get.path.clone().unwrap_or("/".into()), port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_values_follow_a_moved_mount_and_paths_below_it() {
+        let moved = BTreeMap::from([(
+            "/var/run/ztunnel".to_string(),
+            "/tmp/n/var/run/ztunnel".to_string(),
+        )]);
+        assert_eq!(
+            follow_move("/var/run/ztunnel", &moved).as_deref(),
+            Some("/tmp/n/var/run/ztunnel")
+        );
+        assert_eq!(
+            follow_move("/var/run/ztunnel/ztunnel.sock", &moved).as_deref(),
+            Some("/tmp/n/var/run/ztunnel/ztunnel.sock")
+        );
+        // A sibling with the same prefix is another path.
+        assert_eq!(follow_move("/var/run/ztunnel-x/s", &moved), None);
+        assert_eq!(follow_move("true", &moved), None);
+    }
+
+    #[test]
+    fn mount_propagation_is_kubelets_mapping() {
+        use cri::MountPropagation as P;
+        assert_eq!(propagation(None).unwrap(), P::PropagationPrivate);
+        assert_eq!(
+            propagation(Some("HostToContainer")).unwrap(),
+            P::PropagationHostToContainer
+        );
+        assert_eq!(
+            propagation(Some("Bidirectional")).unwrap(),
+            P::PropagationBidirectional
+        );
+        assert!(propagation(Some("Shared")).is_err());
+    }
 }

@@ -10,12 +10,17 @@ use crate::node::{Node, NodeOptions, WAIT, http_get, wait_until};
 use crate::pods::{Addrs, DemoPod, From, expectations};
 use crate::probe::{Transport, connect, send_udp};
 use crate::{Probe, TestNetns};
+use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The rendered chart the install-cni container comes from.
 pub const MANIFEST: &str = "deploy/manifests/istio-cni.yaml";
+/// The same with `ambient.enabled=true`: the ambient node agent.
+pub const AMBIENT_MANIFEST: &str = "deploy/manifests/istio-cni-ambient.yaml";
+/// The node the install-cni container runs on (`spec.nodeName`).
+pub const CRI_NODE_NAME: &str = "cri-node";
 
 /// A sandbox containerd started.
 #[derive(Clone, Debug)]
@@ -51,8 +56,13 @@ impl RuntimeNode {
     /// static `pause` binary. `install_cni_env`: overrides of the chart's env (e.g.
     /// `REDIRECT_BACKEND`).
     pub fn new(pause_bin: &Path) -> io::Result<RuntimeNode> {
+        RuntimeNode::with_node(pause_bin, NodeOptions::new(PathBuf::new()))
+    }
+
+    /// [`RuntimeNode::new`] on a node laid out with `opts` (e.g. the full API for ambient).
+    pub fn with_node(pause_bin: &Path, opts: NodeOptions) -> io::Result<RuntimeNode> {
         crate::cni::require_cni_tools();
-        let node = Node::new(NodeOptions::new(PathBuf::new()))?;
+        let node = Node::new(opts)?;
         let containerd = Containerd::start(&node)?;
         let pause = containerd.dir.join("pause.oci.tar");
         pause_archive(pause_bin, PAUSE_IMAGE, &pause)?;
@@ -70,45 +80,81 @@ impl RuntimeNode {
     /// Creates and starts the install-cni container from the rendered chart and waits until its
     /// readiness probe passes.
     pub fn start_install_cni(&mut self, extra_env: &[(&str, &str)]) -> io::Result<()> {
+        self.start_install_cni_from(MANIFEST, extra_env, BTreeMap::new())
+    }
+
+    /// [`RuntimeNode::start_install_cni`] from the rendered `manifest` (relative to the
+    /// repository), with hostPath volumes at `host_paths` (see [`NodeLayout::host_paths`]).
+    pub fn start_install_cni_from(
+        &mut self,
+        manifest: &str,
+        extra_env: &[(&str, &str)],
+        host_paths: BTreeMap<String, PathBuf>,
+    ) -> io::Result<()> {
         let layout = NodeLayout {
             root: self.node.root.clone(),
             service_account_dir: self.node.sa_dir.clone(),
-            node_name: "cri-node".into(),
+            node_name: CRI_NODE_NAME.into(),
             api_host: "127.0.0.1".into(),
-            api_port: self.node.api.port,
+            api_port: self.node.api_port(),
             extra_env: extra_env
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            host_paths,
         };
-        let yaml = std::fs::read_to_string(repo_root().join(MANIFEST))?;
-        let spec = from_manifest(&yaml, &layout)?;
-        let cri_err = |what: &str, e: tonic::Status| {
-            io::Error::other(format!(
-                "{what}: {}\ncontainerd:\n{}",
-                e.message(),
-                self.containerd.log_tail()
-            ))
-        };
+        let yaml = std::fs::read_to_string(repo_root().join(manifest))?;
+        let mut spec = from_manifest(&yaml, &layout)?;
+        // kubelet's pod log directory (`/var/log/pods/<ns>_<name>_<uid>`), here under
+        // containerd's dir; each container attempt logs to `<name>/<attempt>.log` in it.
+        let meta = spec.sandbox.metadata.clone().unwrap_or_default();
+        spec.sandbox.log_directory = self
+            .containerd
+            .dir
+            .join("pod-logs")
+            .join(format!("{}_{}_{}", meta.namespace, meta.name, meta.uid))
+            .display()
+            .to_string();
         let sandbox_id = self
             .cri
             .run_pod(&spec.sandbox)
-            .map_err(|e| cri_err("RunPodSandbox install-cni", e))?;
-        let container_id = self
-            .cri
-            .create_container(&sandbox_id, &spec.container, &spec.sandbox)
-            .map_err(|e| cri_err("CreateContainer install-cni", e))?;
-        self.cri
-            .start_container(&container_id)
-            .map_err(|e| cri_err("StartContainer install-cni", e))?;
-        let (path, port) = spec.readiness.clone();
-        let ready = wait_until(WAIT, || {
-            self.node.ns.run(|| http_get(port, &path)).map(|r| r.0).ok() == Some(200)
-        });
+            .map_err(|e| self.cri_err("RunPodSandbox install-cni", e))?;
         self.install = Some(InstallCni {
             sandbox_id,
-            container_id,
+            container_id: String::new(),
             spec,
+        });
+        self.start_install_cni_container(0)
+    }
+
+    fn cri_err(&self, what: &str, e: tonic::Status) -> io::Error {
+        io::Error::other(format!(
+            "{what}: {}\ncontainerd:\n{}",
+            e.message(),
+            self.containerd.log_tail()
+        ))
+    }
+
+    /// Creates and starts install-cni's container (restart count `attempt`) in its sandbox and
+    /// waits until its readiness probe passes.
+    fn start_install_cni_container(&mut self, attempt: u32) -> io::Result<()> {
+        let i = self.install.as_mut().expect("install-cni sandbox");
+        if let Some(m) = i.spec.container.metadata.as_mut() {
+            m.attempt = attempt;
+            i.spec.container.log_path = format!("{}/{attempt}.log", m.name);
+        }
+        let i = self.install.as_ref().expect("install-cni sandbox");
+        let container_id = self
+            .cri
+            .create_container(&i.sandbox_id, &i.spec.container, &i.spec.sandbox)
+            .map_err(|e| self.cri_err("CreateContainer install-cni", e))?;
+        self.cri
+            .start_container(&container_id)
+            .map_err(|e| self.cri_err("StartContainer install-cni", e))?;
+        let (path, port) = i.spec.readiness.clone();
+        self.install.as_mut().expect("install-cni").container_id = container_id;
+        let ready = wait_until(WAIT, || {
+            self.node.ns.run(|| http_get(port, &path)).map(|r| r.0).ok() == Some(200)
         });
         if !ready {
             return Err(io::Error::other(format!(
@@ -117,6 +163,41 @@ impl RuntimeNode {
             )));
         }
         Ok(())
+    }
+
+    /// install-cni's container crashes (StopContainer with no grace: SIGKILL, no cleanup) and
+    /// kubelet restarts it: a new container, the next attempt, in the same sandbox. Returns
+    /// the old container's log.
+    pub fn crash_and_restart_install_cni(&mut self) -> io::Result<String> {
+        let log = self.crash_install_cni()?;
+        self.restart_install_cni()?;
+        Ok(log)
+    }
+
+    /// install-cni's container crashes (SIGKILL: nothing cleaned up) and is removed; its
+    /// sandbox stays. Returns its log.
+    pub fn crash_install_cni(&mut self) -> io::Result<String> {
+        let old = self
+            .install
+            .as_ref()
+            .expect("install-cni started")
+            .container_id
+            .clone();
+        let log = self.install_cni_log();
+        self.cri
+            .stop_container(&old, 0)
+            .map_err(|e| self.cri_err("StopContainer install-cni", e))?;
+        self.cri
+            .remove_container(&old)
+            .map_err(|e| self.cri_err("RemoveContainer install-cni", e))?;
+        Ok(log)
+    }
+
+    /// kubelet restarts the crashed container: the next attempt in the same sandbox, ready.
+    pub fn restart_install_cni(&mut self) -> io::Result<()> {
+        let i = self.install.as_ref().expect("install-cni sandbox");
+        let attempt = i.spec.container.metadata.as_ref().map_or(0, |m| m.attempt) + 1;
+        self.start_install_cni_container(attempt)
     }
 
     /// The install-cni container's output (containerd's CRI log file).
