@@ -340,17 +340,7 @@ impl Agent {
         if g.host_installed {
             return Ok(());
         }
-        let (plan, host) = (self.settings.host_plan.clone(), self.settings.host);
-        blocking(move || host.ensure(&plan))
-            .await
-            .map_err(|reason| AgentError::Worker {
-                pod: pod.label(),
-                reason,
-            })?
-            .map_err(|source| AgentError::Host {
-                pod: pod.label(),
-                source,
-            })?;
+        self.on_host(pod, |host, plan| host.ensure(&plan)).await?;
         g.host_installed = true;
         tracing::info!(
             rule = self.settings.host.describe(),
@@ -377,9 +367,19 @@ impl Agent {
 
     /// The pod's IPs into the host probe sets, commented with its UID.
     async fn add_probe_ips(&self, pod: &AmbientPodRef) -> Result<(), AgentError> {
-        let (plan, host) = (self.settings.host_plan.clone(), self.settings.host);
         let (ips, uid) = (pod.ips.clone(), pod.uid.clone());
-        blocking(move || host.add_pod_ips(&plan, &ips, &uid))
+        self.on_host(pod, move |host, plan| host.add_pod_ips(&plan, &ips, &uid))
+            .await
+    }
+
+    /// Host-rule work, off the async thread; its errors name the pod.
+    async fn on_host<T: Send + 'static>(
+        &self,
+        pod: &AmbientPodRef,
+        work: impl FnOnce(HostProbeRule, Plan) -> Result<T, redirect::RedirectError> + Send + 'static,
+    ) -> Result<T, AgentError> {
+        let (plan, host) = (self.settings.host_plan.clone(), self.settings.host);
+        blocking(move || work(host, plan))
             .await
             .map_err(|reason| AgentError::Worker {
                 pod: pod.label(),
