@@ -280,8 +280,9 @@ impl Node {
         self.daemon = Some(d);
         let d = self.daemon.as_ref().unwrap();
         if !wait_until(WAIT, || d.ready(&self.ns)) {
+            let (code, body) = d.get(&self.ns, "/readyz");
             return Err(io::Error::other(format!(
-                "install-cni not ready within {WAIT:?}:\n{}",
+                "install-cni not ready within {WAIT:?} (/readyz: {code} {body}):\n{}",
                 d.log()
             )));
         }
@@ -511,7 +512,7 @@ impl Daemon {
             health: 0,
             metrics: 0,
         };
-        if !wait_until(WAIT, || d.log().contains("listening")) {
+        if !wait_until(WAIT, || d.log().contains("health_addr=")) {
             return Err(io::Error::other(format!(
                 "install-cni did not start:\n{}",
                 d.log()

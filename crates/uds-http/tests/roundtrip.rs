@@ -116,3 +116,37 @@ fn bind_replaces_a_stale_socket_but_never_a_planted_file_or_link() {
     assert!(bind(&file).is_err());
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "x");
 }
+
+#[test]
+fn a_full_backlog_fails_at_once_instead_of_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("stopped.sock");
+    // A daemon that stopped accepting: its listen queue fills up.
+    let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let addr = socket2::SockAddr::unix(&path).unwrap();
+    let mut queued = Vec::new();
+    loop {
+        let s = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None).unwrap();
+        s.set_nonblocking(true).unwrap();
+        match s.connect(&addr) {
+            Ok(()) => queued.push(s),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(queued.len() < 100_000, "the backlog never filled");
+    }
+    let start = Instant::now();
+    let e = request(&path, Method::GET, "/", vec![], Duration::from_millis(300)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ClientError::Unreachable { .. } | ClientError::Timeout { .. }
+        ),
+        "{e}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+}
