@@ -252,10 +252,19 @@ fn stamp_of(m: fs::Metadata) -> io::Result<Stamp> {
     })
 }
 
-/// Makes `path` free for a socket to be bound there: a stale socket left by an earlier run is
-/// removed; anything else at the name (a file, a directory, a planted symlink) is refused and
-/// never followed.
-pub fn clear_stale_socket(path: &Path) -> io::Result<()> {
+/// Makes `path` ready for a socket to be bound there: its directory is ours (created
+/// [`DIR_MODE`] whatever the umask; a symlink planted in its place is refused, never bound
+/// through), and a stale socket left by an earlier run is removed; anything else at the name
+/// (a file, a directory, a planted symlink) is refused and never followed.
+pub fn prepare_socket(path: &Path) -> io::Result<()> {
+    if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        ensure_dir(dir, DIR_MODE, true)?;
+    }
+    clear_stale_socket(path)
+}
+
+/// A stale socket at `path` removed; anything else there refused (see [`prepare_socket`]).
+fn clear_stale_socket(path: &Path) -> io::Result<()> {
     use std::os::unix::fs::FileTypeExt;
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path),

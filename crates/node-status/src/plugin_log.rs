@@ -27,8 +27,7 @@ pub fn start(run_dir: &Path) -> Result<(), RelayError> {
         path: path.clone(),
         source,
     };
-    std::fs::create_dir_all(run_dir).map_err(err)?;
-    node_fs::clear_stale_socket(&path).map_err(err)?;
+    node_fs::prepare_socket(&path).map_err(err)?;
     let socket = UnixDatagram::bind(&path).map_err(err)?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
     tracing::info!(socket = %path.display(), "plugin log socket listening");

@@ -32,11 +32,11 @@ pub fn json(body: Vec<u8>) -> Reply {
     r
 }
 
-/// Binds `path` with mode 0600. A stale socket left by an earlier run is replaced; anything
-/// else at the name (a file, a directory, a planted symlink) is refused, never followed.
+/// Binds `path` with mode 0600 (`node_fs::prepare_socket`: its directory ours and never a
+/// planted link, a stale socket replaced, anything else at the name refused).
 /// Must be called inside a tokio runtime.
 pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
-    node_fs::clear_stale_socket(path)?;
+    node_fs::prepare_socket(path)?;
     let listener = UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     Ok(listener)

@@ -133,7 +133,7 @@ impl Daemon {
             metrics: 0,
         };
         assert!(
-            d.wait_log("listening", Duration::from_secs(20)),
+            d.wait_log("health_addr=", Duration::from_secs(20)),
             "daemon did not start:\n{}",
             d.log()
         );
