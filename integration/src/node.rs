@@ -539,6 +539,14 @@ impl Daemon {
         self.child.id()
     }
 
+    /// Sends `sig` to the daemon (SIGSTOP for a hung daemon, SIGKILL for a gone one).
+    #[track_caller]
+    pub fn signal(&self, sig: libc::c_int) {
+        // SAFETY: kill(2) on our own child's pid.
+        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
+        assert_eq!(rc, 0, "signal {sig} to the daemon");
+    }
+
     pub fn log(&self) -> String {
         self.logs.lock().unwrap().clone()
     }

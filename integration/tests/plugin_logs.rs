@@ -27,11 +27,6 @@ fn add(node: &Node, kind: PodKind, name: &str) -> Duration {
     start.elapsed()
 }
 
-fn signal(node: &Node, sig: libc::c_int) {
-    let pid = node.daemon().pid() as libc::pid_t;
-    assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
-}
-
 #[test]
 fn the_plugins_decisions_show_in_the_daemons_log_and_never_hold_an_add() {
     let mut node = node();
@@ -55,7 +50,7 @@ fn the_plugins_decisions_show_in_the_daemons_log_and_never_hold_an_add() {
     assert!(node.plugin_log().contains("\"pod_name\":\"plain\""));
 
     // Nobody reading and the socket's queue full: the plugin drops its lines and goes on.
-    signal(&node, libc::SIGSTOP);
+    node.daemon().signal(libc::SIGSTOP);
     let queued = fill_queue(&node);
     assert!(queued > 0, "the daemon's socket took nothing");
     for i in 0..3 {
@@ -65,11 +60,11 @@ fn the_plugins_decisions_show_in_the_daemons_log_and_never_hold_an_add() {
             "ADD {i} held {took:?} by a stopped daemon"
         );
     }
-    signal(&node, libc::SIGCONT);
+    node.daemon().signal(libc::SIGCONT);
     assert!(node.plugin_log().contains("\"pod_name\":\"stopped-2\""));
 
     // Daemon gone, its socket left behind: the file alone.
-    signal(&node, libc::SIGKILL);
+    node.daemon().signal(libc::SIGKILL);
     add(&node, PodKind::NoSidecar, "after-kill");
     assert!(node.plugin_log().contains("\"pod_name\":\"after-kill\""));
     let _ = node.stop_daemon();

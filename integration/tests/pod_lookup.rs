@@ -57,15 +57,6 @@ fn rules_of(ns: &TestNetns) -> String {
     out
 }
 
-fn signal(node: &Node, sig: libc::c_int) {
-    let pid = node.daemon().pid() as libc::pid_t;
-    assert_eq!(
-        unsafe { libc::kill(pid, sig) },
-        0,
-        "signal {sig} to the daemon"
-    );
-}
-
 #[test]
 fn a_pod_start_asks_the_daemon_not_the_api_server_and_falls_back_when_it_cannot_answer() {
     let mut node = node();
@@ -108,11 +99,11 @@ fn a_pod_start_asks_the_daemon_not_the_api_server_and_falls_back_when_it_cannot_
     assert_eq!(rules_of(&late_ns), rules_of(&cached_ns));
 
     // Daemon hung: the plugin gives it its share of the deadline, then asks the API server.
-    signal(&node, libc::SIGSTOP);
+    node.daemon().signal(libc::SIGSTOP);
     let hung = DemoPod::new(PodKind::Sidecar, "daemon-hung");
     node.serve(&hung);
     let (hung_ns, took) = add(&node, &hung);
-    signal(&node, libc::SIGCONT);
+    node.daemon().signal(libc::SIGCONT);
     assert_eq!(
         pod_gets(&node, &hung).len(),
         1,
@@ -129,7 +120,7 @@ fn a_pod_start_asks_the_daemon_not_the_api_server_and_falls_back_when_it_cannot_
     );
 
     // Daemon gone (its socket left behind): one GET at once.
-    signal(&node, libc::SIGKILL);
+    node.daemon().signal(libc::SIGKILL);
     let gone = DemoPod::new(PodKind::Sidecar, "daemon-gone");
     node.serve(&gone);
     let (gone_ns, _) = add(&node, &gone);
