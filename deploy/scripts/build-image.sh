@@ -1,7 +1,7 @@
 #!/bin/bash
 # build-image.sh - builds the install-cni image from deploy/Dockerfile without a Docker daemon or a
 # registry, as an OCI archive, and checks it (deploy/scripts/check-image.py):
-#   1. integration/scripts/build-bins.sh: the one release build of the three binaries (static-pie)
+#   1. integration/scripts/build-bins.sh: the one release build of the three binaries (static)
 #   2. a build context with just bin/{istio-cni,istio-nftables,install-cni}
 #   3. buildah bud (Debian 12's buildah, rootful, vfs storage in a throwaway directory: never the
 #      system's /var/lib/containers), FROM scratch, so nothing is pulled
