@@ -305,8 +305,10 @@ impl Args {
     /// Every istio-iptables flag and environment variable as a validated capture `Config`.
     fn capture_config(&self) -> Result<capture::Config, ConfigError> {
         use capture::*;
-        let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-        let db = IdDb::parse(&read("/etc/passwd"), &read("/etc/group"));
+        let db = IdDb::on_demand(|| {
+            let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+            (read("/etc/passwd"), read("/etc/group"))
+        });
         let d = Config::default();
         let or = |v: &Option<String>| v.clone().unwrap_or_default();
         let port = |flag: &str, v: &Option<String>, default: u16| -> Result<u16, ConfigError> {

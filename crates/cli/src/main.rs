@@ -42,15 +42,25 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs to stderr (stdout carries results), level from `LOG_LEVEL`.
+/// Logs to stderr (stdout carries results), level from `LOG_LEVEL` (a filter directive),
+/// info without it; colours only on a terminal. Without `LOG_LEVEL` a plain level filter
+/// stands in for the directive parser (a twentieth of an apply's instructions).
 fn init_logging() {
-    tracing_subscriber::fmt()
+    use std::io::IsTerminal;
+    let fmt = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LOG_LEVEL")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+        .with_ansi(std::io::stderr().is_terminal());
+    match std::env::var_os("LOG_LEVEL") {
+        Some(_) => fmt
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_env("LOG_LEVEL")
+                    .unwrap_or_else(|_| "info".into()),
+            )
+            .init(),
+        None => fmt
+            .with_max_level(tracing::level_filters::LevelFilter::INFO)
+            .init(),
+    }
 }
 
 fn run(s: &args::Settings) -> Result<ExitCode, Box<dyn std::error::Error>> {
