@@ -57,7 +57,19 @@ fn pod_action(conf: &NetConf, env: &CniEnv, args: &K8sArgs) -> Result<PodAction,
         tracing::info!(%reason, "passing through, no rules");
         return Ok(PodAction::PassThrough);
     }
-    let (pod, namespace_labels) = lookup(conf, args)?;
+    // Where every mesh pod is a sidecar pod (no ambient on this node), the pod's addresses
+    // are read while the pod is looked up: the read is a few hundred µs of netlink in the
+    // pod's namespace that would otherwise only start once the answer is in.
+    let (looked_up, early_facts) = if conf.settings.ambient_enabled {
+        (lookup(conf, args), None)
+    } else {
+        std::thread::scope(|s| {
+            let facts = s.spawn(|| read_pod_facts(env));
+            let looked_up = lookup(conf, args);
+            (looked_up, facts.join().ok())
+        })
+    };
+    let (pod, namespace_labels) = looked_up?;
     let decision =
         pod_policy::decide(&pod, &namespace_labels, &conf.settings.policy()).map_err(|e| {
             CniError::new(
@@ -71,23 +83,29 @@ fn pod_action(conf: &NetConf, env: &CniEnv, args: &K8sArgs) -> Result<PodAction,
             Ok(PodAction::PassThrough)
         }
         Decision::Ambient(_) => Ok(PodAction::Ambient(Box::new(pod))),
-        Decision::Sidecar(pc) => sidecar_plan(&pc, env, args).map(PodAction::Sidecar),
+        Decision::Sidecar(pc) => {
+            let facts = early_facts.unwrap_or_else(|| read_pod_facts(env))?;
+            tracing::debug!(addresses = ?facts.local_addrs, "pod namespace read");
+            sidecar_plan(&pc, &facts, args).map(PodAction::Sidecar)
+        }
     }
 }
 
+/// The pod's own addresses: IPv6 detection looks at them, as istio-iptables does inside the
+/// netns. No resolv.conf: the CNI path captures all DNS, so nameservers are not needed.
+fn read_pod_facts(env: &CniEnv) -> Result<Facts, CniError> {
+    redirect::read_facts(env.netns.as_deref(), None)
+        .map_err(|e| redirect_error(e, "reading the pod's addresses"))
+}
+
 /// A sidecar pod's rules in its namespace.
-fn sidecar_plan(pc: &PodConfig, env: &CniEnv, args: &K8sArgs) -> Result<Plan, CniError> {
+fn sidecar_plan(pc: &PodConfig, facts: &Facts, args: &K8sArgs) -> Result<Plan, CniError> {
     for w in &pc.warnings {
         tracing::warn!(warning = %w, "pod configuration");
     }
-    // IPv6 detection looks at the pod's own addresses, as istio-iptables does inside the
-    // netns. No resolv.conf: the CNI path captures all DNS, so nameservers are not needed.
-    let facts: Facts = redirect::read_facts(env.netns.as_deref(), None)
-        .map_err(|e| redirect_error(e, "reading the pod's addresses"))?;
-    tracing::debug!(addresses = ?facts.local_addrs, "pod namespace read");
     // The annotations were valid; what fails here comes from the namespace (e.g. no address
     // yet to tell IPv4 from IPv6), as in istio-iptables.
-    let plan = Plan::build(&pc.config, &facts).map_err(|e| {
+    let plan = Plan::build(&pc.config, facts).map_err(|e| {
         CniError::new(
             ErrorCode::Redirect,
             format!(
