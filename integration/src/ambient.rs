@@ -351,6 +351,26 @@ impl AmbientNode {
         run
     }
 
+    /// The chain without istio-cni for an IPv4 pod (its address assigned, not in the mesh
+    /// yet): the first half of [`AmbientNode::add`], for timing istio-cni alone.
+    pub fn add_primary_only(&self, pod: &Pod) -> Run {
+        assert!(pod.plan.ip6.is_none(), "IPv4 pods only");
+        let ip = format!("IP={}", pod.plan.ip);
+        self.node.primary_only("add", &pod.ns, &pod.demo, &ip)
+    }
+
+    /// The second half: istio-cni alone with the result of [`AmbientNode::add_primary_only`];
+    /// on success the pod is Running, as kubelet reports it.
+    pub fn add_plugin_alone(&self, pod: &Pod, prev_result: &Value) -> Run {
+        let run = self
+            .node
+            .plugin_alone("add", &pod.ns, &pod.demo, prev_result);
+        if run.ok {
+            self.set_status(pod, "Running", &pod.plan.ips());
+        }
+        run
+    }
+
     /// CNI DEL through the chain.
     pub fn del(&self, pod: &Pod) -> Run {
         self.cni(&pod.plan, "del", pod)

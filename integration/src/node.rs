@@ -289,6 +289,13 @@ impl Node {
         Ok(())
     }
 
+    /// Waits until the daemon's pod cache has listed this node's pods: from then on it answers
+    /// the plugin's lookups (before, the plugin asks the API server, as it should).
+    pub fn wait_pod_cache_listed(&self) {
+        let listed = wait_until(WAIT, || self.daemon().log().contains("pod cache: listed"));
+        assert!(listed, "no pod cache list:\n{}", self.daemon().log());
+    }
+
     pub fn daemon(&self) -> &Daemon {
         self.daemon.as_ref().expect("daemon started")
     }
@@ -354,6 +361,69 @@ impl Node {
     }
 
     /// cnitool for this node: its conflists, its bin dir only (what a runtime's CNI_PATH is).
+    /// The chain without istio-cni (bridge + host-local, portmap), from a directory of its
+    /// own: what the runtime has done when it calls istio-cni. Its result is the `prevResult`
+    /// [`Node::plugin_alone`] hands istio-cni; the benchmarks use the pair to time istio-cni
+    /// without the other plugins' processes.
+    pub fn primary_only(&self, command: &str, pod: &TestNetns, p: &DemoPod, extra: &str) -> Run {
+        let dir = self.root.join("primary.d");
+        let written = fs::create_dir_all(&dir).and_then(|()| {
+            let text = serde_json::to_vec_pretty(&self.primary_conflist())?;
+            fs::write(dir.join(CONFLIST), text)
+        });
+        written.expect("write the primary conflist");
+        let mut args = k8s_args(&p.namespace, &p.name);
+        if !extra.is_empty() {
+            args.push(';');
+            args.push_str(extra);
+        }
+        let tool = CniTool {
+            netconf: &dir,
+            ..self.cnitool()
+        };
+        tool.run(NET, command, pod.path(), &args)
+    }
+
+    /// istio-cni alone, called as the runtime calls the last plugin of the chain: its entry in
+    /// the installed conflist with the network's name, version and `prevResult`, the CNI
+    /// variables as cnitool sets them, run inside the node.
+    pub fn plugin_alone(&self, command: &str, pod: &TestNetns, p: &DemoPod, prev: &Value) -> Run {
+        let conflist: Value =
+            serde_json::from_slice(&fs::read(self.conflist()).expect("the installed conflist"))
+                .expect("conflist JSON");
+        let mut conf = conflist["plugins"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["type"] == "istio-cni"))
+            .cloned()
+            .expect("istio-cni is in the conflist");
+        conf["name"] = conflist["name"].clone();
+        conf["cniVersion"] = conflist["cniVersion"].clone();
+        conf["prevResult"] = prev.clone();
+        let stdin = serde_json::to_vec(&conf).expect("JSON");
+        let container = format!("alone-{}", pod.name());
+        let start = Instant::now();
+        let out = self
+            .ns
+            .run(|| {
+                let mut child = Command::new(self.bin_dir.join("istio-cni"))
+                    .env("CNI_COMMAND", command.to_uppercase())
+                    .env("CNI_CONTAINERID", &container)
+                    .env("CNI_NETNS", pod.path())
+                    .env("CNI_IFNAME", "eth0")
+                    .env("CNI_ARGS", k8s_args(&p.namespace, &p.name))
+                    .env("CNI_PATH", &self.bin_dir)
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()?;
+                child.stdin.take().expect("piped").write_all(&stdin)?;
+                child.wait_with_output()
+            })
+            .expect("thread in the node namespace")
+            .expect("istio-cni runs");
+        Run::from_output(out, start.elapsed())
+    }
+
     pub fn cnitool(&self) -> CniTool<'_> {
         CniTool {
             node: &self.ns,

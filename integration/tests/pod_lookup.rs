@@ -20,6 +20,7 @@ fn node() -> Node {
     opts.plugin_log_level = "debug".into();
     let mut node = Node::new(opts).unwrap();
     node.start_daemon().unwrap();
+    node.wait_pod_cache_listed();
     node
 }
 

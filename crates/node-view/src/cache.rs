@@ -327,7 +327,7 @@ impl<K: Cached> ObjectCache<K> {
                 Ok((version, n)) => {
                     match recovering.take() {
                         Some(why) => tracing::info!(pods = n, after = %why, "pod cache: re-listed"),
-                        None => tracing::debug!(pods = n, "pod cache: listed"),
+                        None => tracing::info!(pods = n, "pod cache: listed"),
                     }
                     version
                 }

@@ -7,7 +7,7 @@
 
 use integration::TestNetns;
 use integration::cni::{percentile, plugin_adds, require_cni_tools, rules};
-use integration::node::{Node, NodeOptions, product_bin_dir, wait_until};
+use integration::node::{Node, NodeOptions, product_bin_dir};
 use integration::pods::{DemoPod, PodKind};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -122,10 +122,7 @@ fn main() {
         ("KUBERNETES_SERVICE_PORT".to_string(), tls_port.to_string()),
     ]);
     node.start_daemon().unwrap();
-    let cache_ready = wait_until(Duration::from_secs(10), || {
-        node.run_dir.join("pods.sock").exists()
-    });
-    assert!(cache_ready, "no pods.sock:\n{}", node.daemon().log());
+    node.wait_pod_cache_listed();
 
     let (cache, cache_gets) = adds(&node, "cache", n);
     std::fs::remove_file(node.run_dir.join("pods.sock")).unwrap();
