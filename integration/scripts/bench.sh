@@ -53,7 +53,7 @@ mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)
   echo "bench: live migration" >&2
   "$bin/bench-migrate" "${MIGRATE_PODS:-50}"
   echo
-  echo "**CNI ADD** (sidecar demo pod, node set up by install-cni):"
+  echo "**CNI ADD** (sidecar demo pod, node set up by install-cni, the pod from the daemon's cache):"
   echo
   echo "bench: CNI ADD" >&2
   "$bin/bench-cni" "${PODS:-200}" "${PAR:-100}"

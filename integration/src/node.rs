@@ -372,11 +372,7 @@ impl Node {
             fs::write(dir.join(CONFLIST), text)
         });
         written.expect("write the primary conflist");
-        let mut args = k8s_args(&p.namespace, &p.name);
-        if !extra.is_empty() {
-            args.push(';');
-            args.push_str(extra);
-        }
+        let args = cni_args(p, extra);
         let tool = CniTool {
             netconf: &dir,
             ..self.cnitool()
@@ -465,11 +461,7 @@ impl Node {
     /// A CNI command with extra `CNI_ARGS` (e.g. `IP=10.88.0.10`, which host-local honours:
     /// a pod's address known before its ADD).
     pub fn cni_with_args(&self, command: &str, pod: &TestNetns, p: &DemoPod, extra: &str) -> Run {
-        let mut args = k8s_args(&p.namespace, &p.name);
-        if !extra.is_empty() {
-            args.push(';');
-            args.push_str(extra);
-        }
+        let args = cni_args(p, extra);
         self.cnitool().run(NET, command, pod.path(), &args)
     }
 
@@ -695,6 +687,16 @@ pub fn http_get(port: u16, path: &str) -> (u16, String) {
 }
 
 /// Polls `f` every 2 ms until it holds or `timeout` passes.
+/// The pod's `CNI_ARGS` (`K8S_POD_*`) plus `extra` (`;`-separated `KEY=VALUE`s), if any.
+fn cni_args(p: &DemoPod, extra: &str) -> String {
+    let mut args = k8s_args(&p.namespace, &p.name);
+    if !extra.is_empty() {
+        args.push(';');
+        args.push_str(extra);
+    }
+    args
+}
+
 pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     loop {

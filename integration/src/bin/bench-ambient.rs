@@ -202,7 +202,7 @@ fn main() {
     );
     row(
         &format!(
-            "{par} at once, istio-cni alone (the chain's other plugins ran before): its process, exec to exit"
+            "{par} at once, istio-cni alone (the chain's other plugins ran before): each ADD as the runtime sees it"
         ),
         alone_wall,
     );

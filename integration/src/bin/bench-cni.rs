@@ -20,8 +20,12 @@ fn main() {
     let seq: usize = args.next().map(|s| s.parse().expect("pods")).unwrap_or(200);
     let par: usize = args.next().map(|s| s.parse().expect("pods")).unwrap_or(100);
     require_cni_tools();
-    let mut node = Node::new(NodeOptions::new(product_bin_dir().unwrap())).unwrap();
+    // The full API (list + watch): the daemon's pod cache answers the plugin, as on a cluster.
+    let mut opts = NodeOptions::new(product_bin_dir().unwrap());
+    opts.full_api = true;
+    let mut node = Node::new(opts).unwrap();
     node.start_daemon().unwrap();
+    node.wait_pod_cache_listed();
 
     let pod = |i: usize| {
         let spec = DemoPod::new(PodKind::Sidecar, &format!("bench-{i}"));
