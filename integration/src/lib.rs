@@ -49,6 +49,7 @@ pub mod node;
 mod ns;
 pub mod pods;
 mod probe;
+pub mod proc_stats;
 pub mod ztunnel;
 
 pub use ns::{Link, PodWorld, TestNetns};

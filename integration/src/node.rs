@@ -276,11 +276,11 @@ impl Node {
         cmd.env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
             .envs(self.daemon_env());
-        let d = Daemon::spawn(cmd, &self.ns)?;
+        let d = Daemon::spawn(cmd, Some(&self.ns))?;
         self.daemon = Some(d);
         let d = self.daemon.as_ref().unwrap();
-        if !wait_until(WAIT, || d.ready(&self.ns)) {
-            let (code, body) = d.get(&self.ns, "/readyz");
+        if !wait_until(WAIT, || d.ready()) {
+            let (code, body) = d.get("/readyz");
             return Err(io::Error::other(format!(
                 "install-cni not ready within {WAIT:?} (/readyz: {code} {body}):\n{}",
                 d.log()
@@ -512,7 +512,7 @@ impl Node {
 
     /// GET on the daemon's health or metrics port, from inside the node.
     pub fn daemon_get(&self, path: &str) -> (u16, String) {
-        self.daemon().get(&self.ns, path)
+        self.daemon().get(path)
     }
 }
 
@@ -525,24 +525,31 @@ impl Drop for Node {
     }
 }
 
-/// The running install-cni.
+/// The running install-cni, in a node's network namespace or in the caller's: its stderr
+/// collected (echoed with `E2E_DAEMON_LOGS=1`), its health and metrics ports read from its
+/// listener line, reached in its namespace. Killed and reaped on drop.
 pub struct Daemon {
     child: Child,
     logs: Arc<Mutex<String>>,
+    /// The namespace it runs in (None: the caller's), where its ports are reached.
+    ns: Option<PathBuf>,
     pub health: u16,
     pub metrics: u16,
 }
 
 impl Daemon {
-    /// Spawns `cmd` inside `ns`. The child joins the namespace between fork and exec, and
-    /// gets SIGKILL should the spawning thread's process die first.
-    fn spawn(mut cmd: Command, ns: &TestNetns) -> io::Result<Daemon> {
-        let ns_file = fs::File::open(ns.path())?;
-        let ns_fd = ns_file.as_raw_fd();
+    /// Spawns `cmd` inside `ns` (None: the caller's namespace) and waits for its listener
+    /// line. The child joins the namespace between fork and exec, and gets SIGKILL should the
+    /// spawning thread's process die first.
+    pub fn spawn(mut cmd: Command, ns: Option<&TestNetns>) -> io::Result<Daemon> {
+        let ns_file = ns.map(|ns| fs::File::open(ns.path())).transpose()?;
+        let ns_fd = ns_file.as_ref().map(|f| f.as_raw_fd());
         // SAFETY: only async-signal-safe syscalls between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::setns(ns_fd, libc::CLONE_NEWNET) != 0 {
+                if let Some(fd) = ns_fd
+                    && libc::setns(fd, libc::CLONE_NEWNET) != 0
+                {
                     return Err(io::Error::last_os_error());
                 }
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
@@ -556,44 +563,23 @@ impl Daemon {
             .spawn()?;
         drop(ns_file);
         let logs = Arc::new(Mutex::new(String::new()));
-        let stderr = child.stderr.take().expect("piped");
-        let l2 = logs.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if std::env::var_os("E2E_DAEMON_LOGS").is_some() {
-                    eprintln!("install-cni: {line}");
-                }
-                let mut g = l2.lock().unwrap();
-                g.push_str(&line);
-                g.push('\n');
-            }
-        });
+        collect_lines(child.stderr.take().expect("piped"), logs.clone());
         let mut d = Daemon {
             child,
             logs,
+            ns: ns.map(|ns| ns.path().to_path_buf()),
             health: 0,
             metrics: 0,
         };
-        if !wait_until(WAIT, || d.log().contains("health_addr=")) {
+        if !d.wait_log("health_addr=", WAIT) {
             return Err(io::Error::other(format!(
                 "install-cni did not start:\n{}",
                 d.log()
             )));
         }
         let log = d.log();
-        let port = |key: &str| -> u16 {
-            log.find(key)
-                .map(|at| &log[at + key.len()..])
-                .and_then(|rest| {
-                    let end = rest
-                        .find(|c: char| c.is_whitespace() || c == '"' || c == ',')
-                        .unwrap_or(rest.len());
-                    rest[..end].rsplit(':').next()?.parse().ok()
-                })
-                .unwrap_or(0)
-        };
-        d.health = port("health_addr=");
-        d.metrics = port("metrics_addr=");
+        d.health = port_in(&log, "health_addr=");
+        d.metrics = port_in(&log, "metrics_addr=");
         Ok(d)
     }
 
@@ -609,29 +595,58 @@ impl Daemon {
         assert_eq!(rc, 0, "signal {sig} to the daemon");
     }
 
+    /// SIGKILL and reap: nothing of the daemon's own clean-up runs.
+    pub fn kill(&mut self) -> io::Result<ExitStatus> {
+        self.child.kill()?;
+        self.child.wait()
+    }
+
     pub fn log(&self) -> String {
         self.logs.lock().unwrap().clone()
     }
 
-    pub fn ready(&self, ns: &TestNetns) -> bool {
-        self.get(ns, "/readyz").0 == 200
+    pub fn wait_log(&self, needle: &str, timeout: Duration) -> bool {
+        wait_until(timeout, || self.log().contains(needle))
     }
 
-    /// GET `path` from the health port (or the metrics port for `/metrics`) inside `ns`.
-    pub fn get(&self, ns: &TestNetns, path: &str) -> (u16, String) {
+    pub fn ready(&self) -> bool {
+        self.get("/readyz").0 == 200
+    }
+
+    #[track_caller]
+    pub fn wait_ready(&self, timeout: Duration) {
+        assert!(
+            wait_until(timeout, || self.ready()),
+            "not ready: {:?}\n{}",
+            self.get("/readyz"),
+            self.log()
+        );
+    }
+
+    /// GET `path` from the health port (or the metrics port for `/metrics`), in the
+    /// daemon's namespace.
+    pub fn get(&self, path: &str) -> (u16, String) {
         let port = if path == "/metrics" {
             self.metrics
         } else {
             self.health
         };
-        ns.run(|| http_get(port, path))
-            .unwrap_or((0, String::new()))
+        netns::run_in(self.ns.as_deref(), || http_get(port, path)).unwrap_or((0, String::new()))
+    }
+
+    /// The value of the first metrics line starting with `needle` (NaN when there is none).
+    pub fn metric(&self, needle: &str) -> f64 {
+        let (_, body) = self.get("/metrics");
+        body.lines()
+            .find(|l| l.starts_with(needle))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
     }
 
     /// SIGTERM, then wait (bounded; SIGKILL after [`WAIT`]).
     pub fn stop(mut self) -> io::Result<(ExitStatus, String)> {
-        // SAFETY: kill on our own child's pid.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        self.signal(libc::SIGTERM);
         let deadline = Instant::now() + WAIT;
         loop {
             if let Some(st) = self.child.try_wait()? {
@@ -647,6 +662,33 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
+}
+
+/// Appends `stream`'s lines to `logs` on a thread of its own.
+fn collect_lines(stream: impl Read + Send + 'static, logs: Arc<Mutex<String>>) {
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            if std::env::var_os("E2E_DAEMON_LOGS").is_some() {
+                eprintln!("install-cni: {line}");
+            }
+            let mut g = logs.lock().unwrap();
+            g.push_str(&line);
+            g.push('\n');
+        }
+    });
+}
+
+/// The port of the first `key=<addr>:<port>` in `log` (0 when there is none).
+fn port_in(log: &str, key: &str) -> u16 {
+    log.find(key)
+        .map(|at| &log[at + key.len()..])
+        .and_then(|rest| {
+            let end = rest
+                .find(|c: char| c.is_whitespace() || c == '"' || c == ',')
+                .unwrap_or(rest.len());
+            rest[..end].rsplit(':').next()?.parse().ok()
+        })
+        .unwrap_or(0)
 }
 
 impl Drop for Daemon {

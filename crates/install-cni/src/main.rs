@@ -6,6 +6,8 @@ use std::process::ExitCode;
 /// burst of 100 ambient ADDs once started 100 of them: each took a malloc arena (RSS 28 MB
 /// with 500 pods), and on a node's few cores they only queued for the CPU. Work beyond this
 /// waits in tokio's queue; a pod's own operations stay ordered by the agent's per-pod lock.
+/// The cost: a thread waiting for a namespace lock held by another process (at most the
+/// agent's 10 s `LOCK_WAIT`) is one of the 8, so only 8 such hung holders at once delay others.
 const BLOCKING_THREADS: usize = 8;
 
 fn init_logging(level: &str) {

@@ -79,7 +79,7 @@ fn sigterm_cleans_every_touched_file() {
     fs::write(&f10, calico()).unwrap();
     assert!(wait_until(T, || has_ours(&f10)), "{}", d.log());
     let touched = [&f10, &f20, &f30].iter().filter(|p| has_ours(p)).count();
-    let (st, log) = d.stop();
+    let (st, log) = d.stop().unwrap();
     assert!(st.success(), "{log}");
     assert_eq!(fs::read(&f10).unwrap(), calico(), "{log}");
     assert_eq!(
@@ -154,7 +154,7 @@ fn corrupt_json_is_never_written() {
     assert!(wait_until(T, || d.get("/readyz").0 == 503), "{}", d.log());
     atomic_write(&primary, &calico());
     assert!(wait_until(T, || has_ours(&primary)), "{}", d.log());
-    let (st, log) = d.stop();
+    let (st, log) = d.stop().unwrap();
     assert!(st.success(), "{log}");
     let mut untouched = 0;
     for (n, b) in corrupt {
@@ -235,7 +235,7 @@ fn rewrite_storm_rounds_end_clean() {
         assert_eq!(names(&env.net), ["10-calico.conflist"], "temp files left");
         rounds_ok += 1;
     }
-    let (st, log) = d.stop();
+    let (st, log) = d.stop().unwrap();
     assert!(st.success(), "{log}");
     assert_eq!(fs::read(&list).unwrap(), plain, "restored after the storm");
     eprintln!(
@@ -269,7 +269,7 @@ fn symlinked_conflists() {
     assert!(wait_until(T, || has_ours(&real)), "{}", d.log());
     assert!(is_link(&link));
     assert_eq!(names(&real_dir), ["calico.conflist"], "temp files left");
-    let (st, log) = d.stop();
+    let (st, log) = d.stop().unwrap();
     assert!(st.success(), "{log}");
     assert!(is_link(&link), "a symlink after uninstall");
     assert_eq!(fs::read(&real).unwrap(), calico(), "{log}");
@@ -289,7 +289,7 @@ fn symlinked_conflists() {
         d.log()
     );
     assert!(!d.ready());
-    let (st, log) = d.stop();
+    let (st, log) = d.stop().unwrap();
     assert!(st.success(), "{log}");
     assert_eq!(fs::read(&target).unwrap(), calico());
     assert_eq!(names(&outside), ["calico.conflist"]);
@@ -311,7 +311,7 @@ fn symlinked_conflists() {
         "{}",
         d.log()
     );
-    let (st, log) = d.stop();
+    let (st, log) = d.stop().unwrap();
     assert!(st.success(), "{log}");
     assert!(is_link(&link));
     assert_eq!(fs::read(env.net.join("real/calico.conf")).unwrap(), single);
@@ -337,7 +337,7 @@ fn planted_symlinks_are_never_followed() {
     let d = env.start(&[]);
     assert!(d.wait_log("symlink", T), "{}", d.log());
     assert!(!d.ready());
-    let (st, log) = d.stop();
+    let (st, log) = d.stop().unwrap();
     assert!(st.success(), "{log}");
     if fs::read_to_string(outside.join("istio-cni-kubeconfig"))
         .ok()
@@ -381,7 +381,7 @@ fn planted_symlinks_are_never_followed() {
     );
     assert_eq!(mode(&env.kubeconfig()), 0o600);
     assert_eq!(mode(&env.bin.join("istio-cni")), 0o755);
-    let (st, log) = d.stop();
+    let (st, log) = d.stop().unwrap();
     assert!(st.success(), "{log}");
     let after = snapshot(&outside);
     followed += before
@@ -414,7 +414,7 @@ fn modes_do_not_depend_on_the_umask() {
                 Ok(())
             });
         }
-        Daemon::spawn(c)
+        common::spawn(c)
     };
     // Chained: run dir and bin dir (with missing parents) created by the daemon.
     let env = Env::new();
@@ -445,7 +445,7 @@ fn modes_do_not_depend_on_the_umask() {
     assert_eq!(got, want, "{}", d.log());
     checked += want.len();
     let _ = fs::remove_file(&conf);
-    let (st, log) = d.stop();
+    let (st, log) = d.stop().unwrap();
     assert!(st.success(), "{log}");
 
     // KUBECONFIG_MODE, a net dir created by us, a standalone file with CNI_CONF_GROUP_READ.
@@ -472,7 +472,7 @@ fn modes_do_not_depend_on_the_umask() {
     let got: BTreeMap<PathBuf, u32> = want.keys().map(|p| (p.clone(), mode(p))).collect();
     assert_eq!(got, want, "{}", d.log());
     checked += want.len();
-    let (st, log) = d.stop();
+    let (st, log) = d.stop().unwrap();
     assert!(st.success(), "{log}");
     // Nothing world-writable anywhere under the temp dir.
     let mut stack = vec![env.tmp.path().to_path_buf()];
@@ -678,7 +678,7 @@ fn planted_temp_names_do_not_block_the_install() {
         .filter(|p| fs::symlink_metadata(p).is_ok())
         .count();
     assert_eq!(kept, planted.len(), "planted files were removed");
-    let (st, log) = d.stop();
+    let (st, log) = d.stop().unwrap();
     assert!(st.success(), "{log}");
     println!(
         "planted temp names: {} planted (files and links), 3 repairs done, 0 install failures, 0 writes through a link",

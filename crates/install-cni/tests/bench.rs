@@ -61,7 +61,7 @@ fn bench_install_cni() {
     let storm_cpu = cpu_s(pid) - c2;
     let peak_rss = status_kb(pid, "VmHWM:");
     let repairs = d.log().matches("repaired").count();
-    let (st, _) = d.stop();
+    let (st, _) = d.stop().unwrap();
     assert!(st.success() && healed);
 
     let report = format!(

@@ -131,7 +131,7 @@ fn istio_install_cases() {
         want["plugins"][last]["cni_agent_run_dir"] = run.clone().into();
         assert_conflist_matches(&out, &want);
         assert!(env.kubeconfig().exists() && env.bin.join("istio-cni").exists());
-        let (st, log) = d.stop();
+        let (st, log) = d.stop().unwrap();
         assert!(st.success(), "case {i}: exit {st}\n{log}");
         // Istio leaves the de-istioed conflist; we go further and restore the directory as it
         // was (byte for byte, a converted .conf comes back as the .conf).
@@ -182,7 +182,7 @@ fn standalone_writes_own_file_and_removes_it() {
         golden("test-testdata/pre/calico.conflist")
     );
     assert!(d.wait_log("sorts before YYY-istio-cni.conf", T));
-    let (st, _) = d.stop();
+    let (st, _) = d.stop().unwrap();
     assert!(st.success());
     assert_eq!(snapshot(&env.net), before);
 }
@@ -217,7 +217,7 @@ fn sigterm_cleanup_restores_dirs_and_keeps_modes() {
             fs::read(env.src.join(b)).unwrap()
         );
     }
-    let (st, log) = d.stop();
+    let (st, log) = d.stop().unwrap();
     assert!(st.success(), "{log}");
     assert_eq!(
         (snapshot(&env.net), snapshot(&env.bin), snapshot(&env.run)),
@@ -238,7 +238,7 @@ fn cleanup_after_primary_changed_removes_only_our_entry() {
     v["plugins"][0]["mtu"] = 9000.into();
     atomic_write(&conflist, &serde_json::to_vec(&v).unwrap());
     std::thread::sleep(Duration::from_millis(200));
-    let (st, _) = d.stop();
+    let (st, _) = d.stop().unwrap();
     assert!(st.success());
     let v = read_json(&conflist).unwrap();
     assert_eq!(types(&v), vec!["calico", "portmap"]);
@@ -328,7 +328,7 @@ fn pass_errors_back_off_and_recover() {
     assert_eq!(code, 503);
     assert!(body.contains("token"), "{body}");
     // Still running (no crash loop), and it recovers on its own once the token appears.
-    assert!(d.child.id() > 0);
+    assert!(d.pid() > 0);
     fs::write(env.sa.join("token"), "late-token").unwrap();
     d.wait_ready(Duration::from_secs(40));
     assert!(

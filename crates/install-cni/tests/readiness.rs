@@ -106,7 +106,7 @@ fn plugin_status_follows_the_daemon_through_sigterm_and_sigkill() {
     assert!(wait_until(T, || ready(&run)), "{}", d.log());
 
     // SIGTERM: the marker goes before the cleanup.
-    let (st, log) = d.stop();
+    let (st, log) = d.stop().unwrap();
     assert!(st.success(), "{log}");
     assert!(!run.join("istio-cni-ready").exists());
     assert!(!run.join("istio-cni-ready.lock").exists());
@@ -116,8 +116,7 @@ fn plugin_status_follows_the_daemon_through_sigterm_and_sigkill() {
     primary(&env);
     let mut d = env.start(&no_api);
     assert!(wait_until(T, || ready(&run)), "{}", d.log());
-    d.child.kill().unwrap();
-    d.child.wait().unwrap();
+    d.kill().unwrap();
     assert!(run.join("istio-cni-ready").exists());
     assert_not_ready(&run, "no longer running");
 

@@ -248,7 +248,7 @@ fn drifted_rules_are_repaired_and_traffic_lands_on_envoy_again() {
         "{:?}",
         kube.events()
     );
-    let (st, log) = d.stop();
+    let (st, log) = d.stop().unwrap();
     assert!(st.success(), "{log}");
 }
 

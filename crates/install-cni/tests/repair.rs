@@ -117,7 +117,7 @@ fn repairs_a_broken_pod_in_place_and_traffic_is_captured() {
         "a repair only writes events: {:?}",
         kube.actions()
     );
-    let (st, log) = d.stop();
+    let (st, log) = d.stop().unwrap();
     assert!(st.success(), "{log}");
 }
 

@@ -38,17 +38,7 @@ fn agent_enrolls(log: &str, field: &str) -> Vec<Duration> {
 }
 
 fn rss_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0)
+    integration::proc_stats::status_kb(pid, "VmRSS:")
 }
 
 fn row(what: &str, mut d: Vec<Duration>) {

@@ -9,29 +9,16 @@
 use cni_config::lookup::{POD_LOOKUP_SOCKET, PodQuery};
 use integration::node::{Node, NodeOptions, product_bin_dir, wait_until};
 use integration::pods::{DemoPod, PodKind};
+use integration::proc_stats;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
 fn cpu_ms(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("daemon stat");
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .collect();
-    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-    ticks * 1000.0 / 100.0
+    proc_stats::cpu_s(pid) * 1000.0
 }
 
 fn rss_mb(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0.0);
-    kb / 1024.0
+    proc_stats::status_kb(pid, "VmRSS:") as f64 / 1024.0
 }
 
 /// A plain pod (no sidecar: nothing for reconcile to do) on the node, unique name and uid.

@@ -1,17 +1,16 @@
 //! Test harness: temporary directories standing in for the host's /opt/cni/bin,
 //! /etc/cni/net.d, the service-account dir and the run dir, and the real daemon binary.
-#![allow(dead_code)]
+// Each test binary uses a part of the helpers and re-exports.
+#![allow(dead_code, unused_imports)]
 
 pub mod kube_api;
 pub mod running;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_install-cni");
@@ -91,7 +90,7 @@ impl Env {
         for (k, v) in envs {
             c.env(k, v);
         }
-        Daemon::spawn(c)
+        spawn(c)
     }
 
     pub fn kubeconfig(&self) -> PathBuf {
@@ -99,133 +98,13 @@ impl Env {
     }
 }
 
-pub struct Daemon {
-    pub child: Child,
-    pub logs: Arc<Mutex<String>>,
-    pub health: u16,
-    pub metrics: u16,
+/// The daemon in the caller's network namespace (the harness every daemon test shares:
+/// [`integration::node::Daemon`]); panics when it does not start.
+pub fn spawn(c: Command) -> Daemon {
+    Daemon::spawn(c, None).unwrap_or_else(|e| panic!("{e}"))
 }
 
-impl Daemon {
-    pub fn spawn(mut c: Command) -> Daemon {
-        let mut child = c
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn install-cni");
-        let logs = Arc::new(Mutex::new(String::new()));
-        let stderr = child.stderr.take().unwrap();
-        let l2 = logs.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if std::env::var_os("INSTALL_CNI_TEST_LOGS").is_some() {
-                    eprintln!("daemon: {line}");
-                }
-                let mut g = l2.lock().unwrap();
-                g.push_str(&line);
-                g.push('\n');
-            }
-        });
-        let mut d = Daemon {
-            child,
-            logs,
-            health: 0,
-            metrics: 0,
-        };
-        assert!(
-            d.wait_log("health_addr=", Duration::from_secs(20)),
-            "daemon did not start:\n{}",
-            d.log()
-        );
-        let log = d.log();
-        let port = |key: &str| -> u16 {
-            let at = log.find(key).unwrap() + key.len();
-            let rest = &log[at..];
-            let end = rest.find(|c: char| c.is_whitespace()).unwrap_or(rest.len());
-            rest[..end].rsplit(':').next().unwrap().parse().unwrap()
-        };
-        d.health = port("health_addr=");
-        d.metrics = port("metrics_addr=");
-        d
-    }
-
-    pub fn log(&self) -> String {
-        self.logs.lock().unwrap().clone()
-    }
-
-    pub fn wait_log(&self, needle: &str, timeout: Duration) -> bool {
-        wait_until(timeout, || self.log().contains(needle))
-    }
-
-    pub fn get(&self, path: &str) -> (u16, String) {
-        let port = if path == "/metrics" {
-            self.metrics
-        } else {
-            self.health
-        };
-        http_get(port, path)
-    }
-
-    pub fn ready(&self) -> bool {
-        self.get("/readyz").0 == 200
-    }
-
-    pub fn wait_ready(&self, timeout: Duration) {
-        assert!(
-            wait_until(timeout, || self.ready()),
-            "not ready: {:?}\n{}",
-            self.get("/readyz"),
-            self.log()
-        );
-    }
-
-    pub fn metric(&self, needle: &str) -> f64 {
-        let (_, body) = self.get("/metrics");
-        body.lines()
-            .find(|l| l.starts_with(needle))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(f64::NAN)
-    }
-
-    pub fn signal(&self, sig: &str) {
-        let st = Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(st.success());
-    }
-
-    /// SIGTERM and wait for exit.
-    pub fn stop(mut self) -> (ExitStatus, String) {
-        self.signal("TERM");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                std::thread::sleep(Duration::from_millis(50)); // let the log reader drain
-                return (st, self.log());
-            }
-            assert!(Instant::now() < deadline, "daemon did not exit on SIGTERM");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-pub use integration::node::{http_get, wait_until};
+pub use integration::node::{Daemon, http_get, wait_until};
 
 /// Every file under `dir` with its bytes and mode (for before/after comparisons).
 pub fn snapshot(dir: &Path) -> BTreeMap<String, (Vec<u8>, u32)> {
@@ -252,14 +131,6 @@ pub fn atomic_write(p: &Path, bytes: &[u8]) {
     let tmp = p.with_extension("writer-tmp");
     fs::write(&tmp, bytes).unwrap();
     fs::rename(&tmp, p).unwrap();
-}
-
-pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
 }
 
 /// Rewrites the conflist without our entry (atomic, like the primary CNI) `n` times, spaced
@@ -301,25 +172,8 @@ pub fn measure_repairs(conflist: &Path, n: usize, gap: Duration) -> Vec<Duration
 
 pub use integration::install_fixtures::*;
 
-/// A `/proc/PID/status` value in kB (`VmRSS:` ...).
-pub fn status_kb(pid: u32, key: &str) -> u64 {
-    fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find(|l| l.starts_with(key))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-/// utime + stime of the process, in seconds.
-pub fn cpu_s(pid: u32) -> f64 {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let after = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
-    ticks as f64 / 100.0 // USER_HZ
-}
+pub use integration::cni::percentile;
+pub use integration::proc_stats::{cpu_s, status_kb};
 
 /// The plugin's policy for sidecar pods with the test DaemonSet's namespace (`istio-system`).
 pub fn sidecar_policy() -> pod_policy::Policy {
