@@ -360,7 +360,6 @@ impl Node {
         }
     }
 
-    /// cnitool for this node: its conflists, its bin dir only (what a runtime's CNI_PATH is).
     /// The chain without istio-cni (bridge + host-local, portmap), from a directory of its
     /// own: what the runtime has done when it calls istio-cni. Its result is the `prevResult`
     /// [`Node::plugin_alone`] hands istio-cni; the benchmarks use the pair to time istio-cni
@@ -420,6 +419,7 @@ impl Node {
         Run::from_output(out, start.elapsed())
     }
 
+    /// cnitool for this node: its conflists, its bin dir only (what a runtime's CNI_PATH is).
     pub fn cnitool(&self) -> CniTool<'_> {
         CniTool {
             node: &self.ns,
