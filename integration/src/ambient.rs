@@ -574,6 +574,29 @@ impl AmbientNode {
         }
     }
 }
+/// Asserts that `o` landed on `probe`'s `port` (with the node's logs when not).
+#[track_caller]
+pub fn lands(n: &AmbientNode, o: &Outcome, probe: &str, port: u16) {
+    match o.landed() {
+        Some(l) if l.probe == probe && l.port == port => {}
+        _ => panic!("expected to land on {probe}:{port}, got {o}\n{}", n.logs()),
+    }
+}
+
+/// The peer address the app of `pod` saw on its last connection.
+#[track_caller]
+pub fn last_peer(pod: &Pod) -> IpAddr {
+    pod.app
+        .accepted()
+        .last()
+        .map(|a| a.peer.ip())
+        .expect("the app accepted a connection")
+}
+
+/// ztunnel's count of connections it opened with these labels.
+pub fn opened(n: &AmbientNode, labels: &[(&str, &str)]) -> f64 {
+    crate::ztunnel::metric_sum(&n.zt.metrics(), crate::ztunnel::OPENED, labels)
+}
 
 /// Makes process `pid` visible in the node's /proc as `<proc_root>/<name>`.
 pub fn link_process(proc_root: &Path, name: &str, pid: u32) -> io::Result<()> {

@@ -356,6 +356,9 @@ pub fn serves_nothing(ns: &Path) -> io::Result<bool> {
 
 /// Sums the samples of `name` (Prometheus text format) whose label set contains every
 /// `key="value"` of `labels`.
+/// ztunnel's counter of TCP connections it opened (by reporter, source and destination).
+pub const OPENED: &str = "istio_tcp_connections_opened_total";
+
 pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))

@@ -13,18 +13,18 @@ use std::time::Duration;
 use capture::ambient_constants::HOST_PROBE_SNAT_V4;
 use integration::ambient::DATAPLANE_MODE;
 use integration::ambient::{
-    AmbientNode, AmbientOptions, BOUND, KUBELET_UID, Mode, OTHER_UID, Pod, PodPlan, tables,
+    AmbientNode, AmbientOptions, BOUND, KUBELET_UID, Mode, OTHER_UID, PodPlan, tables,
 };
+use integration::ambient::{lands, last_peer, opened};
 use integration::cni::require_cni_tools;
 use integration::dns::query_a;
 use integration::node::{GATEWAY_V4, wait_until};
 use integration::pods::APP_UID;
-use integration::ztunnel::{LocalService, metric_sum, ztunnel_binary};
-use integration::{ConnectSpec, Outcome, Probe, send_udp};
+use integration::ztunnel::{LocalService, ztunnel_binary};
+use integration::{ConnectSpec, Probe, send_udp};
 use serde_json::json;
 
 const APP: u16 = integration::ambient::APP_PORT;
-const OPENED: &str = "istio_tcp_connections_opened_total";
 
 fn prerequisites() -> Option<PathBuf> {
     require_cni_tools();
@@ -54,27 +54,6 @@ fn service_b() -> LocalService {
         target_port: APP,
         endpoints: vec!["b".into()],
     }
-}
-
-#[track_caller]
-fn lands(n: &AmbientNode, o: &Outcome, probe: &str, port: u16) {
-    match o.landed() {
-        Some(l) if l.probe == probe && l.port == port => {}
-        _ => panic!("expected to land on {probe}:{port}, got {o}\n{}", n.logs()),
-    }
-}
-
-/// The peer address the app of `pod` saw on its last connection.
-fn last_peer(pod: &Pod) -> IpAddr {
-    pod.app
-        .accepted()
-        .last()
-        .map(|a| a.peer.ip())
-        .expect("the app accepted a connection")
-}
-
-fn opened(n: &AmbientNode, labels: &[(&str, &str)]) -> f64 {
-    metric_sum(&n.zt.metrics(), OPENED, labels)
 }
 
 fn readyz(n: &AmbientNode) -> u16 {

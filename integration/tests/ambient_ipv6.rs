@@ -21,15 +21,15 @@ use capture::ambient_constants::{HOST_PROBE_SNAT_V4, HOST_PROBE_SNAT_V6};
 use integration::ambient::{
     AmbientNode, AmbientOptions, KUBELET_UID, Mode, OTHER_UID, Pod, PodPlan,
 };
+use integration::ambient::{lands, last_peer, opened};
 use integration::cni::require_cni_tools;
 use integration::dns::query_a;
 use integration::node::{GATEWAY_V4, GATEWAY_V6};
 use integration::pods::APP_UID;
-use integration::ztunnel::{LocalService, metric_sum, ztunnel_binary};
-use integration::{ConnectSpec, Outcome, Probe, send_udp};
+use integration::ztunnel::{LocalService, ztunnel_binary};
+use integration::{ConnectSpec, Probe, send_udp};
 
 const APP: u16 = integration::ambient::APP_PORT;
-const OPENED: &str = "istio_tcp_connections_opened_total";
 const SERVICE: &str = "b.default.svc.cluster.local";
 
 fn prerequisites() -> Option<PathBuf> {
@@ -65,27 +65,6 @@ fn options(ipv6: bool) -> AmbientOptions {
         dual_stack: true,
         ..AmbientOptions::default()
     }
-}
-
-#[track_caller]
-fn lands(n: &AmbientNode, o: &Outcome, probe: &str, port: u16) {
-    match o.landed() {
-        Some(l) if l.probe == probe && l.port == port => {}
-        _ => panic!("expected to land on {probe}:{port}, got {o}\n{}", n.logs()),
-    }
-}
-
-/// The peer address the app of `pod` saw on its last connection.
-fn last_peer(pod: &Pod) -> IpAddr {
-    pod.app
-        .accepted()
-        .last()
-        .map(|a| a.peer.ip())
-        .expect("the app accepted a connection")
-}
-
-fn opened(n: &AmbientNode, labels: &[(&str, &str)]) -> f64 {
-    metric_sum(&n.zt.metrics(), OPENED, labels)
 }
 
 /// `nft -s list table inet <name>` inside the pod (no counters; empty when there is none).

@@ -8,10 +8,11 @@
 //! binary (`integration/scripts/build-ztunnel.sh`); under `CI=true` nothing skips.
 
 use capture::ambient_constants::{HOST_PROBE_SNAT_V4, PROBE_SET_V4};
-use integration::ambient::{AmbientNode, AmbientOptions, KUBELET_UID, Mode, Pod, PodPlan, tables};
+use integration::TestNetns;
+use integration::ambient::{AmbientNode, AmbientOptions, KUBELET_UID, Mode, PodPlan, tables};
+use integration::ambient::{lands, last_peer};
 use integration::cni::require_cni_tools;
 use integration::ztunnel::ztunnel_binary;
-use integration::{Outcome, TestNetns};
 use std::net::IpAddr;
 use std::path::PathBuf;
 
@@ -37,19 +38,6 @@ fn legacy_node() -> AmbientOptions {
         env: vec![("REDIRECT_BACKEND".into(), "iptables-legacy".into())],
         ..AmbientOptions::default()
     }
-}
-
-#[track_caller]
-fn lands(n: &AmbientNode, o: &Outcome, probe: &str, port: u16) {
-    match o.landed() {
-        Some(l) if l.probe == probe && l.port == port => {}
-        _ => panic!("expected to land on {probe}:{port}, got {o}\n{}", n.logs()),
-    }
-}
-
-fn last_peer(pod: &Pod) -> IpAddr {
-    let acc = pod.app.accepted();
-    acc.last().map(|a| a.peer.ip()).expect("a connection")
 }
 
 /// No nftables table in `ns`, anyone's.

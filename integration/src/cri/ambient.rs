@@ -44,7 +44,7 @@ pub const APP_PORT: u16 = 8080;
 /// Bound on every wait (ztunnel's reconnect backoff grows to seconds).
 pub const BOUND: Duration = Duration::from_secs(30);
 /// ztunnel's metric of opened connections.
-pub const OPENED: &str = "istio_tcp_connections_opened_total";
+pub use crate::ztunnel::OPENED;
 
 /// How a pod is (or is not) enrolled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,14 +8,12 @@ use capture::ambient_constants::HOST_PROBE_SNAT_V4;
 use integration::Outcome;
 use integration::Probe;
 use integration::ambient::{
-    APP_PORT, AmbientNode, AmbientOptions, KUBELET_UID, Mode, Pod, PodPlan,
+    APP_PORT, AmbientNode, AmbientOptions, KUBELET_UID, Mode, Pod, PodPlan, opened,
 };
 use integration::node::{GATEWAY_V4, wait_until};
-use integration::ztunnel::{metric_sum, ztunnel_binary};
+use integration::ztunnel::ztunnel_binary;
 use std::net::IpAddr;
 use std::time::Duration;
-
-const OPENED: &str = "istio_tcp_connections_opened_total";
 
 fn plans() -> [PodPlan; 3] {
     [
@@ -81,10 +79,6 @@ fn landed(what: &str, o: &Outcome, probe: &str, port: u16) -> bool {
         .is_some_and(|l| l.probe == probe && l.port == port);
     println!("{what:<52} {:<28} {}", o.to_string(), verdict(good));
     good
-}
-
-fn opened(n: &AmbientNode, labels: &[(&str, &str)]) -> f64 {
-    metric_sum(&n.zt.metrics(), OPENED, labels)
 }
 
 fn counted(what: &str, mut check: impl FnMut() -> bool) -> bool {
