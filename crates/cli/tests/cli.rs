@@ -1,16 +1,12 @@
 //! The `istio-nftables` binary end to end, against real namespaces.
 
+mod common;
+
 use integration::{TestNetns, require_root};
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
-/// The CLI under test: the shipped build when `ISTIO_CNI_BIN_DIR` is set, else this crate's.
-static CLI: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    integration::node::product_binary("istio-nftables", env!("CARGO_BIN_EXE_istio-nftables"))
-        .display()
-        .to_string()
-});
-
+use common::CLI;
 /// The CNI default sidecar flags.
 use integration::CNI_DEFAULT_FLAGS as DEFAULT;
 

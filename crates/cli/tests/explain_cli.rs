@@ -2,18 +2,14 @@
 //! agreement and its exit status, the legacy path (and `--trace` refused there), and bad input
 //! naming the argument and value with exit status 2.
 
+mod common;
+
 use capture::{Config, Facts, InterceptionMode, Ipv6Mode, Plan};
+use common::{CLI, text};
 use integration::*;
 use redirect::{Backend, BackendChoice};
 use serde_json::Value;
 use std::process::{Command, Output};
-
-/// The CLI under test: the shipped build when `ISTIO_CNI_BIN_DIR` is set, else this crate's.
-static CLI: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    integration::node::product_binary("istio-nftables", env!("CARGO_BIN_EXE_istio-nftables"))
-        .display()
-        .to_string()
-});
 
 fn explain(args: &[&str]) -> Output {
     Command::new(CLI.as_str())
@@ -21,15 +17,6 @@ fn explain(args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 fn pod(backend: Backend, mode: InterceptionMode) -> (PodWorld, [Probe; 2]) {

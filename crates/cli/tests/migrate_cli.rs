@@ -2,18 +2,14 @@
 //! rules checked after each step, the no-op, a refused new program that leaves the old rules,
 //! and bad input (exit 2 naming the argument, namespace untouched).
 
+mod common;
+
+use common::{CLI, text};
 use integration::{TestNetns, require_root};
 use redirect::Backend;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output};
-
-/// The CLI under test: the shipped build when `ISTIO_CNI_BIN_DIR` is set, else this crate's.
-static CLI: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    integration::node::product_binary("istio-nftables", env!("CARGO_BIN_EXE_istio-nftables"))
-        .display()
-        .to_string()
-});
 
 /// The CNI default sidecar flags, dual stack.
 fn pod() -> Vec<&'static str> {
@@ -27,15 +23,6 @@ fn cli(args: &[&str], env: &[(&str, &str)]) -> Output {
         c.env(k, v);
     }
     c.output().unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// `istio-nftables migrate --to TO --network-namespace NS <pod flags> <extra>`.
