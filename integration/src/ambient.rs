@@ -100,23 +100,13 @@ impl PodPlan {
 
     /// The Pod JSON the API server returns for it (before kubelet reports its IP).
     pub fn demo_pod(&self) -> DemoPod {
-        let mut pod = match self.mode {
-            Mode::Sidecar => DemoPod::new(PodKind::Sidecar, &self.name),
-            Mode::Ambient | Mode::Plain => DemoPod::new(PodKind::NoSidecar, &self.name),
+        let kind = match self.mode {
+            Mode::Sidecar => PodKind::Sidecar,
+            Mode::Ambient | Mode::Plain => PodKind::NoSidecar,
         };
-        let j = &mut pod.json;
-        j["metadata"]["name"] = self.name.clone().into();
-        j["metadata"]["namespace"] = POD_NAMESPACE.into();
-        j["metadata"]["uid"] = format!("uid-{}", self.name).into();
-        j["metadata"]["labels"] = json!({"app": self.name});
-        if self.mode == Mode::Ambient {
-            j["metadata"]["labels"][DATAPLANE_MODE] = "ambient".into();
-        }
-        j["spec"]["nodeName"] = NODE_NAME.into();
-        j["spec"]["serviceAccountName"] = self.name.clone().into();
-        j["status"] = json!({"phase": "Pending"});
-        pod.namespace = POD_NAMESPACE.into();
-        pod
+        let uid = format!("uid-{}", self.name);
+        let ambient = self.mode == Mode::Ambient;
+        DemoPod::scheduled(kind, &self.name, POD_NAMESPACE, &uid, NODE_NAME, ambient)
     }
 }
 
@@ -564,14 +554,8 @@ impl AmbientNode {
 
     /// Polls `check` until it holds; panics with `what` and the logs if not within [`BOUND`].
     #[track_caller]
-    pub fn eventually(&self, what: &str, mut check: impl FnMut() -> bool) {
-        let deadline = Instant::now() + BOUND;
-        while !check() {
-            if Instant::now() > deadline {
-                panic!("{what}: not within {BOUND:?}\n{}", self.logs());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+    pub fn eventually(&self, what: &str, check: impl FnMut() -> bool) {
+        eventually(what, || self.logs(), check);
     }
 }
 /// Asserts that `o` landed on `probe`'s `port` (with the node's logs when not).
@@ -596,6 +580,19 @@ pub fn last_peer(pod: &Pod) -> IpAddr {
 /// ztunnel's count of connections it opened with these labels.
 pub fn opened(n: &AmbientNode, labels: &[(&str, &str)]) -> f64 {
     crate::ztunnel::metric_sum(&n.zt.metrics(), crate::ztunnel::OPENED, labels)
+}
+
+/// Polls `check` every 50 ms (ztunnel's metrics are read over HTTP) until it holds; panics
+/// with `what` and `logs()` if not within [`BOUND`].
+#[track_caller]
+pub(crate) fn eventually(what: &str, logs: impl Fn() -> String, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + BOUND;
+    while !check() {
+        if Instant::now() > deadline {
+            panic!("{what}: not within {BOUND:?}\n{}", logs());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Makes process `pid` visible in the node's /proc as `<proc_root>/<name>`.

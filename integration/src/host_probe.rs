@@ -1,6 +1,7 @@
 //! Shared scaffolding of the host probe rule's kernel tests (the nft backend's
 //! `crates/nft/tests/ambient_host.rs`, the legacy backend's
-//! `crates/iptables-legacy/tests/ambient_host.rs`, `crates/redirect/tests/host_probe.rs`): a
+//! `crates/iptables-legacy/tests/ambient_host.rs`, `crates/redirect/tests/host_probe.rs`, and
+//! explain's host rule tests): a
 //! "node" namespace (the world side of a [`crate::PodWorld`]) holding the host rule, a pod
 //! with ambient's in-pod rules and a stand-in ztunnel, connections from the node as kubelet's
 //! uid or another one.
@@ -42,4 +43,22 @@ pub fn seen_from(probe: &Probe, node: &Path, spec: &ConnectSpec) -> (u16, IpAddr
     let acc = probe.accepted();
     assert_eq!(acc.len(), before + 1, "{acc:?}");
     (port, acc[before].peer.ip())
+}
+
+/// An IPv4 ambient pod and its node (the world side): the pod has the default in-pod rules
+/// (nft), the node the nft host probe rule for the kubelet's uid `kubelet_uid` with the pod's
+/// address in its set. Returns the two and the host rule's plan.
+pub fn nft_pod_on_node(kubelet_uid: u32) -> (crate::PodWorld, Plan) {
+    let w = crate::PodWorld::ipv4_only().expect("pod and world namespaces");
+    let inpod = Plan::ambient(&capture::AmbientConfig::default()).expect("the in-pod plan");
+    let nft = redirect::BackendChoice::Fixed(redirect::Backend::Nft);
+    redirect::apply(&inpod, Some(w.pod.path()), nft).expect("the in-pod rules");
+    let host = host_plan(ProbeSource::KubeletUid(kubelet_uid), false);
+    let pod = IpAddr::V4(w.pod_v4);
+    in_ns(w.world.path(), || {
+        nft_backend::ambient_host::ensure(&host)?;
+        nft_backend::ambient_host::add_pod_ips(&host, &[pod], "uid-a")
+    })
+    .expect("the host rule");
+    (w, host)
 }

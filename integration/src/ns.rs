@@ -1,5 +1,6 @@
 //! Throwaway network namespaces and the pod/world topology.
 
+use crate::probe::{ConnectSpec, Outcome, connect, send_udp};
 use std::io::{self, Write};
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
@@ -128,6 +129,36 @@ pub struct PodWorld {
 }
 
 impl PodWorld {
+    /// Opens `c` for real: outbound from the pod, inbound from the world, with its source,
+    /// uid, gid and mark, through `zone` when given (link-local addresses); where it landed.
+    /// What `explain`'s answers are compared with.
+    pub fn open(&self, c: &explain::Connection, zone: Option<&str>) -> Outcome {
+        let mut spec = ConnectSpec::new(c.dst.ip(), c.dst.port());
+        if let Some(z) = zone {
+            spec = spec.zone(z);
+        }
+        if let Some(s) = c.src {
+            spec = spec.src(s);
+        }
+        if let Some(u) = c.uid {
+            spec = spec.uid(u);
+        }
+        if let Some(g) = c.gid {
+            spec = spec.gid(g);
+        }
+        if let Some(m) = c.mark {
+            spec = spec.mark(m);
+        }
+        let ns = match c.direction {
+            explain::Direction::Outbound => self.pod.path(),
+            explain::Direction::Inbound => self.world.path(),
+        };
+        match c.protocol {
+            explain::Protocol::Tcp => connect(ns, &spec),
+            explain::Protocol::Udp => send_udp(ns, &spec),
+        }
+    }
+
     /// Dual-stack pod.
     pub fn new() -> io::Result<Self> {
         Self::build(true)

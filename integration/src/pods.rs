@@ -69,6 +69,34 @@ pub struct DemoPod {
 }
 
 impl DemoPod {
+    /// A workload pod as the API server returns it once scheduled on `node` and before
+    /// kubelet reports its IP (Pending): in `namespace` with `uid`, labelled `app=<name>` (and
+    /// `istio.io/dataplane-mode=ambient` when `ambient_label`), its service account named
+    /// after it (ztunnel's identity).
+    pub fn scheduled(
+        kind: PodKind,
+        name: &str,
+        namespace: &str,
+        uid: &str,
+        node: &str,
+        ambient_label: bool,
+    ) -> DemoPod {
+        let mut pod = DemoPod::new(kind, name);
+        let j = &mut pod.json;
+        j["metadata"]["name"] = name.into();
+        j["metadata"]["namespace"] = namespace.into();
+        j["metadata"]["uid"] = uid.into();
+        j["metadata"]["labels"] = serde_json::json!({"app": name});
+        if ambient_label {
+            j["metadata"]["labels"][crate::ambient::DATAPLANE_MODE] = "ambient".into();
+        }
+        j["spec"]["nodeName"] = node.into();
+        j["spec"]["serviceAccountName"] = name.into();
+        j["status"] = serde_json::json!({"phase": "Pending"});
+        pod.namespace = namespace.into();
+        pod
+    }
+
     /// The pod of `kind`, named `name` (in `default`, or `kube-system` for the excluded one).
     pub fn new(kind: PodKind, name: &str) -> DemoPod {
         let mut json: Value = serde_json::from_str(match kind {

@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::TestNetns;
+use crate::{Listen, TestNetns};
 
 /// Where `build-ztunnel.sh` installs the binary; `$ZTUNNEL_BIN` overrides.
 pub const DEFAULT_ZTUNNEL_BIN: &str = "/usr/local/bin/ztunnel-test";
@@ -103,6 +103,18 @@ pub struct LocalService {
 }
 
 impl LocalService {
+    /// Service `name` in `default` whose one endpoint is the workload of the same name.
+    pub fn for_workload(name: &str, vip: IpAddr, port: u16, target_port: u16) -> LocalService {
+        LocalService {
+            name: name.into(),
+            namespace: "default".into(),
+            vip,
+            port,
+            target_port,
+            endpoints: vec![name.into()],
+        }
+    }
+
     pub fn hostname(&self) -> String {
         format!("{}.{}.svc.cluster.local", self.name, self.namespace)
     }
@@ -356,8 +368,41 @@ pub fn serves_nothing(ns: &Path) -> io::Result<bool> {
 
 /// Sums the samples of `name` (Prometheus text format) whose label set contains every
 /// `key="value"` of `labels`.
+/// A stand-in for ztunnel inside a pod, for the rule tests that run without it: its in-pod
+/// listeners (15001 outbound, 15006 TPROXY inbound, 15008 HBONE, DNS on 15053 over UDP and
+/// TCP) and the app's 8080 as one probe, which reports the port a connection landed on.
+pub const ZTUNNEL_STAND_IN: [Listen; 6] = [
+    Listen::tcp(15001),
+    Listen::tproxy(15006),
+    Listen::tcp(15008),
+    Listen::udp(15053),
+    Listen::tcp(15053),
+    Listen::tcp(8080),
+];
+
 /// ztunnel's counter of TCP connections it opened (by reporter, source and destination).
 pub const OPENED: &str = "istio_tcp_connections_opened_total";
+
+/// The labels of a connection `src` → `dst` over HBONE as the destination's ztunnel counts it
+/// in [`OPENED`] (mutual TLS).
+pub fn hbone_labels<'a>(src: &'a str, dst: &'a str) -> [(&'static str, &'a str); 4] {
+    [
+        ("reporter", "destination"),
+        ("source_workload", src),
+        ("destination_workload", dst),
+        ("connection_security_policy", "mutual_tls"),
+    ]
+}
+
+/// The labels of a connection from `src` to a destination outside the mesh, passed through
+/// by `src`'s ztunnel, as it counts it in [`OPENED`].
+pub fn passthrough_labels(src: &str) -> [(&'static str, &str); 3] {
+    [
+        ("reporter", "source"),
+        ("source_workload", src),
+        ("destination_workload", "unknown"),
+    ]
+}
 
 pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     text.lines()

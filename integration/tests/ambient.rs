@@ -20,7 +20,7 @@ use integration::cni::require_cni_tools;
 use integration::dns::query_a;
 use integration::node::{GATEWAY_V4, wait_until};
 use integration::pods::APP_UID;
-use integration::ztunnel::{LocalService, ztunnel_binary};
+use integration::ztunnel::{LocalService, hbone_labels, passthrough_labels, ztunnel_binary};
 use integration::{ConnectSpec, Probe, send_udp};
 use serde_json::json;
 
@@ -46,14 +46,7 @@ fn sidecar() -> PodPlan {
 
 /// B behind a service VIP, whose name ztunnel's DNS proxy answers.
 fn service_b() -> LocalService {
-    LocalService {
-        name: "b".into(),
-        namespace: "default".into(),
-        vip: "10.96.0.20".parse().unwrap(),
-        port: 80,
-        target_port: APP,
-        endpoints: vec!["b".into()],
-    }
+    LocalService::for_workload("b", "10.96.0.20".parse().unwrap(), 80, APP)
 }
 
 fn readyz(n: &AmbientNode) -> u16 {
@@ -137,11 +130,7 @@ fn ambient_pods_through_the_chain_talk_hbone_and_others_are_left_alone() {
 
     // A -> a non-mesh address: through ztunnel's outbound (15001), passed through to the
     // original destination, counted with an unknown destination.
-    let unknown = [
-        ("reporter", "source"),
-        ("source_workload", "a"),
-        ("destination_workload", "unknown"),
-    ];
+    let unknown = passthrough_labels("a");
     let before = opened(&n, &unknown);
     let o = n.from_pod(&pa, gateway, 80);
     lands(&n, &o, "world", 80);
@@ -274,15 +263,7 @@ fn restarts_keep_pods_served_and_labels_enroll_and_unenroll_running_pods() {
     let o = n.from_pod(&pa, pl.ip(), APP);
     lands(&n, &o, "late", APP);
     n.eventually("A -> late over mTLS", || {
-        opened(
-            &n,
-            &[
-                ("reporter", "destination"),
-                ("source_workload", "a"),
-                ("destination_workload", "late"),
-                ("connection_security_policy", "mutual_tls"),
-            ],
-        ) >= 1.0
+        opened(&n, &hbone_labels("a", "late")) >= 1.0
     });
     // Removing the label unenrolls it: ztunnel gone, rules and probe-set entry removed.
     n.label(&pl, None);

@@ -21,7 +21,9 @@ use integration::cni::{pod_ip, require_cni_tools};
 use integration::dns::query_a;
 use integration::node::{GATEWAY_V4, Node, NodeOptions};
 use integration::pods::{APP_UID, DemoPod, PodKind};
-use integration::ztunnel::{LocalService, LocalWorkload, Ztunnel, serves_pod, ztunnel_binary};
+use integration::ztunnel::{
+    LocalService, LocalWorkload, Ztunnel, passthrough_labels, serves_pod, ztunnel_binary,
+};
 use integration::{ConnectSpec, Listen, Outcome, Probe, TestNetns, connect};
 use zds::{WorkloadInfo, ZdsServer};
 
@@ -147,14 +149,7 @@ fn two_ambient_pods_talk_hbone_through_a_real_ztunnel_on_our_rules() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ztunnel.sock");
     let server = ZdsServer::bind(&socket, Default::default()).unwrap();
-    let service = LocalService {
-        name: "b".into(),
-        namespace: "default".into(),
-        vip: SERVICE_VIP.into(),
-        port: SERVICE_PORT,
-        target_port: APP_PORT,
-        endpoints: vec!["b".into()],
-    };
+    let service = LocalService::for_workload("b", SERVICE_VIP.into(), SERVICE_PORT, APP_PORT);
     let zt = Ztunnel::start_with_services(&bin, &socket, &[workload(&a), workload(&b)], &[service])
         .unwrap();
     assert!(
@@ -212,11 +207,7 @@ fn two_ambient_pods_talk_hbone_through_a_real_ztunnel_on_our_rules() {
 
     // A -> a non-mesh address: through ztunnel's outbound (15001), passed through to the
     // original destination, and counted by ztunnel with an unknown destination.
-    let unknown_dst = [
-        ("reporter", "source"),
-        ("source_workload", "a"),
-        ("destination_workload", "unknown"),
-    ];
+    let unknown_dst = passthrough_labels("a");
     let before = zt.metric(opened, &unknown_dst);
     let o = app_connect(&a, gateway, 80);
     landed_on(&o, &zt, "world", 80);

@@ -26,7 +26,7 @@ use integration::cni::require_cni_tools;
 use integration::dns::query_a;
 use integration::node::{GATEWAY_V4, GATEWAY_V6};
 use integration::pods::APP_UID;
-use integration::ztunnel::{LocalService, ztunnel_binary};
+use integration::ztunnel::{LocalService, hbone_labels, passthrough_labels, ztunnel_binary};
 use integration::{ConnectSpec, Probe, send_udp};
 
 const APP: u16 = integration::ambient::APP_PORT;
@@ -48,14 +48,7 @@ fn pods(net: u8) -> (PodPlan, PodPlan) {
 
 /// B behind a service VIP, whose name only ztunnel's DNS proxy knows.
 fn service_b() -> LocalService {
-    LocalService {
-        name: "b".into(),
-        namespace: "default".into(),
-        vip: "10.96.0.20".parse().unwrap(),
-        port: 80,
-        target_port: APP,
-        endpoints: vec!["b".into()],
-    }
+    LocalService::for_workload("b", "10.96.0.20".parse().unwrap(), 80, APP)
 }
 
 fn options(ipv6: bool) -> AmbientOptions {
@@ -110,12 +103,7 @@ fn dual_stack_ambient_pods_talk_hbone_over_ipv6_and_probes_and_dns_work_on_ipv6(
 
     // A -> B:8080 over IPv6: through A's ztunnel (15001) over HBONE to B's ztunnel (15008,
     // mutual TLS) to B's app, which sees A's IPv6 address.
-    let mtls = [
-        ("reporter", "destination"),
-        ("source_workload", "a"),
-        ("destination_workload", "b"),
-        ("connection_security_policy", "mutual_tls"),
-    ];
+    let mtls = hbone_labels("a", "b");
     let before = opened(&n, &mtls);
     let o = n.from_pod(&pa, pb.ip6(), APP);
     lands(&n, &o, "b", APP);
@@ -159,11 +147,7 @@ fn dual_stack_ambient_pods_talk_hbone_over_ipv6_and_probes_and_dns_work_on_ipv6(
 
     // A -> a non-mesh IPv6 address: through A's ztunnel outbound (15001), passed through.
     let outside = Probe::world(n.node.ns.path()).unwrap();
-    let unknown = [
-        ("reporter", "source"),
-        ("source_workload", "a"),
-        ("destination_workload", "unknown"),
-    ];
+    let unknown = passthrough_labels("a");
     let before = opened(&n, &unknown);
     let o = n.from_pod(&pa, gateway6, 80);
     lands(&n, &o, "world", 80);
@@ -236,12 +220,7 @@ fn with_ambient_ipv6_off_ipv6_is_left_alone_and_ipv4_still_goes_through_ztunnel(
 
     // A -> B over IPv6 goes straight to B's app; A -> B over IPv4 through ztunnel. Only the
     // IPv4 one is counted (the IPv6 one went first).
-    let mtls = [
-        ("reporter", "destination"),
-        ("source_workload", "a"),
-        ("destination_workload", "b"),
-        ("connection_security_policy", "mutual_tls"),
-    ];
+    let mtls = hbone_labels("a", "b");
     let before = opened(&n, &mtls);
     let o = n.from_pod(&pa, pb.ip6(), APP);
     lands(&n, &o, "b", APP);

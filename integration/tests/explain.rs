@@ -245,27 +245,6 @@ fn expected(
     }
 }
 
-fn probe(w: &PodWorld, c: &Connection) -> Outcome {
-    let mut spec = ConnectSpec::new(c.dst.ip(), c.dst.port());
-    if let Some(s) = c.src {
-        spec = spec.src(s);
-    }
-    if let Some(u) = c.uid {
-        spec = spec.uid(u);
-    }
-    if let Some(g) = c.gid {
-        spec = spec.gid(g);
-    }
-    let ns = match c.direction {
-        Direction::Outbound => w.pod.path(),
-        Direction::Inbound => w.world.path(),
-    };
-    match c.protocol {
-        Protocol::Tcp => connect(ns, &spec),
-        Protocol::Udp => send_udp(ns, &spec),
-    }
-}
-
 fn agrees_with_probe(exp: &Result<(String, u16), &'static str>, out: &Outcome) -> bool {
     match (exp, out) {
         (Ok((probe, port)), Outcome::Landed(l)) => &l.probe == probe && l.port == *port,
@@ -329,7 +308,7 @@ fn run_scenario(
         };
         *tally.lock().unwrap().entry(kind(&e.outcome)).or_default() += 1;
         let want = expected(&e.outcome.landing(), c.conn.protocol, w);
-        let got = probe(w, &c.conn);
+        let got = w.open(&c.conn, None);
         if !agrees_with_probe(&want, &got) {
             failures.push(format!(
                 "{name} [{backend}] {}: static says {} (expect {want:?}), probe {got}\n{}",
@@ -634,7 +613,7 @@ fn tproxy_loopback_of_the_proxy_identity_is_traced_through_its_second_pass() {
             e.summary,
             ex::render_text(&e)
         );
-        let got = probe(w, &c.conn);
+        let got = w.open(&c.conn, None);
         assert!(
             agrees_with_probe(&Ok(("pod".into(), 15006)), &got),
             "{}: probe {got}",

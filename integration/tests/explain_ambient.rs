@@ -7,9 +7,10 @@
 //! kubelet's uid says SNAT to 169.254.7.127, the pod's inbound explanation from that address
 //! says "not captured", and the real probe lands on the app seen from 169.254.7.127.
 
-use capture::{AmbientConfig, HostProbeConfig, Plan, ProbeSource, ambient_constants};
+use capture::{AmbientConfig, Plan, ambient_constants};
 use explain::trace::{self, TraceHow};
 use explain::{self as ex, Connection, Direction, Landing, Protocol};
+use integration::ztunnel::ZTUNNEL_STAND_IN as ZTUNNEL;
 use integration::*;
 use redirect::{Backend, BackendChoice};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -18,15 +19,6 @@ use std::path::Path;
 const APP: u32 = 1000;
 const KUBELET: u32 = 4242;
 const ZTUNNEL_MARK: u32 = ambient_constants::INPOD_MARK;
-
-const ZTUNNEL: [Listen; 6] = [
-    Listen::tcp(15001),
-    Listen::tproxy(15006),
-    Listen::tcp(15008),
-    Listen::udp(15053),
-    Listen::tcp(15053),
-    Listen::tcp(8080),
-];
 
 struct Case {
     name: String,
@@ -112,30 +104,6 @@ fn cases(w: &PodWorld) -> Vec<Case> {
     out
 }
 
-fn probe(w: &PodWorld, c: &Connection) -> Outcome {
-    let mut spec = ConnectSpec::new(c.dst.ip(), c.dst.port());
-    if let Some(s) = c.src {
-        spec = spec.src(s);
-    }
-    if let Some(u) = c.uid {
-        spec = spec.uid(u);
-    }
-    if let Some(g) = c.gid {
-        spec = spec.gid(g);
-    }
-    if let Some(m) = c.mark {
-        spec = spec.mark(m);
-    }
-    let ns = match c.direction {
-        Direction::Outbound => w.pod.path(),
-        Direction::Inbound => w.world.path(),
-    };
-    match c.protocol {
-        Protocol::Tcp => connect(ns, &spec),
-        Protocol::Udp => send_udp(ns, &spec),
-    }
-}
-
 /// What the static explanation's landing means for the probe.
 fn predicted(l: &Landing, w: &PodWorld) -> Option<(&'static str, u16)> {
     let world: [IpAddr; 2] = [w.world_v4.into(), w.world_v6.unwrap().into()];
@@ -211,7 +179,7 @@ fn scenario(backend: Backend) -> Vec<String> {
         let facts = ex::namespace_facts(Some(w.pod.path()), &c.conn).unwrap();
         let e = ex::explain_with(&rs, &c.conn, &facts).unwrap();
         let said = predicted(&e.outcome.landing(), &w);
-        let got = probe(&w, &c.conn);
+        let got = w.open(&c.conn, None);
         let landed = got.landed().map(|l| (l.probe.as_str(), l.port));
         if said != Some(c.want) || landed != Some(c.want) {
             failures.push(format!(
@@ -267,26 +235,8 @@ fn from_node(w: &PodWorld, app: &Probe, uid: u32) -> (u16, IpAddr) {
 #[test]
 fn host_probe_rule_is_explained_from_the_node_and_confirmed() {
     require_root();
-    let w = PodWorld::ipv4_only().unwrap();
+    let (w, host) = integration::host_probe::nft_pod_on_node(KUBELET);
     let (node, pod) = (w.world.path(), IpAddr::V4(w.pod_v4));
-    let inpod = Plan::ambient(&AmbientConfig::default()).unwrap();
-    redirect::apply(
-        &inpod,
-        Some(w.pod.path()),
-        BackendChoice::Fixed(Backend::Nft),
-    )
-    .unwrap();
-    let host = Plan::ambient_host(&HostProbeConfig::new(
-        ProbeSource::KubeletUid(KUBELET),
-        false,
-    ))
-    .unwrap();
-    netns::run_in(Some(node), || {
-        nft_backend::ambient_host::ensure(&host)?;
-        nft_backend::ambient_host::add_pod_ips(&host, &[pod], "uid-a")
-    })
-    .unwrap()
-    .unwrap();
     let ztunnel = Probe::start(w.pod.path(), "pod", &ZTUNNEL).unwrap();
     let snat = IpAddr::V4(ambient_constants::HOST_PROBE_SNAT_V4);
     let host_rs = ex::live_ruleset(Some(node)).unwrap();

@@ -95,22 +95,6 @@ fn cases(w: &PodWorld) -> Vec<(&'static str, Connection, (&'static str, u16))> {
     ]
 }
 
-/// The real connection: outbound from the pod through the zone's interface, inbound from
-/// the world through its eth0 (its side of the same link).
-fn probe(w: &PodWorld, c: &Connection) -> Outcome {
-    let mut spec = ConnectSpec::new(c.dst.ip(), c.dst.port()).zone("eth0");
-    if let Some(s) = c.src {
-        spec = spec.src(s);
-    }
-    if let (Some(u), Some(g)) = (c.uid, c.gid) {
-        spec = spec.uid(u).gid(g);
-    }
-    match c.direction {
-        Direction::Outbound => connect(w.pod.path(), &spec),
-        Direction::Inbound => connect(w.world.path(), &spec),
-    }
-}
-
 #[test]
 fn link_local_connections_are_explained_in_both_directions_and_agree_with_reality() {
     require_root();
@@ -136,7 +120,7 @@ fn link_local_connections_are_explained_in_both_directions_and_agree_with_realit
             assert_eq!(via.0, Some("eth0"), "{backend} {name}:\n{text}");
             assert!(text.contains(via.1), "{text}");
             assert_eq!(e.connection.zone.as_deref(), Some("eth0"), "{text}");
-            let got = probe(&w, &conn);
+            let got = w.open(&conn, Some("eth0"));
             if probe_name == "dropped" {
                 // The app's redirect to [::1]:15001 on a socket bound to eth0: no route.
                 assert_eq!(got, Outcome::Timeout, "{backend} {name}");

@@ -4,7 +4,10 @@
 //! sidecar and an ambient pod; `--mark`; `--host` (the node's probe rule, kubelet's uid);
 //! bad pods and flags exit 2 naming the argument and the pod.
 
-use capture::{AmbientConfig, Config, Facts, HostProbeConfig, Ipv6Mode, Plan, ProbeSource};
+mod common;
+
+use capture::{AmbientConfig, Config, Facts, Ipv6Mode, Plan};
+use common::{CLI, text};
 use integration::ambient::{link_process, sleep_binary, spawn_in};
 use integration::kube_api::FakeKube;
 use integration::*;
@@ -13,26 +16,16 @@ use serde_json::{Value, json};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
-const CLI: &str = env!("CARGO_BIN_EXE_istio-nftables");
 const KUBELET: u32 = 4242;
 
 fn explain(args: &[&str]) -> Output {
-    Command::new(CLI)
+    Command::new(CLI.as_str())
         .arg("explain")
         .args(args)
         .env_remove("KUBECONFIG")
         .env_remove("KUBERNETES_SERVICE_HOST")
         .output()
         .unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 fn json_of(o: &Output) -> Value {
@@ -309,27 +302,9 @@ fn bad_pods_exit_2_naming_the_pod() {
 #[test]
 fn host_probe_rule_is_explained_from_the_node() {
     require_root();
-    let w = PodWorld::ipv4_only().unwrap();
-    let inpod = Plan::ambient(&AmbientConfig::default()).unwrap();
-    redirect::apply(
-        &inpod,
-        Some(w.pod.path()),
-        BackendChoice::Fixed(Backend::Nft),
-    )
-    .unwrap();
+    let (w, _host) = integration::host_probe::nft_pod_on_node(KUBELET);
     let _ztunnel = Probe::start(w.pod.path(), "pod", &ZTUNNEL).unwrap();
-    let host = Plan::ambient_host(&HostProbeConfig::new(
-        ProbeSource::KubeletUid(KUBELET),
-        false,
-    ))
-    .unwrap();
     let pod = std::net::IpAddr::V4(w.pod_v4);
-    netns::run_in(Some(w.world.path()), || {
-        nft_backend::ambient_host::ensure(&host)?;
-        nft_backend::ambient_host::add_pod_ips(&host, &[pod], "uid-a")
-    })
-    .unwrap()
-    .unwrap();
     let node = w.world.path().to_str().unwrap();
     let dst = format!("{pod}:8080");
     let base = ["--host", "--network-namespace", node, "--dst", &dst];

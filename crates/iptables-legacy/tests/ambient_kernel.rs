@@ -5,6 +5,7 @@ use netns::NsLock;
 use std::time::{Duration, Instant};
 
 use capture::{AmbientConfig, Plan};
+use integration::ztunnel::ZTUNNEL_STAND_IN as ZTUNNEL;
 use integration::*;
 use std::net::{IpAddr, SocketAddr};
 
@@ -12,15 +13,6 @@ use std::net::{IpAddr, SocketAddr};
 fn held() -> NsLock {
     NsLock::current(&"test namespace", Instant::now() + Duration::from_secs(10)).expect("lock")
 }
-
-const ZTUNNEL: [Listen; 6] = [
-    Listen::tcp(15001),
-    Listen::tproxy(15006),
-    Listen::tcp(15008),
-    Listen::udp(15053),
-    Listen::tcp(15053),
-    Listen::tcp(8080),
-];
 
 fn apply(ns: &TestNetns, plan: &Plan) {
     ns.run(|| iptables_legacy::apply(plan, &held()))

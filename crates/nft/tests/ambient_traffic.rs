@@ -3,22 +3,13 @@
 //! and the app on 8080. Also: idempotent re-apply, cleanup removes only ours, policy routing.
 
 use capture::*;
+use integration::ztunnel::ZTUNNEL_STAND_IN as ZTUNNEL;
 use integration::*;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 
 const APP_UID: u32 = 1000;
 const ZTUNNEL_MARK: u32 = 0x539;
-
-/// ztunnel's in-pod listeners plus the app's port.
-const ZTUNNEL: [Listen; 6] = [
-    Listen::tcp(15001),
-    Listen::tproxy(15006),
-    Listen::tcp(15008),
-    Listen::udp(15053),
-    Listen::tcp(15053),
-    Listen::tcp(8080),
-];
 
 fn apply(ns: &Path, cfg: &AmbientConfig) -> Plan {
     let plan = Plan::ambient(cfg).expect("plan");

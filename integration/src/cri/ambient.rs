@@ -24,11 +24,13 @@
 
 use super::runtime_node::{AMBIENT_MANIFEST, CRI_NODE_NAME};
 use super::{Cri, CriResult, RuntimeNode, Sandbox, pod_config};
-use crate::ambient::{DATAPLANE_MODE, probe_set};
+use crate::ambient::{DATAPLANE_MODE, eventually, probe_set};
 use crate::node::NodeOptions;
 use crate::pods::{APP_UID, DemoPod, PodKind};
 use crate::probe::{ConnectSpec, Listen, Outcome, Probe, connect};
-use crate::ztunnel::{LocalWorkload, Ztunnel, metric_sum, serves_nothing, serves_pod};
+use crate::ztunnel::{
+    LocalWorkload, Ztunnel, hbone_labels, metric_sum, serves_nothing, serves_pod,
+};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -37,12 +39,12 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The app's port in every pod.
 pub const APP_PORT: u16 = 8080;
-/// Bound on every wait (ztunnel's reconnect backoff grows to seconds).
-pub const BOUND: Duration = Duration::from_secs(30);
+/// Bound on every wait: the ambient node's (ztunnel's reconnect backoff grows to seconds).
+pub use crate::ambient::BOUND;
 /// ztunnel's metric of opened connections.
 pub use crate::ztunnel::OPENED;
 
@@ -88,20 +90,17 @@ impl PodPlan {
 
     /// The Pod the API server returns (Pending, no IP yet; uid as [`pod_config`] sends it).
     pub fn demo_pod(&self) -> DemoPod {
-        let mut pod = DemoPod::new(PodKind::NoSidecar, &self.name);
-        let ns = self.namespace().to_string();
-        let j = &mut pod.json;
-        j["metadata"]["namespace"] = ns.clone().into();
-        j["metadata"]["uid"] = format!("{ns}-{}-uid", self.name).into();
-        j["metadata"]["labels"] = json!({"app": self.name});
-        if self.enroll == Enroll::PodLabel {
-            j["metadata"]["labels"][DATAPLANE_MODE] = "ambient".into();
-        }
-        j["spec"]["nodeName"] = CRI_NODE_NAME.into();
-        j["spec"]["serviceAccountName"] = self.name.clone().into();
-        j["status"] = json!({"phase": "Pending"});
-        pod.namespace = ns;
-        pod
+        let ns = self.namespace();
+        let uid = format!("{ns}-{}-uid", self.name);
+        let label = self.enroll == Enroll::PodLabel;
+        DemoPod::scheduled(
+            PodKind::NoSidecar,
+            &self.name,
+            ns,
+            &uid,
+            CRI_NODE_NAME,
+            label,
+        )
     }
 }
 
@@ -323,16 +322,7 @@ impl AmbientRuntime {
     /// ztunnel's count of connections from `src` to `dst` its inbound (in `dst`) accepted
     /// over mutual TLS, i.e. HBONE.
     pub fn hbone_count(&self, src: &str, dst: &str) -> f64 {
-        metric_sum(
-            &self.zt.metrics(),
-            OPENED,
-            &[
-                ("reporter", "destination"),
-                ("source_workload", src),
-                ("destination_workload", dst),
-                ("connection_security_policy", "mutual_tls"),
-            ],
-        )
+        metric_sum(&self.zt.metrics(), OPENED, &hbone_labels(src, dst))
     }
 
     /// ztunnel's count of in-pod proxies it started (a pod taken again with the same netns
@@ -378,14 +368,8 @@ impl AmbientRuntime {
 
     /// Polls `check` until it holds; panics with `what` and the logs if not within [`BOUND`].
     #[track_caller]
-    pub fn eventually(&self, what: &str, mut check: impl FnMut() -> bool) {
-        let deadline = Instant::now() + BOUND;
-        while !check() {
-            if Instant::now() > deadline {
-                panic!("{what}: not within {BOUND:?}\n{}", self.logs());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+    pub fn eventually(&self, what: &str, check: impl FnMut() -> bool) {
+        eventually(what, || self.logs(), check);
     }
 }
 

@@ -11,7 +11,7 @@ use integration::ambient::{
     APP_PORT, AmbientNode, AmbientOptions, KUBELET_UID, Mode, Pod, PodPlan, opened,
 };
 use integration::node::{GATEWAY_V4, wait_until};
-use integration::ztunnel::ztunnel_binary;
+use integration::ztunnel::{hbone_labels, passthrough_labels, ztunnel_binary};
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -91,12 +91,7 @@ fn counted(what: &str, mut check: impl FnMut() -> bool) -> bool {
 fn hbone(n: &AmbientNode, pa: &Pod, pb: &Pod) -> bool {
     let o = n.from_pod(pa, pb.ip(), APP_PORT);
     let good = landed("a -> b:8080", &o, "b", APP_PORT);
-    let mtls = [
-        ("source_workload", "a"),
-        ("destination_workload", "b"),
-        ("reporter", "destination"),
-        ("connection_security_policy", "mutual_tls"),
-    ];
+    let mtls = hbone_labels("a", "b");
     good & counted(
         "  ztunnel: a -> b opened with connection_security_policy=mutual_tls",
         || opened(n, &mtls) >= 1.0,
@@ -107,11 +102,7 @@ fn hbone(n: &AmbientNode, pa: &Pod, pb: &Pod) -> bool {
 /// destination; the plain pod's own traffic never meets ztunnel.
 fn passthrough(n: &AmbientNode, pa: &Pod, pp: &Pod) -> bool {
     let gateway: IpAddr = GATEWAY_V4.parse().expect("address");
-    let unknown = [
-        ("reporter", "source"),
-        ("source_workload", "a"),
-        ("destination_workload", "unknown"),
-    ];
+    let unknown = passthrough_labels("a");
     let before = opened(n, &unknown);
     let mut good = landed(
         "a -> outside 10.88.0.1:80 (not in the mesh)",
