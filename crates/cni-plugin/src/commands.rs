@@ -59,7 +59,8 @@ fn pod_action(conf: &NetConf, env: &CniEnv, args: &K8sArgs) -> Result<PodAction,
     }
     // Where every mesh pod is a sidecar pod (no ambient on this node), the pod's addresses
     // are read while the pod is looked up: the read is a few hundred µs of netlink in the
-    // pod's namespace that would otherwise only start once the answer is in.
+    // pod's namespace that would otherwise only start once the answer is in. A pod that turns
+    // out not to be in the mesh has had its addresses read for nothing (read-only).
     let (looked_up, early_facts) = if conf.settings.ambient_enabled {
         (lookup(conf, args), None)
     } else {
