@@ -2,13 +2,15 @@
 # build-image.sh - builds the install-cni image from deploy/Dockerfile without a Docker daemon or a
 # registry, as an OCI archive, and checks it (deploy/scripts/check-image.py):
 #   1. integration/scripts/build-bins.sh: the one release build of the three binaries (static)
-#   2. a build context with just bin/{istio-cni,istio-nftables,install-cni}
+#   2. a build context with just bin/{istio-cni,istio-nftables,install-cni} and legacy-tools/
+#      (Debian's iptables-legacy tools and ipset with their libraries: stage-legacy-tools.sh)
 #   3. buildah bud (Debian 12's buildah, rootful, vfs storage in a throwaway directory: never the
 #      system's /var/lib/containers), FROM scratch, so nothing is pulled
 #   4. buildah push to oci-archive:<out> tagged with the image the rendered manifests run
 #      (deploy/manifests/istio-cni.yaml)
-#   5. check-image.py: entrypoint, user, env, exactly these files, each byte-identical (sha256)
-#      to the release build, static, and the compressed size (limit 20 MB)
+#   5. check-image.py: entrypoint, user, env, exactly these files, the three binaries
+#      byte-identical (sha256) to the release build and static, the legacy tools Debian's own
+#      files whose libraries all resolve inside the image, and the compressed size (limit 20 MB)
 # Usage: build-image.sh [--out FILE] [--no-build]
 #   --out       the OCI archive (default: $CARGO_TARGET_DIR or target/, /images/install-cni.oci.tar)
 #   --no-build  use the release binaries as they are (test.sh has just built them)
@@ -45,6 +47,7 @@ for b in "${BINS[@]}"; do
   if readelf -d "$release/$b" | grep -q NEEDED; then echo "build-image: $b is not static" >&2; exit 1; fi
   cp "$release/$b" "$work/context/bin/$b"
 done
+deploy/scripts/stage-legacy-tools.sh "$work/context/legacy-tools"
 cp deploy/Dockerfile "$work/context/Dockerfile"
 
 echo "== image: buildah bud -f deploy/Dockerfile -> $image"

@@ -480,6 +480,12 @@ def main():
             # pluginevent.sock (plugin -> agent) lives in the run dir the plugin reads on the host.
             check(f"[{name}] pluginevent.sock dir CNI_AGENT_RUN_DIR is mounted read-write",
                   not mounts.get(eff["CNI_AGENT_RUN_DIR"].rstrip("/"), {}).get("readOnly"))
+        # The legacy host probe rule waits for the node's xtables lock (kubelet's, kube-proxy's).
+        if ambient and vals["redirectBackend"] != "nftables":
+            mounted("the node's xtables lock", "/run/xtables.lock", "/run/xtables.lock", ro=False)
+            lock = vols.get(mounts.get("/run/xtables.lock", {}).get("name"), {})
+            check(f"[{name}] xtables lock is hostPath FileOrCreate",
+                  lock.get("hostPath", {}).get("type") == "FileOrCreate", str(lock))
         check(f"[{name}] no mount beyond those", set(mounts) == used_mounts, f"extra: {set(mounts) - used_mounts}")
         check(f"[{name}] hostPath volumes only for the mounts", set(vols) == {m["name"] for m in mounts.values()})
         check(f"[{name}] SERVICE_ACCOUNT_DIR is the automounted token dir",
@@ -525,6 +531,9 @@ def main():
             want.add("NET_ADMIN")
         if enter_pod_netns:
             want |= {"SYS_ADMIN", "SYS_PTRACE"}
+        # The image's iptables-legacy tools use raw sockets, where the node may be legacy.
+        if vals["redirectBackend"] != "nftables" and (vals["redirectBackend"] == "auto" or enter_pod_netns):
+            want.add("NET_RAW")
         check(f"[{name}] capabilities exactly {sorted(want)}, all others dropped, not privileged",
               caps == want and sc.get("capabilities", {}).get("drop") == ["ALL"] and sc.get("privileged") is False
               and sc.get("readOnlyRootFilesystem") is True,
@@ -574,23 +583,34 @@ def main():
 
     # --- (5) Dockerfiles vs workspace binaries ----------------------------------------------
     # deploy/Dockerfile packs the release binaries build-image.sh copies into its context's bin/;
-    # deploy/Dockerfile.source builds them in a builder stage (machines with a registry).
+    # deploy/Dockerfile.source builds them in a builder stage (machines with a registry). Both
+    # also copy one root tree of Debian's iptables-legacy tools (stage-legacy-tools.sh) to /.
     cargo_cfg = read(".cargo/config.toml")
     triple = re.search(r'^target\s*=\s*"([^"]+)"', cargo_cfg, re.M).group(1)
     build_script = read("deploy/scripts/build-image.sh")
     script_bins = re.search(r"^BINS=\(([^)]*)\)", build_script, re.M).group(1).split()
-    for dockerfile, prefix, built in [
-        ("deploy/Dockerfile", "bin/", script_bins),
-        ("deploy/Dockerfile.source", f"/src/target/{triple}/release/", None),
+    check("build-image.sh stages the legacy tools into the context's legacy-tools/",
+          'stage-legacy-tools.sh "$work/context/legacy-tools"' in build_script)
+    source_text = read("deploy/Dockerfile.source")
+    check("Dockerfile.source's builder installs iptables and ipset and stages them into /legacy-tools",
+          re.search(r"apt-get install[^&]*\biptables\b[^&]*\bipset\b", source_text, re.S) is not None
+          and "deploy/scripts/stage-legacy-tools.sh /legacy-tools" in source_text)
+    for dockerfile, prefix, built, tree in [
+        ("deploy/Dockerfile", "bin/", script_bins, "legacy-tools/"),
+        ("deploy/Dockerfile.source", f"/src/target/{triple}/release/", None, "/legacy-tools/"),
     ]:
         stages, copies, entry, cargo_bins = parse_dockerfile(read(dockerfile))
+        check(f"{dockerfile}: copies the legacy tools' tree {tree} to / once",
+              [c for c in copies if c[1] == "/"] == [(tree, "/")], str(copies))
+        copies = [c for c in copies if c[1] != "/"]
         built = cargo_bins if built is None else built
         srcs_ok = [s for s, _ in copies if s.startswith(prefix) and s[len(prefix):] in ws_bins]
-        check(f"{dockerfile}: every copied path ({len(copies)}) is a workspace bin target under {prefix}",
+        check(f"{dockerfile}: every other copied path ({len(copies)}) is a workspace bin target under {prefix}",
               copies and len(srcs_ok) == len(copies), f"copies={copies} bins={sorted(ws_bins)}")
         check(f"{dockerfile}: every binary it copies is one that is built (cargo build --bin / build-image.sh BINS)",
               {s[len(prefix):] for s, _ in copies} <= set(built) <= ws_bins, f"built={built}")
-        check(f"{dockerfile}: final stage is scratch (only the binaries)", stages and stages[-1].split()[1] == "scratch")
+        check(f"{dockerfile}: final stage is scratch (only the binaries and the legacy tools)",
+              stages and stages[-1].split()[1] == "scratch")
         dests = {os.path.basename(d): d for _, d in copies}
         src_dir = daemon_defaults["CNI_BIN_SOURCE_DIR"].rstrip("/")
         plugin_bins = daemon_defaults["CNI_BINARIES"].split(",")

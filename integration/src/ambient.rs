@@ -473,43 +473,14 @@ impl AmbientNode {
         probe_set_named(&self.node.ns, "istio-inpod-probes-v6")
     }
 
-    /// The members of the node's legacy probe ipset `set` (`istio-inpod-probes-v4/v6`) as
-    /// `(address, comment)`; empty when the set does not exist.
+    /// The members of the node's legacy probe ipset `set` (see [`probe_ipset`]).
     pub fn probe_ipset(&self, set: &str) -> Vec<(IpAddr, String)> {
-        let out = self.node.ns.exec_ok("ipset", &["save", set]);
-        out.unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.strip_prefix(&format!("add {set} ")))
-            .filter_map(|rest| {
-                let (ip, comment) = rest.split_once(" comment ")?;
-                Some((ip.parse().ok()?, comment.trim_matches('"').to_string()))
-            })
-            .collect()
+        probe_ipset(&self.node.ns, set)
     }
 
     /// The node's ipsets (names).
     pub fn ipsets(&self) -> Vec<String> {
-        let out = self.node.ns.exec_ok("ipset", &["list", "-n"]);
-        out.unwrap_or_default()
-            .lines()
-            .map(str::to_string)
-            .collect()
-    }
-
-    /// `iptables-legacy-save` (or `ip6tables-legacy-save`) of `ns` without comments and
-    /// counters; empty when legacy iptables was never used there.
-    pub fn legacy_save(ns: &TestNetns, v6: bool) -> String {
-        let bin = if v6 {
-            "ip6tables-legacy-save"
-        } else {
-            "iptables-legacy-save"
-        };
-        ns.exec_ok(bin, &[])
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .map(|l| l.split(" [").next().unwrap_or(l).to_string() + "\n")
-            .collect()
+        ipsets(&self.node.ns)
     }
 
     /// The node's ambient host table as `nft list` prints it (for failure messages).
@@ -628,6 +599,52 @@ fn ambient_env(
 /// `istio-inpod-probes-v4`); empty when the set (or table) does not exist.
 pub fn probe_set(node: &TestNetns) -> Vec<IpAddr> {
     probe_set_named(node, "istio-inpod-probes-v4")
+}
+
+/// The members of the node's legacy probe ipset `set` (`istio-inpod-probes-v4/v6`) as
+/// `(address, comment)`; empty when the set does not exist.
+pub fn probe_ipset(node: &TestNetns, set: &str) -> Vec<(IpAddr, String)> {
+    let out = node.exec_ok("ipset", &["save", set]);
+    out.unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix(&format!("add {set} ")))
+        .filter_map(|rest| {
+            let (ip, comment) = rest.split_once(" comment ")?;
+            Some((ip.parse().ok()?, comment.trim_matches('"').to_string()))
+        })
+        .collect()
+}
+
+/// The node's ipsets (names).
+pub fn ipsets(node: &TestNetns) -> Vec<String> {
+    let out = node.exec_ok("ipset", &["list", "-n"]);
+    out.unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// `iptables-legacy-save` (or `ip6tables-legacy-save`) of the namespace at `netns` without
+/// comments and counters; empty when legacy iptables was never used there.
+pub fn legacy_save(netns: &Path, v6: bool) -> String {
+    let bin = if v6 {
+        "ip6tables-legacy-save"
+    } else {
+        "iptables-legacy-save"
+    };
+    let out = Command::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .arg(bin)
+        .output();
+    let text = out
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| l.split(" [").next().unwrap_or(l).to_string() + "\n")
+        .collect()
 }
 
 /// The addresses in the node's nft probe set `set`; empty when it (or its table) is missing.

@@ -10,7 +10,7 @@
 use capture::ambient_constants::{HOST_PROBE_SNAT_V4, PROBE_SET_V4};
 use integration::TestNetns;
 use integration::ambient::{AmbientNode, AmbientOptions, KUBELET_UID, Mode, PodPlan, tables};
-use integration::ambient::{lands, last_peer};
+use integration::ambient::{lands, last_peer, legacy_save};
 use integration::cni::require_cni_tools;
 use integration::ztunnel::ztunnel_binary;
 use std::net::IpAddr;
@@ -65,7 +65,7 @@ fn a_legacy_node_gets_istios_legacy_host_rule_and_no_nftables() {
 
     // The pods' rules: iptables-legacy, nothing in nftables.
     for p in [&pa, &pb] {
-        let save = AmbientNode::legacy_save(&p.ns, false);
+        let save = legacy_save(p.ns.path(), false);
         assert!(
             save.contains(":ISTIO_PRERT") && save.contains(":ISTIO_OUTPUT"),
             "{save}"
@@ -73,7 +73,7 @@ fn a_legacy_node_gets_istios_legacy_host_rule_and_no_nftables() {
         no_nft(&n, &p.ns, p.name());
     }
     // The host rule: Istio's legacy one, jumped to first in POSTROUTING; no nftables at all.
-    let host = AmbientNode::legacy_save(node, false);
+    let host = legacy_save(node.path(), false);
     let postrouting: Vec<&str> = host
         .lines()
         .filter(|l| l.starts_with("-A POSTROUTING"))
@@ -102,14 +102,14 @@ fn a_legacy_node_gets_istios_legacy_host_rule_and_no_nftables() {
     n.eventually("B out of the probe set", || {
         members(&n) == [(pa.ip(), pa.uid())]
     });
-    assert!(!AmbientNode::legacy_save(&pb.ns, false).contains("ISTIO_"));
-    assert!(AmbientNode::legacy_save(node, false).contains(HOST_RULE));
+    assert!(!legacy_save(pb.ns.path(), false).contains("ISTIO_"));
+    assert!(legacy_save(node.path(), false).contains(HOST_RULE));
 
     // The last DEL: rule, jump and set are gone; still no nftables on the node.
     n.del(&pa).assert_ok();
     n.eventually(
         "the host rule and its set removed with the last pod",
-        || n.ipsets().is_empty() && !AmbientNode::legacy_save(node, false).contains("ISTIO_POSTRT"),
+        || n.ipsets().is_empty() && !legacy_save(node.path(), false).contains("ISTIO_POSTRT"),
     );
     no_nft(&n, node, "the node");
 }

@@ -20,14 +20,21 @@
 //! Needs root, Debian's containerd, runc and buildah, cnitool and the ztunnel binary
 //! (`integration/scripts/install-deps.sh`); under `CI=true` nothing skips.
 
+use capture::ambient_constants::{HOST_PROBE_SNAT_V4, PROBE_SET_V4};
+use integration::ConnectSpec;
+use integration::ambient::{ipsets, legacy_save, probe_ipset};
 use integration::cri::ambient::{
     AmbientRuntime, AmbientSandbox, Enroll, NetnsHandle, Plans, istio_tables, not_served, served,
 };
+use integration::host_probe::seen_from;
 use integration::ztunnel::ztunnel_binary;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 const APP: u16 = integration::cri::ambient::APP_PORT;
+/// Istio's legacy host rule as iptables-legacy-save prints it (`hostprobe.golden`; no kubelet
+/// runs on this machine, so the agent matches any local socket as Istio does).
+const LEGACY_HOST_RULE: &str = "-A ISTIO_POSTRT -p tcp -m owner --socket-exists -m set --match-set istio-inpod-probes-v4 dst -j SNAT --to-source 169.254.7.127";
 
 /// A -> B lands on B's app from A's own address, and B's ztunnel counts one more mutual-TLS
 /// (HBONE) connection from A.
@@ -266,4 +273,84 @@ fn containerd_runs_the_ambient_agent_and_ambient_pods_talk_hbone_through_restart
         started.as_secs_f64(),
         t0.elapsed().as_secs_f64()
     );
+}
+
+/// The same image and chart on an iptables-legacy node (`REDIRECT_BACKEND=iptables-legacy`):
+/// the agent's container writes the pods' in-pod rules and Istio's legacy host probe rule with
+/// the image's own iptables-legacy and ipset (Debian's, `deploy/scripts/stage-legacy-tools.sh`),
+/// under the chart's NET_RAW and the node's xtables lock (hostPath `/run/xtables.lock`; the
+/// root filesystem is read-only). No nftables table of ours anywhere; the set follows the pods
+/// and the last Stop + Remove takes rule and sets with it.
+#[test]
+fn containerd_runs_the_ambient_agent_on_an_iptables_legacy_node_with_the_images_tools() {
+    integration::require_root();
+    let Some(zt_bin) = ztunnel_binary() else {
+        return;
+    };
+    let mut plans = Plans::new();
+    let a = plans.pod("a", Enroll::PodLabel);
+    let b = plans.pod("b", Enroll::NamespaceLabel);
+    let pause = env!("CARGO_BIN_EXE_pause").as_ref();
+    let legacy = vec![("REDIRECT_BACKEND", "iptables-legacy")];
+    let n = AmbientRuntime::start_with(
+        pause,
+        &zt_bin,
+        plans.range(),
+        &[a.clone(), b.clone()],
+        legacy,
+    )
+    .unwrap();
+    let node = n.rn.node.ns.path().to_path_buf();
+    let (sa, sb) = (n.run_ok(&a), n.run_ok(&b));
+
+    // In-pod rules: iptables-legacy, written from inside the container; no nftables of ours.
+    for s in [&sa, &sb] {
+        assert!(
+            served(s.netns()),
+            "{} not served\n{}",
+            s.plan.name,
+            n.logs()
+        );
+        let save = legacy_save(s.netns(), false);
+        assert!(
+            save.contains(":ISTIO_PRERT") && save.contains(":ISTIO_OUTPUT"),
+            "{}: {save}\n{}",
+            s.plan.name,
+            n.logs()
+        );
+        assert!(istio_tables(s.netns()).is_empty(), "{}", s.plan.name);
+    }
+    // The host rule: Istio's legacy one with its ipset holding exactly A and B.
+    let host = legacy_save(&node, false);
+    assert!(host.contains(LEGACY_HOST_RULE), "{host}\n{}", n.logs());
+    assert!(istio_tables(&node).is_empty(), "{:?}", istio_tables(&node));
+    let members = || {
+        let mut m: Vec<IpAddr> = probe_ipset(&n.rn.node.ns, PROBE_SET_V4)
+            .into_iter()
+            .map(|(ip, _)| ip)
+            .collect();
+        m.sort();
+        m
+    };
+    assert_eq!(members(), [sa.ip(), sb.ip()]);
+
+    // A node-local probe reaches A's app from the probe address; A -> B goes over HBONE.
+    let spec = ConnectSpec::new(sa.ip(), APP).timeout(Duration::from_secs(5));
+    assert_eq!(
+        seen_from(&sa.app, &node, &spec),
+        (APP, IpAddr::V4(HOST_PROBE_SNAT_V4))
+    );
+    hbone(&n, &sa, &sb);
+
+    // Stop + Remove B: out of the set; then A: rule, jump and sets gone with the last pod.
+    let b_ns = NetnsHandle::open(sb.netns()).unwrap();
+    n.rn.stop_and_remove(&sb.sandbox).unwrap();
+    n.eventually("B out of the probe ipset", || members() == [sa.ip()]);
+    assert!(!legacy_save(&b_ns.path(), false).contains("ISTIO_"));
+    n.rn.stop_and_remove(&sa.sandbox).unwrap();
+    n.eventually(
+        "the legacy host rule and its sets removed with the last pod",
+        || ipsets(&n.rn.node.ns).is_empty() && !legacy_save(&node, false).contains("ISTIO_POSTRT"),
+    );
+    assert!(istio_tables(&node).is_empty());
 }

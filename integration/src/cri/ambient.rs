@@ -39,6 +39,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 /// The app's port in every pod.
@@ -112,9 +113,13 @@ pub struct Plans {
 }
 
 impl Plans {
-    /// A range in 10.88.0.0/16 of this process's own (a third octet from the pid).
+    /// A range in 10.88.0.0/16 of this rig's own: a third octet from the pid and a count of
+    /// the rigs this process made, so tests running side by side never share an address
+    /// (the agent finds pods by address through the host's /proc).
     pub fn new() -> Plans {
-        let octet = 100 + (std::process::id() % 100) as u8;
+        static MADE: AtomicU32 = AtomicU32::new(0);
+        let nth = MADE.fetch_add(1, Ordering::Relaxed);
+        let octet = 100 + ((std::process::id() % 50) * 2 + nth) as u8 % 100;
         let first = Ipv4Addr::new(10, 88, octet, 10);
         Plans {
             first,
@@ -187,6 +192,8 @@ pub struct AmbientRuntime {
     pub zt: Ztunnel,
     /// Where containerd mounts sandbox namespaces (the chart's `cniNetnsDir` volume).
     pub netns_dir: PathBuf,
+    /// Settings the agent's container gets over the chart's (e.g. `REDIRECT_BACKEND`).
+    pub agent_env: Vec<(&'static str, &'static str)>,
 }
 
 impl AmbientRuntime {
@@ -198,6 +205,17 @@ impl AmbientRuntime {
         ztunnel_bin: &Path,
         range: (Ipv4Addr, Ipv4Addr),
         workloads: &[PodPlan],
+    ) -> io::Result<AmbientRuntime> {
+        Self::start_with(pause_bin, ztunnel_bin, range, workloads, Vec::new())
+    }
+
+    /// [`AmbientRuntime::start`] with `agent_env` over the chart's settings.
+    pub fn start_with(
+        pause_bin: &Path,
+        ztunnel_bin: &Path,
+        range: (Ipv4Addr, Ipv4Addr),
+        workloads: &[PodPlan],
+        agent_env: Vec<(&'static str, &'static str)>,
     ) -> io::Result<AmbientRuntime> {
         let mut opts = NodeOptions::new(PathBuf::new());
         opts.full_api = true;
@@ -218,7 +236,12 @@ impl AmbientRuntime {
         std::fs::create_dir_all(zds_socket.parent().expect("has a parent"))?;
         let ws: Vec<LocalWorkload> = workloads.iter().map(PodPlan::workload).collect();
         let zt = Ztunnel::start(ztunnel_bin, &zds_socket, &ws)?;
-        let mut n = AmbientRuntime { rn, zt, netns_dir };
+        let mut n = AmbientRuntime {
+            rn,
+            zt,
+            netns_dir,
+            agent_env,
+        };
         n.start_agent()?;
         Ok(n)
     }
@@ -226,7 +249,8 @@ impl AmbientRuntime {
     /// The agent's pod from the ambient manifest, ready (ztunnel connected).
     fn start_agent(&mut self) -> io::Result<()> {
         // info: every ADD/DEL in the plugin's log, every enrollment in the agent's.
-        let env = [("PLUGIN_LOG_LEVEL", "info"), ("LOG_LEVEL", "info")];
+        let mut env = vec![("PLUGIN_LOG_LEVEL", "info"), ("LOG_LEVEL", "info")];
+        env.extend(self.agent_env.iter().copied());
         let host_paths = BTreeMap::from([("/var/run/netns".to_string(), self.netns_dir.clone())]);
         self.rn
             .start_install_cni_from(AMBIENT_MANIFEST, &env, host_paths)

@@ -4,8 +4,8 @@
 //!
 //! What kubelet does and this does too: `envFrom` the ConfigMap, `env` values and `fieldRef`s
 //! (namespace, node name), `KUBERNETES_SERVICE_HOST/PORT`, the ServiceAccount token mount at
-//! `/var/run/secrets/kubernetes.io/serviceaccount`, hostPath volumes (`DirectoryOrCreate`
-//! created), the securityContext (user, group, capabilities, read-only rootfs, seccomp,
+//! `/var/run/secrets/kubernetes.io/serviceaccount`, hostPath volumes (`DirectoryOrCreate` and
+//! `FileOrCreate` created), the securityContext (user, group, capabilities, read-only rootfs, seccomp,
 //! privileged), `hostNetwork`, the termination grace period (StopContainer's timeout) and the
 //! readiness probe (an HTTP GET the caller performs).
 //!
@@ -14,7 +14,9 @@
 //!   kernel filesystems (`/proc`, `/sys`), which are the kernel's own. A volume mounted at the
 //!   same path as its host path (the chart does this for `CNI_AGENT_RUN_DIR`, because the
 //!   plugin, run on the host, reads files at the path install-cni wrote them) keeps that
-//!   property: the container path moves with it, and any env value naming it follows.
+//!   property: the container path moves with it, and any env value naming it follows. Not a
+//!   file volume (`File`, `FileOrCreate`: the xtables lock): a tool finds it by that fixed name
+//!   inside the container, so only its host side moves.
 //! * `KUBERNETES_SERVICE_PROTOCOL=http`: the local API server speaks plain HTTP.
 //!   An env value naming a path below such a volume (`ZTUNNEL_UDS_ADDRESS` under
 //!   `/var/run/ztunnel`) follows too.
@@ -184,11 +186,20 @@ fn mounts(
             Some(p) => p.clone(),
             None => relocate(&node.root, &hp.path),
         };
-        if hp.type_.as_deref() == Some("DirectoryOrCreate") {
-            std::fs::create_dir_all(&host)?;
+        let is_file = matches!(hp.type_.as_deref(), Some("File" | "FileOrCreate"));
+        match hp.type_.as_deref() {
+            Some("DirectoryOrCreate") => std::fs::create_dir_all(&host)?,
+            Some("FileOrCreate") => {
+                std::fs::create_dir_all(host.parent().unwrap_or(Path::new("/")))?;
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&host)?;
+            }
+            _ => {}
         }
         let mut container_path = m.mount_path.clone();
-        if m.mount_path == hp.path && host != Path::new(&hp.path) {
+        if m.mount_path == hp.path && host != Path::new(&hp.path) && !is_file {
             container_path = host.display().to_string();
             moved.insert(m.mount_path.clone(), container_path.clone());
         }
