@@ -556,7 +556,7 @@ pub fn opened(n: &AmbientNode, labels: &[(&str, &str)]) -> f64 {
 /// Polls `check` every 50 ms (ztunnel's metrics are read over HTTP) until it holds; panics
 /// with `what` and `logs()` if not within [`BOUND`].
 #[track_caller]
-pub(crate) fn eventually(what: &str, logs: impl Fn() -> String, mut check: impl FnMut() -> bool) {
+pub fn eventually(what: &str, logs: impl Fn() -> String, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + BOUND;
     while !check() {
         if Instant::now() > deadline {

@@ -11,16 +11,22 @@
 //! the same rules; containerd SIGKILLed and restarted keeps them and starts new ones; Stop +
 //! Remove succeed and release every lease; StopContainer on install-cni uninstalls the plugin.
 //! Once with the chart's backend (`auto`, nftables on this kernel), once with
-//! `REDIRECT_BACKEND=iptables-legacy`.
+//! `REDIRECT_BACKEND=iptables-legacy`. And on a legacy node with the full API: the daemon's
+//! continuous reconcile repairs a pod's flushed rules from inside its container, with the
+//! image's own iptables-legacy tools.
 //!
 //! Needs root, Debian's containerd, runc and buildah (`integration/scripts/install-deps.sh`).
 //! The image: `$ISTIO_CNI_IMAGE` (an OCI archive; test.sh builds it) or built on the fly.
 
+use integration::ambient::eventually;
+use integration::cri::runtime_node::CRI_NODE_NAME;
 use integration::cri::{RuntimeNode, Sandbox, has_our_rules, rules_at};
-use integration::node::CONFLIST;
+use integration::node::{CONFLIST, NodeOptions};
 use integration::pods::{DemoPod, PodKind};
 use std::collections::BTreeMap;
 use std::fs;
+use std::path::PathBuf;
+use std::process::Command;
 
 const CONCURRENT: usize = 20;
 
@@ -251,4 +257,61 @@ fn containerd_runs_install_cni_and_pods_with_the_charts_backend() {
 #[test]
 fn containerd_runs_install_cni_and_pods_with_iptables_legacy() {
     scenario(Some("iptables-legacy"));
+}
+
+/// The containerized daemon keeps an iptables-legacy node's pods right with the image's own
+/// iptables-legacy tools (Debian's, `deploy/scripts/stage-legacy-tools.sh`; the chart's
+/// NET_RAW): a sidecar pod's rules flushed by hand come back from its continuous reconcile
+/// (full API: the daemon's pod cache sees the pod; a 1 s interval instead of the chart's 5m).
+#[test]
+fn containerd_runs_install_cni_whose_reconcile_repairs_a_legacy_pod_with_the_images_tools() {
+    integration::require_root();
+    let mut opts = NodeOptions::new(PathBuf::new());
+    opts.full_api = true;
+    let mut rn = RuntimeNode::with_node(env!("CARGO_BIN_EXE_pause").as_ref(), opts).unwrap();
+    let env = [
+        ("REDIRECT_BACKEND", "iptables-legacy"),
+        ("RECONCILE_INTERVAL", "1s"),
+        ("LOG_LEVEL", "info"),
+    ];
+    rn.start_install_cni(&env).unwrap();
+    // Scheduled on this node: the daemon's pod cache watches spec.nodeName.
+    let uid = "default-drifting-uid";
+    let pod = DemoPod::scheduled(
+        PodKind::Sidecar,
+        "drifting",
+        "default",
+        uid,
+        CRI_NODE_NAME,
+        false,
+    );
+    let s = run_ok(&rn, &pod);
+    let want = rules_at(s.netns());
+    assert!(want.contains("-A ISTIO_OUTPUT"), "{want}");
+    // Running with its address, as kubelet reports it: the daemon can find its namespace.
+    let kube = rn.node.kube.as_ref().expect("full API");
+    let mut pod = kube.pod(&s.pod.namespace, &s.pod.name).expect("served");
+    let ip = s.net.ip.expect("an IPv4 address").to_string();
+    pod["status"] = serde_json::json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]});
+    kube.modify(pod);
+
+    let flushed = Command::new("nsenter")
+        .arg(format!("--net={}", s.netns().display()))
+        .args(["iptables-legacy", "-w", "-t", "nat", "-F"])
+        .status()
+        .unwrap();
+    assert!(flushed.success());
+    assert!(!rules_at(s.netns()).contains("-A ISTIO_"));
+    let logs = || rn.install_cni_log();
+    eventually("the daemon re-applied the flushed rules", logs, || {
+        rules_at(s.netns()) == want
+    });
+    let log = rn.install_cni_log();
+    assert!(
+        log.contains("redirect rules drifted from the plan; re-applied")
+            && log.contains("pod=default/drifting"),
+        "{log}"
+    );
+    assert_traffic(&rn, &s);
+    rn.stop_and_remove(&s).unwrap();
 }
