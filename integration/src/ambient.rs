@@ -397,15 +397,12 @@ impl AmbientNode {
 
     fn set_status(&self, pod: &Pod, phase: &str, ips: &[IpAddr]) {
         let kube = self.kube();
-        let mut json = kube
-            .pod(POD_NAMESPACE, pod.name())
-            .unwrap_or_else(|| pod.demo.json.clone());
-        json["status"]["phase"] = phase.into();
-        if let Some(ip) = ips.first() {
-            json["status"]["podIP"] = ip.to_string().into();
-            json["status"]["podIPs"] = ips.iter().map(|ip| json!({"ip": ip.to_string()})).collect();
+        if !kube.set_status(POD_NAMESPACE, pod.name(), phase, ips) {
+            // Not stored (deleted from the API): sent back as created, with the status.
+            let mut json = pod.demo.json.clone();
+            crate::kube_api::with_status(&mut json, phase, ips);
+            kube.modify(json);
         }
-        kube.modify(json);
     }
 
     /// Sets (`Some`) or removes (`None`) the pod's `istio.io/dataplane-mode` label: a

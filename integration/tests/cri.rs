@@ -290,10 +290,8 @@ fn containerd_runs_install_cni_whose_reconcile_repairs_a_legacy_pod_with_the_ima
     assert!(want.contains("-A ISTIO_OUTPUT"), "{want}");
     // Running with its address, as kubelet reports it: the daemon can find its namespace.
     let kube = rn.node.kube.as_ref().expect("full API");
-    let mut pod = kube.pod(&s.pod.namespace, &s.pod.name).expect("served");
-    let ip = s.net.ip.expect("an IPv4 address").to_string();
-    pod["status"] = serde_json::json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]});
-    kube.modify(pod);
+    let ip = s.net.ip.expect("an IPv4 address");
+    assert!(kube.set_status(&s.pod.namespace, &s.pod.name, "Running", &[ip]));
 
     let flushed = Command::new("nsenter")
         .arg(format!("--net={}", s.netns().display()))

@@ -300,10 +300,7 @@ impl AmbientRuntime {
             self.netns_dir.display()
         );
         let kube = self.rn.node.kube.as_ref().expect("full API");
-        let mut json = kube.pod(&demo.namespace, &demo.name).expect("served");
-        json["status"] = json!({"phase": "Running", "podIP": plan.ip.to_string(),
-                                "podIPs": [{"ip": plan.ip.to_string()}]});
-        kube.modify(json);
+        assert!(kube.set_status(&demo.namespace, &demo.name, "Running", &[plan.ip.into()]));
         let app = Probe::start(sandbox.netns(), &plan.name, &[Listen::tcp(APP_PORT)])
             .expect("the app's listener in the sandbox");
         Ok(AmbientSandbox {

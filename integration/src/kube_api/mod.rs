@@ -287,6 +287,18 @@ impl FakeKube {
         pod
     }
 
+    /// As kubelet reports a pod's progress: `phase` and, when `ips` is not empty, `podIP` and
+    /// `podIPs` on the stored pod `ns/name` (a MODIFIED event). Returns false if there is no
+    /// such pod.
+    pub fn set_status(&self, ns: &str, name: &str, phase: &str, ips: &[std::net::IpAddr]) -> bool {
+        let Some(mut pod) = self.pod(ns, name) else {
+            return false;
+        };
+        with_status(&mut pod, phase, ips);
+        self.modify(pod);
+        true
+    }
+
     pub fn watchers(&self) -> usize {
         self.inner.watchers.lock().unwrap().len()
     }
@@ -473,6 +485,15 @@ pub fn broken_pod(ns: &str, name: &str, uid: &str, ip: &str, node: &str, code: i
             }]
         }
     })
+}
+
+/// Sets `pod`'s `status.phase` and, when `ips` is not empty, `podIP` and `podIPs`.
+pub fn with_status(pod: &mut Value, phase: &str, ips: &[std::net::IpAddr]) {
+    pod["status"]["phase"] = phase.into();
+    if let Some(ip) = ips.first() {
+        pod["status"]["podIP"] = ip.to_string().into();
+        pod["status"]["podIPs"] = ips.iter().map(|ip| json!({"ip": ip.to_string()})).collect();
+    }
 }
 
 #[cfg(test)]
