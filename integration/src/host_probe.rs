@@ -16,6 +16,10 @@ pub const KUBELET_UID: u32 = 4242;
 /// Another uid on the node: its connections are not kubelet's.
 pub const OTHER_UID: u32 = 1000;
 
+/// Istio's legacy host probe rule as `iptables-legacy-save` prints it (its `hostprobe.golden`
+/// with the options in save's order): any local socket, the pod set, SNAT to 169.254.7.127.
+pub const LEGACY_HOST_RULE: &str = "-A ISTIO_POSTRT -p tcp -m owner --socket-exists -m set --match-set istio-inpod-probes-v4 dst -j SNAT --to-source 169.254.7.127";
+
 /// A stand-in ztunnel in the pod (outbound, inbound TPROXY, HBONE) and the app on 8080.
 pub const ZTUNNEL: [Listen; 4] = [
     Listen::tcp(15001),
@@ -49,15 +53,29 @@ pub fn seen_from(probe: &Probe, node: &Path, spec: &ConnectSpec) -> (u16, IpAddr
 /// (nft), the node the nft host probe rule for the kubelet's uid `kubelet_uid` with the pod's
 /// address in its set. Returns the two and the host rule's plan.
 pub fn nft_pod_on_node(kubelet_uid: u32) -> (crate::PodWorld, Plan) {
+    pod_on_node(redirect::Backend::Nft, ProbeSource::KubeletUid(kubelet_uid))
+}
+
+/// [`nft_pod_on_node`] on an iptables-legacy node: the pod's ambient rules and Istio's legacy
+/// host rule (`nat ISTIO_POSTRT`, any local socket, the ipset `istio-inpod-probes-v4`).
+pub fn legacy_pod_on_node() -> (crate::PodWorld, Plan) {
+    pod_on_node(
+        redirect::Backend::IptablesLegacy,
+        ProbeSource::AnyLocalSocket,
+    )
+}
+
+fn pod_on_node(backend: redirect::Backend, source: ProbeSource) -> (crate::PodWorld, Plan) {
     let w = crate::PodWorld::ipv4_only().expect("pod and world namespaces");
     let inpod = Plan::ambient(&capture::AmbientConfig::default()).expect("the in-pod plan");
-    let nft = redirect::BackendChoice::Fixed(redirect::Backend::Nft);
-    redirect::apply(&inpod, Some(w.pod.path()), nft).expect("the in-pod rules");
-    let host = host_plan(ProbeSource::KubeletUid(kubelet_uid), false);
+    let fixed = redirect::BackendChoice::Fixed(backend);
+    redirect::apply(&inpod, Some(w.pod.path()), fixed).expect("the in-pod rules");
+    let host = host_plan(source, false);
     let pod = IpAddr::V4(w.pod_v4);
+    let rule = redirect::host_probe::HostProbeRule::new(backend);
     in_ns(w.world.path(), || {
-        nft_backend::ambient_host::ensure(&host)?;
-        nft_backend::ambient_host::add_pod_ips(&host, &[pod], "uid-a")
+        rule.ensure(&host)?;
+        rule.add_pod_ips(&host, &[pod], "uid-a")
     })
     .expect("the host rule");
     (w, host)

@@ -12,14 +12,12 @@ use integration::TestNetns;
 use integration::ambient::{AmbientNode, AmbientOptions, KUBELET_UID, Mode, PodPlan, tables};
 use integration::ambient::{lands, last_peer, legacy_save};
 use integration::cni::require_cni_tools;
+use integration::host_probe::LEGACY_HOST_RULE;
 use integration::ztunnel::ztunnel_binary;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
 const APP: u16 = integration::ambient::APP_PORT;
-
-/// Istio's legacy host rule as iptables-legacy-save prints it (`hostprobe.golden`, canonical).
-const HOST_RULE: &str = "-A ISTIO_POSTRT -p tcp -m owner --socket-exists -m set --match-set istio-inpod-probes-v4 dst -j SNAT --to-source 169.254.7.127";
 
 fn prerequisites() -> Option<PathBuf> {
     require_cni_tools();
@@ -83,7 +81,7 @@ fn a_legacy_node_gets_istios_legacy_host_rule_and_no_nftables() {
         Some(&"-A POSTROUTING -j ISTIO_POSTRT"),
         "{host}"
     );
-    assert!(host.lines().any(|l| l == HOST_RULE), "{host}");
+    assert!(host.lines().any(|l| l == LEGACY_HOST_RULE), "{host}");
     no_nft(&n, node, "the node");
     // The set holds exactly the ambient pods, each with its UID.
     assert_eq!(members(&n), [(pa.ip(), pa.uid()), (pb.ip(), pb.uid())]);
@@ -103,7 +101,7 @@ fn a_legacy_node_gets_istios_legacy_host_rule_and_no_nftables() {
         members(&n) == [(pa.ip(), pa.uid())]
     });
     assert!(!legacy_save(pb.ns.path(), false).contains("ISTIO_"));
-    assert!(legacy_save(node.path(), false).contains(HOST_RULE));
+    assert!(legacy_save(node.path(), false).contains(LEGACY_HOST_RULE));
 
     // The last DEL: rule, jump and set are gone; still no nftables on the node.
     n.del(&pa).assert_ok();

@@ -26,15 +26,12 @@ use integration::ambient::{ipsets, legacy_save, probe_ipset};
 use integration::cri::ambient::{
     AmbientRuntime, AmbientSandbox, Enroll, NetnsHandle, Plans, istio_tables, not_served, served,
 };
-use integration::host_probe::seen_from;
+use integration::host_probe::{LEGACY_HOST_RULE, seen_from};
 use integration::ztunnel::ztunnel_binary;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 const APP: u16 = integration::cri::ambient::APP_PORT;
-/// Istio's legacy host rule as iptables-legacy-save prints it (`hostprobe.golden`; no kubelet
-/// runs on this machine, so the agent matches any local socket as Istio does).
-const LEGACY_HOST_RULE: &str = "-A ISTIO_POSTRT -p tcp -m owner --socket-exists -m set --match-set istio-inpod-probes-v4 dst -j SNAT --to-source 169.254.7.127";
 
 /// A -> B lands on B's app from A's own address, and B's ztunnel counts one more mutual-TLS
 /// (HBONE) connection from A.

@@ -8,8 +8,10 @@
 //! says "not captured", and the real probe lands on the app seen from 169.254.7.127.
 
 use capture::{AmbientConfig, Plan, ambient_constants};
+use explain::ir::TableFamily;
 use explain::trace::{self, TraceHow};
 use explain::{self as ex, Connection, Direction, Landing, Protocol};
+use integration::host_probe::LEGACY_HOST_RULE;
 use integration::ztunnel::ZTUNNEL_STAND_IN as ZTUNNEL;
 use integration::*;
 use redirect::{Backend, BackendChoice};
@@ -305,5 +307,63 @@ fn host_probe_rule_is_explained_from_the_node_and_confirmed() {
             pe.summary
         );
         assert_eq!(from_node(&w, &ztunnel, uid), (lands_on, src_in_pod));
+    }
+}
+
+/// On an iptables-legacy node: Istio's legacy host rule (`nat ISTIO_POSTRT`, any local socket,
+/// the ipset `istio-inpod-probes-v4`) read back as the plan rendered it, explained from the
+/// node for kubelet's uid and another one (both SNATed: `--socket-exists`), and the pod's
+/// legacy rules let the SNATed probe through to the app, as the real probe shows.
+#[test]
+fn legacy_host_probe_rule_is_explained_from_the_node_and_matches_the_real_probe() {
+    require_root();
+    let (w, _host) = integration::host_probe::legacy_pod_on_node();
+    let (node, pod) = (w.world.path(), IpAddr::V4(w.pod_v4));
+    let ztunnel = Probe::start(w.pod.path(), "pod", &ZTUNNEL).unwrap();
+    let snat = IpAddr::V4(ambient_constants::HOST_PROBE_SNAT_V4);
+    let host_rs = ex::in_netns(Some(node), || {
+        ex::live_legacy::host_ruleset().map_err(|e| ex::ExplainError::Io {
+            context: "legacy host rule".into(),
+            source: std::io::Error::other(e.to_string()),
+        })
+    })
+    .unwrap();
+    // Exactly Istio's rule (as iptables-legacy-save orders its options) and the jump.
+    let texts = |name: &str| -> Vec<String> {
+        host_rs
+            .chain(TableFamily::Ip, "nat", name)
+            .map(|c| c.rules.iter().map(|r| r.text.clone()).collect())
+            .unwrap_or_default()
+    };
+    assert_eq!(texts(ex::live_legacy::HOST_CHAIN), [LEGACY_HOST_RULE]);
+    assert_eq!(texts("POSTROUTING"), ["-A POSTROUTING -j ISTIO_POSTRT"]);
+    let members = host_rs.set("nat", ambient_constants::PROBE_SET_V4);
+    assert_eq!(members.map(|s| s.elements.len()), Some(1), "{host_rs:?}");
+    let pod_rs = ex::in_netns(Some(w.pod.path()), || {
+        ex::live_legacy::live_ruleset().map_err(|e| ex::ExplainError::Io {
+            context: "legacy pod rules".into(),
+            source: std::io::Error::other(e.to_string()),
+        })
+    })
+    .unwrap();
+    for uid in [KUBELET, APP] {
+        let conn = Connection::new(
+            Direction::Outbound,
+            Protocol::Tcp,
+            SocketAddr::new(pod, 8080),
+        )
+        .uid(uid);
+        let facts = ex::namespace_facts(Some(node), &conn).unwrap();
+        let e = ex::explain_with(&host_rs, &conn, &facts).unwrap();
+        assert!(
+            matches!(&e.outcome, ex::Outcome::Snatted { from, .. } if *from == snat),
+            "uid {uid}: {}",
+            ex::render_text(&e)
+        );
+        let inbound = Connection::new(Direction::Inbound, Protocol::Tcp, conn.dst).src(snat);
+        let pf = ex::namespace_facts(Some(w.pod.path()), &inbound).unwrap();
+        let pe = ex::explain_with(&pod_rs, &inbound, &pf).unwrap();
+        assert_eq!(pe.outcome.landing(), Landing::Pod(8080), "{}", pe.summary);
+        assert_eq!(from_node(&w, &ztunnel, uid), (8080, snat));
     }
 }

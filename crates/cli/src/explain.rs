@@ -40,7 +40,8 @@ uses an expression the evaluator does not know (outcome cannot-evaluate); 2 bad 
                   iptables-legacy: the raw, mangle and nat tables holding ISTIO_* chains, built-in \
                   chains included) \
                   in the pod's network namespace (--network-namespace, or --pod NAMESPACE/NAME \
-                  found as the node daemon finds it; --host: the node's ambient probe rule), walks a synthetic first packet of the \
+                  found as the node daemon finds it; --host: the node's ambient probe rule, \
+                  nft's or Istio's legacy ISTIO_POSTRT with its ipsets), walks a synthetic first packet of the \
                   connection through them hook by hook, and prints each chain entered, the \
                   rule that decided (comment and text) and the outcome. --trace confirms it \
                   with the kernel (nft only).",
@@ -71,7 +72,8 @@ pub struct ExplainArgs {
     )]
     proc_root: PathBuf,
     /// Explain a connection made on the node (e.g. kubelet's probe, --uid its uid) through
-    /// ambient's host probe rule (inet istio-ambient-nat postrouting; nft only).
+    /// ambient's host probe rule: inet istio-ambient-nat postrouting (nft), or Istio's legacy
+    /// nat ISTIO_POSTRT with its ipsets (iptables-legacy); --backend picks, auto finds it.
     #[arg(long, conflicts_with = "pod")]
     host: bool,
     /// outbound: made by a process in the pod; inbound: arriving at the pod.
@@ -191,23 +193,13 @@ impl ExplainArgs {
         }
     }
 
-    /// --host: a connection from the node, through nft rules.
+    /// --host: a connection from the node.
     fn check_host(&self) -> Result<(), ExplainError> {
-        if !self.host {
-            return Ok(());
-        }
-        if matches!(self.direction, Dir::Inbound) {
+        if self.host && matches!(self.direction, Dir::Inbound) {
             return Err(ExplainError::BadInput {
                 arg: "--direction",
                 value: "inbound".into(),
                 why: "--host explains connections made on the node (outbound)".into(),
-            });
-        }
-        if self.backend == Which::IptablesLegacy {
-            return Err(ExplainError::BadInput {
-                arg: "--backend",
-                value: "iptables-legacy".into(),
-                why: "the host probe rule is always nftables (inet istio-ambient-nat)".into(),
             });
         }
         Ok(())
@@ -239,14 +231,11 @@ fn run(a: &ExplainArgs) -> Result<ExitCode, ExplainError> {
     a.check_host()?;
     let target = a.target()?;
     let netns = target.as_deref();
-    let which = if a.host { Which::Nft } else { a.backend };
-    let (rs, backend) = ruleset(netns, which)?;
-    if a.host && !has_host_rule(&rs) {
-        return Err(ExplainError::NoRules {
-            netns: ex::shown(netns),
-            looked: "no host probe rule (inet istio-ambient-nat, chain postrouting)".into(),
-        });
-    }
+    let (rs, backend) = if a.host {
+        host_ruleset(netns, a.backend)?
+    } else {
+        ruleset(netns, a.backend)?
+    };
     if a.trace && rs.backend != ex::ir::Backend::Nft {
         return Err(ExplainError::BadInput {
             arg: "--trace",
@@ -347,9 +336,56 @@ fn render_agreement(ag: &Agreement) -> String {
 
 fn has_host_rule(rs: &ex::ir::Ruleset) -> bool {
     rs.chains.iter().any(|c| {
-        c.table == "istio-ambient-nat"
-            && c.base.is_some_and(|b| b.hook == ex::ir::Hook::Postrouting)
+        (c.table == "istio-ambient-nat"
+            && c.base.is_some_and(|b| b.hook == ex::ir::Hook::Postrouting))
+            || c.name == explain::live_legacy::HOST_CHAIN
     })
+}
+
+/// The node's host probe rule, and which backend it is: nft's, Istio's legacy one, or with
+/// auto whichever the node has (nft first, as the agent writes only one).
+fn host_ruleset(
+    netns: Option<&Path>,
+    which: Which,
+) -> Result<(ex::ir::Ruleset, &'static str), ExplainError> {
+    let nft = || ex::live_ruleset(netns).map(|rs| Some(rs).filter(has_host_rule));
+    let legacy = || {
+        ex::in_netns(netns, || {
+            explain::live_legacy::host_ruleset().map_err(|e| legacy_err("the host probe rule", e))
+        })
+        .map(|rs| Some(rs).filter(has_host_rule))
+    };
+    let found = match which {
+        Which::Nft => nft()?,
+        Which::IptablesLegacy => legacy()?,
+        Which::Auto => match nft()? {
+            Some(rs) => Some(rs),
+            None => legacy()?,
+        },
+    };
+    let Some(rs) = found else {
+        return Err(ExplainError::NoRules {
+            netns: ex::shown(netns),
+            looked: match which {
+                Which::Nft => "no host probe rule (inet istio-ambient-nat, chain postrouting)",
+                Which::IptablesLegacy => "no host probe rule (iptables-legacy nat ISTIO_POSTRT)",
+                Which::Auto => {
+                    "no host probe rule (inet istio-ambient-nat, chain postrouting; \
+                     iptables-legacy nat ISTIO_POSTRT)"
+                }
+            }
+            .into(),
+        });
+    };
+    let name = rs.backend.name();
+    Ok((rs, name))
+}
+
+fn legacy_err(what: &str, e: iptables_legacy::LegacyError) -> ExplainError {
+    ExplainError::Io {
+        context: format!("reading {what} from iptables-legacy"),
+        source: std::io::Error::other(e.to_string()),
+    }
 }
 
 /// The live rules to explain, and which backend they are.
@@ -360,10 +396,7 @@ fn ruleset(
     let nft = || ex::live_ruleset(netns);
     let legacy = || {
         ex::in_netns(netns, || {
-            explain::live_legacy::live_ruleset().map_err(|e| ExplainError::Io {
-                context: "reading iptables-legacy rules".into(),
-                source: std::io::Error::other(e.to_string()),
-            })
+            explain::live_legacy::live_ruleset().map_err(|e| legacy_err("the rules", e))
         })
     };
     let rs = match which {

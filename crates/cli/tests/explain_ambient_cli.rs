@@ -299,20 +299,21 @@ fn bad_pods_exit_2_naming_the_pod() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
 }
 
+/// `explain --host` from `w`'s node (its world namespace) to `dst`, with `extra`.
+fn explain_host(w: &integration::PodWorld, dst: &str, extra: &[&str]) -> Output {
+    let node = w.world.path().to_str().unwrap();
+    let mut a = vec!["--host", "--network-namespace", node, "--dst", dst];
+    a.extend_from_slice(extra);
+    explain(&a)
+}
+
 #[test]
 fn host_probe_rule_is_explained_from_the_node() {
     require_root();
     let (w, _host) = integration::host_probe::nft_pod_on_node(KUBELET);
     let _ztunnel = Probe::start(w.pod.path(), "pod", &ZTUNNEL).unwrap();
-    let pod = std::net::IpAddr::V4(w.pod_v4);
-    let node = w.world.path().to_str().unwrap();
-    let dst = format!("{pod}:8080");
-    let base = ["--host", "--network-namespace", node, "--dst", &dst];
-    let with = |extra: &[&str]| {
-        let mut a = base.to_vec();
-        a.extend_from_slice(extra);
-        explain(&a)
-    };
+    let dst = format!("{}:8080", w.pod_v4);
+    let with = |extra: &[&str]| explain_host(&w, &dst, extra);
     let o = with(&["--uid", "4242", "--trace", "--json"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let v = json_of(&o);
@@ -326,7 +327,11 @@ fn host_probe_rule_is_explained_from_the_node() {
     assert!(t.contains("not captured") || t.contains("untouched"), "{t}");
     for (extra, needle) in [
         (&["--direction", "inbound"][..], "--direction"),
-        (&["--backend", "iptables-legacy"][..], "--backend"),
+        // This node's rule is nft's: none in iptables-legacy.
+        (
+            &["--backend", "iptables-legacy"][..],
+            "no host probe rule (iptables-legacy",
+        ),
     ] {
         let o = with(extra);
         assert_eq!(o.status.code(), Some(2), "{}", text(&o));
@@ -342,4 +347,37 @@ fn host_probe_rule_is_explained_from_the_node() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("no host probe rule"), "{}", text(&o));
+}
+
+#[test]
+fn legacy_host_probe_rule_is_explained_from_the_node() {
+    require_root();
+    let (w, _host) = integration::host_probe::legacy_pod_on_node();
+    let _ztunnel = Probe::start(w.pod.path(), "pod", &ZTUNNEL).unwrap();
+    let dst = format!("{}:8080", w.pod_v4);
+    let with = |extra: &[&str]| explain_host(&w, &dst, extra);
+    // Istio's legacy rule matches any local socket: kubelet's uid and another alike.
+    for uid in ["4242", "1000"] {
+        let o = with(&["--uid", uid, "--json"]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let v = json_of(&o);
+        assert_eq!(v["backend"], "iptables-legacy", "{v}");
+        assert_eq!(v["outcome"]["kind"], "snatted", "{v}");
+        assert_eq!(v["outcome"]["from"], "169.254.7.127", "{v}");
+        assert_eq!(v["steps"][0]["hook"], "postrouting", "{v}");
+    }
+    let t = text(&with(&["--uid", "4242"]));
+    assert!(t.contains("--match-set istio-inpod-probes-v4 dst"), "{t}");
+    // Asked for nft's rule, which this node does not have; the kernel trace is nft's.
+    for (extra, needle) in [
+        (
+            &["--backend", "nft"][..],
+            "no host probe rule (inet istio-ambient-nat",
+        ),
+        (&["--trace"][..], "nft-only"),
+    ] {
+        let o = with(extra);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(text(&o).contains(needle), "{}", text(&o));
+    }
 }

@@ -5,9 +5,13 @@
 //! so one evaluator explains both backends. The built-in chains are read whole (a pod's
 //! namespace holds only our rules; anything else there is traversed too); a match or target
 //! this reader does not know becomes an `Unknown` expression, reported rather than guessed.
+//!
+//! On the node ([`host_ruleset`]) only Istio's legacy host probe rule is read: `nat
+//! ISTIO_POSTRT` and the POSTROUTING jumps to it (kube-proxy's chains beside it are not ours),
+//! with the ipsets it matches (`-m set --match-set istio-inpod-probes-v4 dst`) as sets.
 
 use crate::ir::{Backend, BaseHook, Chain, Expr, Hook, Rule, Ruleset, Set, TableFamily, Verdict};
-use iptables_legacy::live::{our_save, parse};
+use iptables_legacy::live::{SavedTable, ipset_members, our_save, parse};
 use iptables_legacy::{LegacyError, Tools};
 use std::net::IpAddr;
 
@@ -33,6 +37,89 @@ pub fn live_ruleset_with(tools: &Tools) -> Result<Ruleset, LegacyError> {
     Ok(rs)
 }
 
+/// The chain of Istio's legacy host probe rule (nat, jumped to from POSTROUTING).
+pub const HOST_CHAIN: &str = "ISTIO_POSTRT";
+
+/// The node's host probe rule (both families), with the ipsets it matches; an empty ruleset
+/// when there is none.
+pub fn host_ruleset() -> Result<Ruleset, LegacyError> {
+    host_ruleset_with(&Tools::default())
+}
+
+/// [`host_ruleset`] with explicit binary lookup.
+pub fn host_ruleset_with(tools: &Tools) -> Result<Ruleset, LegacyError> {
+    let mut rs = Ruleset {
+        backend: Backend::IptablesLegacy,
+        chains: Vec::new(),
+        sets: Vec::new(),
+    };
+    for v6 in [false, true] {
+        if let Some(text) = our_save(tools, v6)?.and_then(|t| host_rule_only(&t)) {
+            add_family(&mut rs, &text, v6);
+        }
+    }
+    load_ipsets(&mut rs, |name| ipset_members(tools, name));
+    Ok(rs)
+}
+
+/// The save text of `nat` reduced to the host probe rule: POSTROUTING's jumps to
+/// [`HOST_CHAIN`] and that chain; `None` without it.
+pub fn host_rule_only(save_text: &str) -> Option<String> {
+    let tables = parse(save_text);
+    let nat: &SavedTable = tables.iter().find(|t| t.name == "nat")?;
+    if !nat.chains.iter().any(|c| c == HOST_CHAIN) {
+        return None;
+    }
+    let jump = format!("-j {HOST_CHAIN}");
+    let mut out = format!("*nat\n:POSTROUTING ACCEPT [0:0]\n:{HOST_CHAIN} - [0:0]\n");
+    for r in nat.rules_of("POSTROUTING").filter(|r| r.trim() == jump) {
+        out.push_str(&format!("-A POSTROUTING {r}\n"));
+    }
+    for r in nat.rules_of(HOST_CHAIN) {
+        out.push_str(&format!("-A {HOST_CHAIN} {r}\n"));
+    }
+    out.push_str("COMMIT\n");
+    Some(out)
+}
+
+/// Fills in the ipsets the rules look up (`--match-set`), each from `members`; one that
+/// cannot be read stays missing, and the evaluator says so where a rule looks it up.
+pub fn load_ipsets(rs: &mut Ruleset, members: impl Fn(&str) -> Result<Vec<IpAddr>, LegacyError>) {
+    let mut wanted: Vec<(String, String)> = Vec::new();
+    for c in &rs.chains {
+        for r in &c.rules {
+            for e in &r.exprs {
+                if let Expr::Lookup { set, .. } = e
+                    && !set.starts_with(MULTIPORT_SET)
+                    && rs.set(&c.table, set).is_none()
+                    && !wanted.iter().any(|(t, n)| t == &c.table && n == set)
+                {
+                    wanted.push((c.table.clone(), set.clone()));
+                }
+            }
+        }
+    }
+    for (table, name) in wanted {
+        let Ok(addrs) = members(&name) else { continue };
+        rs.sets.push(Set {
+            table,
+            elements: addrs.iter().map(|a| (ip_bytes(*a), false)).collect(),
+            name,
+            interval: false,
+        });
+    }
+}
+
+fn ip_bytes(a: IpAddr) -> Vec<u8> {
+    match a {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+/// Names of the sets this reader makes for `--dports`/`--sports` lists.
+const MULTIPORT_SET: &str = "multiport-";
+
 fn priority(table: &str) -> Option<(i32, bool)> {
     match table {
         "raw" => Some((-300, false)),
@@ -57,7 +144,8 @@ pub fn add_family(rs: &mut Ruleset, save_text: &str, v6: bool) {
             let hook = match name.as_str() {
                 "PREROUTING" => Some(Hook::Prerouting),
                 "OUTPUT" => Some(Hook::Output),
-                "INPUT" | "POSTROUTING" | "FORWARD" => Some(Hook::Other),
+                "POSTROUTING" => Some(Hook::Postrouting),
+                "INPUT" | "FORWARD" => Some(Hook::Other),
                 _ => None,
             };
             let mut rules = Vec::new();
@@ -217,7 +305,7 @@ fn port_payload(offset: u32) -> Expr {
 }
 
 /// Match modules whose options [`matcher`] reads (`-m tcp` itself adds nothing).
-const MODULES: [&str; 8] = [
+const MODULES: [&str; 9] = [
     "tcp",
     "udp",
     "owner",
@@ -226,6 +314,7 @@ const MODULES: [&str; 8] = [
     "conntrack",
     "multiport",
     "comment",
+    "set",
 ];
 
 /// One save rule (after `-A CHAIN`) as expressions, and its `-m comment`. The first thing
@@ -258,6 +347,33 @@ fn translate(
             }
             "--comment" => comment = Some(arg.to_string()),
             "-m" if MODULES.contains(&arg) => {}
+            // xt_owner: only a packet with a full local socket matches; `meta skuid` loads
+            // only for those (as the nft host rule says it).
+            "--socket-exists" if !negate => {
+                out.extend([
+                    meta(libc::NFT_META_SKUID),
+                    Expr::Cmp {
+                        sreg: REG1,
+                        op: libc::NFT_CMP_GTE as u32,
+                        data: 0u32.to_ne_bytes().to_vec(),
+                    },
+                ]);
+                i += 1;
+                continue;
+            }
+            "--match-set" => {
+                let dir = w.get(i + 2).map(String::as_str).unwrap_or("");
+                match match_set(arg, dir, negate, v6) {
+                    Some(e) => out.extend(e),
+                    None => {
+                        out.push(Expr::Unknown(format!("--match-set {arg} {dir}")));
+                        break;
+                    }
+                }
+                negate = false;
+                i += 3;
+                continue;
+            }
             _ => {
                 let ctx = Ctx {
                     v6,
@@ -325,7 +441,7 @@ fn matcher(
                 .split(',')
                 .map(|p| p.parse().map_err(|_| unknown()))
                 .collect::<Result<_, _>>()?;
-            let name = format!("multiport-{}", sets.len());
+            let name = format!("{MULTIPORT_SET}{}", sets.len());
             sets.push(Set {
                 table: ctx.table.to_string(),
                 name: name.clone(),
@@ -386,6 +502,35 @@ fn matcher(
         "-m" => return Err(unknown()),
         _ => return Err(tok.to_string()),
     })
+}
+
+/// `-m set --match-set NAME src|dst`: the packet's source or destination address looked up in
+/// the ipset (loaded by [`load_ipsets`]). One direction only: hash:ip sets of addresses.
+fn match_set(name: &str, dir: &str, negate: bool, v6: bool) -> Option<Vec<Expr>> {
+    let source = match dir {
+        "src" => true,
+        "dst" => false,
+        _ => return None,
+    };
+    let (offset, len) = match (v6, source) {
+        (false, true) => (12, 4),
+        (false, false) => (16, 4),
+        (true, true) => (8, 16),
+        (true, false) => (24, 16),
+    };
+    Some(vec![
+        Expr::Payload {
+            base: libc::NFT_PAYLOAD_NETWORK_HEADER as u32,
+            offset,
+            len,
+            dreg: REG1,
+        },
+        Expr::Lookup {
+            sreg: REG1,
+            set: name.to_string(),
+            invert: negate,
+        },
+    ])
 }
 
 /// `-m mark --mark V[/M]` or `-m connmark --mark V[/M]`: the latest of the two modules says
@@ -482,6 +627,23 @@ fn target(w: &[String], goto: bool, out: &mut Vec<Expr>) {
             None => out.push(Expr::Unknown(format!("-j {}", w.join(" ")))),
         },
         "CONNMARK" => connmark(w, out),
+        // The host probe rule's `-j SNAT --to-source 169.254.7.127` (an address, no port).
+        "SNAT" => match opt("--to-source").and_then(|a| a.parse::<IpAddr>().ok()) {
+            Some(addr) => {
+                out.push(imm(ip_bytes(addr)));
+                out.push(Expr::Nat {
+                    snat: true,
+                    family: if addr.is_ipv6() {
+                        libc::NFPROTO_IPV6 as u32
+                    } else {
+                        libc::NFPROTO_IPV4 as u32
+                    },
+                    addr_reg: Some(REG1),
+                    port_reg: None,
+                });
+            }
+            None => out.push(Expr::Unknown(format!("-j {}", w.join(" ")))),
+        },
         "CT" => match opt("--zone").and_then(|z| z.parse::<u16>().ok()) {
             Some(z) => {
                 out.push(imm(z.to_ne_bytes().to_vec()));
@@ -603,5 +765,46 @@ mod tests {
         }));
         // `! --mark 0x539/0xfff`: (mark & 0xfff) != 0x539.
         assert!(all.contains(&&cmp(true, 0x539u32.to_ne_bytes().to_vec())));
+    }
+
+    #[test]
+    fn reads_only_the_host_rule_on_a_node_and_its_ipset() {
+        let save = "*nat\n:PREROUTING ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n:KUBE-POSTROUTING - [0:0]\n:ISTIO_POSTRT - [0:0]\n-A POSTROUTING -j ISTIO_POSTRT\n-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n-A ISTIO_POSTRT -p tcp -m owner --socket-exists -m set --match-set istio-inpod-probes-v4 dst -j SNAT --to-source 169.254.7.127\nCOMMIT\n";
+        let host = host_rule_only(save).expect("the host rule");
+        assert!(!host.contains("KUBE-"), "{host}");
+        let mut rs = Ruleset {
+            backend: Backend::IptablesLegacy,
+            chains: Vec::new(),
+            sets: Vec::new(),
+        };
+        add_family(&mut rs, &host, false);
+        let post = rs.chain(TableFamily::Ip, "nat", "POSTROUTING").unwrap();
+        assert_eq!(post.base.map(|b| b.hook), Some(Hook::Postrouting));
+        let rule = &rs.chain(TableFamily::Ip, "nat", HOST_CHAIN).unwrap().rules[0];
+        assert!(
+            !rule.exprs.iter().any(|e| matches!(e, Expr::Unknown(_))),
+            "{:?}",
+            rule.exprs
+        );
+        assert!(matches!(
+            rule.exprs.last(),
+            Some(Expr::Nat {
+                snat: true,
+                addr_reg: Some(_),
+                port_reg: None,
+                ..
+            })
+        ));
+        let pod: IpAddr = "10.88.1.10".parse().unwrap();
+        load_ipsets(&mut rs, |name| {
+            assert_eq!(name, "istio-inpod-probes-v4");
+            Ok(vec![pod])
+        });
+        let set = rs.set("nat", "istio-inpod-probes-v4").unwrap();
+        assert_eq!(set.elements, [(vec![10, 88, 1, 10], false)]);
+        assert_eq!(
+            host_rule_only("*nat\n:POSTROUTING ACCEPT [0:0]\nCOMMIT\n"),
+            None
+        );
     }
 }

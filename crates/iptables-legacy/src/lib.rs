@@ -296,6 +296,7 @@ pub fn save_ipv4(tools: &Tools) -> Result<String, LegacyError> {
 pub mod live {
     use crate::tools::{Fam, Tools};
     use crate::{LegacyError, save, tables_instantiated};
+    use std::net::IpAddr;
 
     pub use crate::save::{SavedTable, parse};
 
@@ -311,6 +312,34 @@ pub mod live {
             .iter()
             .any(SavedTable::has_ours)
             .then_some(text))
+    }
+
+    /// The addresses in the ipset `name` in the calling thread's namespace (`ipset save`).
+    pub fn ipset_members(tools: &Tools, name: &str) -> Result<Vec<IpAddr>, LegacyError> {
+        Ok(parse_ipset_save(&tools.ipset(&["save", name], None)?, name))
+    }
+
+    /// The addresses of `add NAME ADDR [options]` lines for the set `name`.
+    pub fn parse_ipset_save(text: &str, name: &str) -> Vec<IpAddr> {
+        text.lines()
+            .filter_map(|l| {
+                l.strip_prefix("add ")?
+                    .strip_prefix(name)?
+                    .strip_prefix(' ')
+            })
+            .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
+            .collect()
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn parses_ipset_save() {
+            let text = "create istio-inpod-probes-v4 hash:ip family inet hashsize 1024 maxelem 65536 comment bucketsize 12 initval 0x1\nadd istio-inpod-probes-v4 10.88.1.10 comment \"uid-a\"\nadd istio-inpod-probes-v4x 10.88.1.99\nadd istio-inpod-probes-v4 10.88.1.11\n";
+            let want: Vec<std::net::IpAddr> =
+                vec!["10.88.1.10".parse().unwrap(), "10.88.1.11".parse().unwrap()];
+            assert_eq!(super::parse_ipset_save(text, "istio-inpod-probes-v4"), want);
+        }
     }
 }
 
