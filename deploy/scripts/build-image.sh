@@ -39,6 +39,7 @@ if [ "$build" = 1 ]; then
   echo "== image: integration/scripts/build-bins.sh"
   integration/scripts/build-bins.sh >/dev/null
 fi
+umask 022   # the context's modes become the image's
 work=$(mktemp -d "${TMPDIR:-/tmp}/istio-cni-image.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/context/bin" "$(dirname "$out")"

@@ -209,6 +209,7 @@ def main():
     check("no exposed ports, volumes or working dir", not any(cfg.get(k) for k in ("ExposedPorts", "Volumes", "WorkingDir")))
 
     files, dirs, links, others, compressed = {}, set(), {}, [], 0
+    writable = []
     for layer in manifest["layers"]:
         data = blob(layer["digest"])
         compressed += len(data)
@@ -217,6 +218,8 @@ def main():
         with tarfile.open(fileobj=io.BytesIO(raw)) as t:
             for m in t.getmembers():
                 name = m.name.lstrip("./")
+                if not m.issym() and m.mode & 0o022:
+                    writable.append(f"{name} {oct(m.mode)}")
                 if m.isdir():
                     dirs.add(name)
                 elif m.isfile():
@@ -234,6 +237,7 @@ def main():
         got = hashlib.sha256(data).hexdigest()
         check(f"/{path}: the release build's {bin_name} (sha256 {want[:16]}), executable, static",
               got == want and mode & 0o111 == 0o111 and elf_is_static(data), f"sha256 {got[:16]} mode {oct(mode)}")
+    check("no file or directory is group- or world-writable", not writable, "; ".join(writable[:5]))
     check_legacy_tools(files, links)
     mb = compressed / 1e6
     archive_mb = os.path.getsize(a.archive) / 1e6

@@ -10,6 +10,7 @@
 # /lib64 -> usr/lib64), so the files are Debian's own, byte for byte (check-image.py verifies that
 # against the host's files and dpkg). Needs the packages iptables and ipset installed.
 set -euo pipefail
+umask 022   # the tree's directories become the image's: never group/world-writable
 dest=${1:?usage: stage-legacy-tools.sh DEST}
 TOOLS=(iptables-legacy iptables-legacy-restore iptables-legacy-save
        ip6tables-legacy ip6tables-legacy-restore ip6tables-legacy-save ipset)
