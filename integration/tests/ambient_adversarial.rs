@@ -4,16 +4,20 @@
 //! rules); a SIGKILLed agent mid-ADD leaves no pod half programmed once the runtime has DELed
 //! the failed sandboxes, and the restarted agent serves the rest. Different pods are enrolled
 //! concurrently: many pods ADDed and DELed at once each end whole, the probe set holds exactly
-//! the served ones, and the host rule is there while any pod is served and gone with the last.
+//! the served ones, and the host rule is there while any pod is served and gone with the last
+//! (on an nftables node and on an iptables-legacy node: legacy in-pod rules, Istio's legacy
+//! host rule and its ipset, all written by concurrent enrollments).
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use integration::ambient::{AmbientNode, AmbientOptions, Mode, Pod, PodPlan};
+use capture::ambient_constants::PROBE_SET_V4;
+use integration::ambient::{AmbientNode, AmbientOptions, Mode, Pod, PodPlan, legacy_save};
 use integration::cni::require_cni_tools;
 use integration::ztunnel::ztunnel_binary;
+use std::net::IpAddr;
 
 fn prerequisites() -> Option<PathBuf> {
     require_cni_tools();
@@ -64,22 +68,97 @@ fn netns_path(pod: &Pod) -> String {
     pod.ns.path().display().to_string()
 }
 
+/// The node's backend: where the agent writes in-pod rules and the host probe rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NodeKind {
+    Nft,
+    Legacy,
+}
+
+impl NodeKind {
+    fn options(self) -> AmbientOptions {
+        match self {
+            NodeKind::Nft => AmbientOptions::default(),
+            NodeKind::Legacy => AmbientOptions {
+                env: vec![("REDIRECT_BACKEND".into(), "iptables-legacy".into())],
+                ..AmbientOptions::default()
+            },
+        }
+    }
+
+    /// The pod's in-pod rules, as (family table or chain) names; empty when none.
+    fn rules(self, n: &AmbientNode, pod: &Pod) -> Vec<String> {
+        match self {
+            NodeKind::Nft => n.ambient_tables(pod),
+            NodeKind::Legacy => legacy_save(pod.ns.path(), false)
+                .lines()
+                .filter(|l| l.starts_with(":ISTIO_"))
+                .map(str::to_string)
+                .collect(),
+        }
+    }
+
+    /// How many of [`NodeKind::rules`] a served pod has (nft: three tables; legacy: the
+    /// chains ISTIO_PRERT and ISTIO_OUTPUT in raw, mangle and nat).
+    fn complete(self) -> usize {
+        match self {
+            NodeKind::Nft => 3,
+            NodeKind::Legacy => 6,
+        }
+    }
+
+    /// The node's probe set: nft's named set or Istio's ipset.
+    fn probe_set(self, n: &AmbientNode) -> Vec<IpAddr> {
+        let mut v = match self {
+            NodeKind::Nft => n.probe_set(),
+            NodeKind::Legacy => n
+                .probe_ipset(PROBE_SET_V4)
+                .into_iter()
+                .map(|(ip, _)| ip)
+                .collect(),
+        };
+        v.sort();
+        v
+    }
+
+    /// Whether the node's host probe rule is gone (with its sets).
+    fn host_rule_gone(self, n: &AmbientNode) -> bool {
+        match self {
+            NodeKind::Nft => n.host_table().contains("no host table"),
+            NodeKind::Legacy => {
+                n.ipsets().is_empty()
+                    && !legacy_save(n.node.ns.path(), false).contains("ISTIO_POSTRT")
+            }
+        }
+    }
+}
+
 /// Served with its rules, or neither.
 #[track_caller]
 fn whole(n: &AmbientNode, pod: &Pod) -> bool {
-    let tables = n.ambient_tables(pod);
+    whole_on(NodeKind::Nft, n, pod)
+}
+
+/// [`whole`] on a node of `kind`.
+#[track_caller]
+fn whole_on(kind: NodeKind, n: &AmbientNode, pod: &Pod) -> bool {
+    let rules = kind.rules(n, pod);
+    if kind == NodeKind::Legacy {
+        let nft = n.ambient_tables(pod);
+        assert!(nft.is_empty(), "nftables in a legacy node's pod: {nft:?}");
+    }
     if n.served(pod) {
         assert_eq!(
-            tables.len(),
-            3,
-            "served without its rules: {tables:?}\n{}",
+            rules.len(),
+            kind.complete(),
+            "served without its rules: {rules:?}\n{}",
             n.logs()
         );
         true
     } else {
         assert!(
-            tables.is_empty(),
-            "rules without ztunnel: {tables:?}\n{}",
+            rules.is_empty(),
+            "rules without ztunnel: {rules:?}\n{}",
             n.logs()
         );
         false
@@ -184,11 +263,28 @@ fn concurrent_adds_and_dels_of_one_pod_never_leave_it_half_served() {
 
 #[test]
 fn many_pods_added_and_deleted_at_once_each_end_whole_with_the_host_rule_while_needed() {
+    burst(NodeKind::Nft, 4);
+}
+
+#[test]
+fn the_same_burst_on_an_iptables_legacy_node() {
+    burst(NodeKind::Legacy, 5);
+}
+
+/// 16 pods (10.88.`octet`.10–25) ADDed at once, half DELed again at once, three rounds; then
+/// all DELed.
+fn burst(kind: NodeKind, octet: u8) {
     let Some(zt) = prerequisites() else { return };
     let plans: Vec<PodPlan> = (0..16u8)
-        .map(|i| PodPlan::new(&format!("burst-{i}"), [10, 88, 4, 10 + i], Mode::Ambient))
+        .map(|i| {
+            PodPlan::new(
+                &format!("burst-{i}"),
+                [10, 88, octet, 10 + i],
+                Mode::Ambient,
+            )
+        })
         .collect();
-    let n = AmbientNode::start(&zt, &AmbientOptions::default(), &plans).unwrap();
+    let n = AmbientNode::start(&zt, &kind.options(), &plans).unwrap();
     let pods: Vec<Pod> = plans.iter().map(|p| n.create_pod(p).unwrap()).collect();
     let sock = socket(&n);
     for round in 0..3 {
@@ -210,12 +306,11 @@ fn many_pods_added_and_deleted_at_once_each_end_whole_with_the_host_rule_while_n
         std::thread::sleep(Duration::from_millis(300));
         let mut served: Vec<_> = pods
             .iter()
-            .filter(|p| whole(&n, p))
+            .filter(|p| whole_on(kind, &n, p))
             .map(|p| p.ip())
             .collect();
-        let mut set = n.probe_set();
+        let set = kind.probe_set(&n);
         served.sort();
-        set.sort();
         assert_eq!(
             served.len(),
             8,
@@ -226,7 +321,7 @@ fn many_pods_added_and_deleted_at_once_each_end_whole_with_the_host_rule_while_n
             set,
             served,
             "round {round}: the probe set is not the served pods\n{}",
-            n.host_table()
+            n.logs()
         );
     }
     std::thread::scope(|s| {
@@ -237,11 +332,11 @@ fn many_pods_added_and_deleted_at_once_each_end_whole_with_the_host_rule_while_n
     });
     for pod in &pods {
         n.eventually("every pod released", || n.not_served(pod));
-        assert!(!whole(&n, pod));
+        assert!(!whole_on(kind, &n, pod));
     }
-    assert!(n.probe_set().is_empty(), "{:?}", n.probe_set());
+    assert!(kind.probe_set(&n).is_empty(), "{:?}", kind.probe_set(&n));
     n.eventually("the host rule gone with the last pod", || {
-        n.host_table().contains("no host table")
+        kind.host_rule_gone(&n)
     });
 }
 
