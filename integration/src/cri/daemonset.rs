@@ -5,9 +5,9 @@
 //! What kubelet does and this does too: `envFrom` the ConfigMap, `env` values and `fieldRef`s
 //! (namespace, node name), `KUBERNETES_SERVICE_HOST/PORT`, the ServiceAccount token mount at
 //! `/var/run/secrets/kubernetes.io/serviceaccount`, hostPath volumes (`DirectoryOrCreate` and
-//! `FileOrCreate` created), the securityContext (user, group, capabilities, read-only rootfs, seccomp,
-//! privileged), `hostNetwork`, the termination grace period (StopContainer's timeout) and the
-//! readiness probe (an HTTP GET the caller performs).
+//! `FileOrCreate` created), the securityContext (user, group, capabilities, read-only rootfs,
+//! seccomp, privileged), `hostNetwork`, the termination grace period (StopContainer's timeout)
+//! and the readiness probe (an HTTP GET the caller performs).
 //!
 //! What a test node changes, and why:
 //! * hostPath volumes are mapped onto the node's temporary layout (`<root>/<path>`), except
