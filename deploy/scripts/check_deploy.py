@@ -589,25 +589,36 @@ def main():
     triple = re.search(r'^target\s*=\s*"([^"]+)"', cargo_cfg, re.M).group(1)
     build_script = read("deploy/scripts/build-image.sh")
     script_bins = re.search(r"^BINS=\(([^)]*)\)", build_script, re.M).group(1).split()
+    # THE build (integration/scripts/build-bins.sh: --workspace feature unification) is what
+    # both images pack: build-image.sh runs it, Dockerfile.source runs it in its builder.
+    bins_script = read("integration/scripts/build-bins.sh")
+    built_bins = re.search(r"^BINS=\(([^)]*)\)", bins_script, re.M).group(1).split()
+    check("build-bins.sh builds with --workspace (one feature unification)",
+          re.search(r"^cargo build --locked --release --workspace ", bins_script, re.M) is not None)
+    check(f"build-image.sh packs build-bins.sh's binaries ({sorted(built_bins)})",
+          "integration/scripts/build-bins.sh" in build_script and sorted(script_bins) == sorted(built_bins),
+          str(script_bins))
     check("build-image.sh stages the legacy tools into the context's legacy-tools/",
           'stage-legacy-tools.sh "$work/context/legacy-tools"' in build_script)
     source_text = read("deploy/Dockerfile.source")
+    check("Dockerfile.source's builder runs build-bins.sh (no cargo build of its own)",
+          re.search(r"^RUN integration/scripts/build-bins.sh\b", source_text, re.M) is not None
+          and parse_dockerfile(source_text)[3] == [])
     check("Dockerfile.source's builder installs iptables and ipset and stages them into /legacy-tools",
           re.search(r"apt-get install[^&]*\biptables\b[^&]*\bipset\b", source_text, re.S) is not None
           and "deploy/scripts/stage-legacy-tools.sh /legacy-tools" in source_text)
     for dockerfile, prefix, built, tree in [
         ("deploy/Dockerfile", "bin/", script_bins, "legacy-tools/"),
-        ("deploy/Dockerfile.source", f"/src/target/{triple}/release/", None, "/legacy-tools/"),
+        ("deploy/Dockerfile.source", f"/src/target/{triple}/release/", built_bins, "/legacy-tools/"),
     ]:
-        stages, copies, entry, cargo_bins = parse_dockerfile(read(dockerfile))
+        stages, copies, entry, _ = parse_dockerfile(read(dockerfile))
         check(f"{dockerfile}: copies the legacy tools' tree {tree} to / once",
               [c for c in copies if c[1] == "/"] == [(tree, "/")], str(copies))
         copies = [c for c in copies if c[1] != "/"]
-        built = cargo_bins if built is None else built
         srcs_ok = [s for s, _ in copies if s.startswith(prefix) and s[len(prefix):] in ws_bins]
         check(f"{dockerfile}: every other copied path ({len(copies)}) is a workspace bin target under {prefix}",
               copies and len(srcs_ok) == len(copies), f"copies={copies} bins={sorted(ws_bins)}")
-        check(f"{dockerfile}: every binary it copies is one that is built (cargo build --bin / build-image.sh BINS)",
+        check(f"{dockerfile}: every binary it copies is one build-bins.sh builds",
               {s[len(prefix):] for s, _ in copies} <= set(built) <= ws_bins, f"built={built}")
         check(f"{dockerfile}: final stage is scratch (only the binaries and the legacy tools)",
               stages and stages[-1].split()[1] == "scratch")
