@@ -526,6 +526,7 @@ impl AmbientNode {
         eventually(what, || self.logs(), check);
     }
 }
+
 /// Asserts that `o` landed on `probe`'s `port` (with the node's logs when not).
 #[track_caller]
 pub fn lands(n: &AmbientNode, o: &Outcome, probe: &str, port: u16) {

@@ -728,7 +728,6 @@ pub fn http_get(port: u16, path: &str) -> (u16, String) {
     (code, body)
 }
 
-/// Polls `f` every 2 ms until it holds or `timeout` passes.
 /// The pod's `CNI_ARGS` (`K8S_POD_*`) plus `extra` (`;`-separated `KEY=VALUE`s), if any.
 fn cni_args(p: &DemoPod, extra: &str) -> String {
     let mut args = k8s_args(&p.namespace, &p.name);
@@ -739,6 +738,7 @@ fn cni_args(p: &DemoPod, extra: &str) -> String {
     args
 }
 
+/// Polls `f` every 2 ms until it holds or `timeout` passes.
 pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     loop {

@@ -366,8 +366,6 @@ pub fn serves_nothing(ns: &Path) -> io::Result<bool> {
     Ok(!INPOD_PORTS.iter().any(|p| ports.contains(p)))
 }
 
-/// Sums the samples of `name` (Prometheus text format) whose label set contains every
-/// `key="value"` of `labels`.
 /// A stand-in for ztunnel inside a pod, for the rule tests that run without it: its in-pod
 /// listeners (15001 outbound, 15006 TPROXY inbound, 15008 HBONE, DNS on 15053 over UDP and
 /// TCP) and the app's 8080 as one probe, which reports the port a connection landed on.
@@ -404,6 +402,8 @@ pub fn passthrough_labels(src: &str) -> [(&'static str, &str); 3] {
     ]
 }
 
+/// Sums the samples of `name` (Prometheus text format) whose label set contains every
+/// `key="value"` of `labels`.
 pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
