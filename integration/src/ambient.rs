@@ -602,14 +602,10 @@ pub fn probe_set(node: &TestNetns) -> Vec<IpAddr> {
 /// The members of the node's legacy probe ipset `set` (`istio-inpod-probes-v4/v6`) as
 /// `(address, comment)`; empty when the set does not exist.
 pub fn probe_ipset(node: &TestNetns, set: &str) -> Vec<(IpAddr, String)> {
-    let out = node.exec_ok("ipset", &["save", set]);
-    out.unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.strip_prefix(&format!("add {set} ")))
-        .filter_map(|rest| {
-            let (ip, comment) = rest.split_once(" comment ")?;
-            Some((ip.parse().ok()?, comment.trim_matches('"').to_string()))
-        })
+    let out = node.exec_ok("ipset", &["save", set]).unwrap_or_default();
+    iptables_legacy::live::parse_ipset_save(&out, set)
+        .into_iter()
+        .map(|m| (m.addr, m.comment.unwrap_or_default()))
         .collect()
 }
 

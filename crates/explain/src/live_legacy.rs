@@ -58,7 +58,9 @@ pub fn host_ruleset_with(tools: &Tools) -> Result<Ruleset, LegacyError> {
             add_family(&mut rs, &text, v6);
         }
     }
-    load_ipsets(&mut rs, |name| ipset_members(tools, name));
+    load_ipsets(&mut rs, |name| {
+        Ok(ipset_members(tools, name)?.iter().map(|m| m.addr).collect())
+    });
     Ok(rs)
 }
 

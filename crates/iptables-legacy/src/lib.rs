@@ -314,20 +314,34 @@ pub mod live {
             .then_some(text))
     }
 
-    /// The addresses in the ipset `name` in the calling thread's namespace (`ipset save`).
-    pub fn ipset_members(tools: &Tools, name: &str) -> Result<Vec<IpAddr>, LegacyError> {
+    /// The members of the ipset `name` in the calling thread's namespace (`ipset save`).
+    pub fn ipset_members(tools: &Tools, name: &str) -> Result<Vec<IpsetMember>, LegacyError> {
         Ok(parse_ipset_save(&tools.ipset(&["save", name], None)?, name))
     }
 
-    /// The addresses of `add NAME ADDR [options]` lines for the set `name`.
-    pub fn parse_ipset_save(text: &str, name: &str) -> Vec<IpAddr> {
+    /// One element of a hash:ip set: its address and its comment (ours: the pod's UID).
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct IpsetMember {
+        pub addr: IpAddr,
+        pub comment: Option<String>,
+    }
+
+    /// The `add NAME ADDR [comment "TEXT"]` lines for the set `name`.
+    pub fn parse_ipset_save(text: &str, name: &str) -> Vec<IpsetMember> {
         text.lines()
             .filter_map(|l| {
                 l.strip_prefix("add ")?
                     .strip_prefix(name)?
                     .strip_prefix(' ')
             })
-            .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
+            .filter_map(|rest| {
+                Some(IpsetMember {
+                    addr: rest.split_whitespace().next()?.parse().ok()?,
+                    comment: rest
+                        .split_once(" comment ")
+                        .map(|(_, c)| c.trim().trim_matches('"').to_string()),
+                })
+            })
             .collect()
     }
 
@@ -336,8 +350,14 @@ pub mod live {
         #[test]
         fn parses_ipset_save() {
             let text = "create istio-inpod-probes-v4 hash:ip family inet hashsize 1024 maxelem 65536 comment bucketsize 12 initval 0x1\nadd istio-inpod-probes-v4 10.88.1.10 comment \"uid-a\"\nadd istio-inpod-probes-v4x 10.88.1.99\nadd istio-inpod-probes-v4 10.88.1.11\n";
-            let want: Vec<std::net::IpAddr> =
-                vec!["10.88.1.10".parse().unwrap(), "10.88.1.11".parse().unwrap()];
+            let member = |addr: &str, comment: Option<&str>| super::IpsetMember {
+                addr: addr.parse().unwrap(),
+                comment: comment.map(str::to_string),
+            };
+            let want = vec![
+                member("10.88.1.10", Some("uid-a")),
+                member("10.88.1.11", None),
+            ];
             assert_eq!(super::parse_ipset_save(text, "istio-inpod-probes-v4"), want);
         }
     }
