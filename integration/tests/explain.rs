@@ -286,10 +286,7 @@ fn run_scenario(
     let mut failures = Vec::new();
     let rs = match backend {
         Backend::Nft => ex::live_ruleset(Some(w.pod.path())).unwrap(),
-        Backend::IptablesLegacy => ex::in_netns(Some(w.pod.path()), || {
-            Ok(explain::live_legacy::live_ruleset().unwrap())
-        })
-        .unwrap(),
+        Backend::IptablesLegacy => ex::live_legacy_ruleset(Some(w.pod.path())).unwrap(),
     };
     if backend == Backend::Nft {
         failures.extend(text_differences(name, &rs, &plan));
@@ -490,10 +487,7 @@ fn tproxy_without_listener_is_dropped_by_static_probe_and_trace() {
         .src(w.world_v4.into());
         let rs = match backend {
             Backend::Nft => ex::live_ruleset(Some(w.pod.path())).unwrap(),
-            Backend::IptablesLegacy => ex::in_netns(Some(w.pod.path()), || {
-                Ok(explain::live_legacy::live_ruleset().unwrap())
-            })
-            .unwrap(),
+            Backend::IptablesLegacy => ex::live_legacy_ruleset(Some(w.pod.path())).unwrap(),
         };
         let facts = ex::namespace_facts(Some(w.pod.path()), &conn).unwrap();
         let e = ex::explain_with(&rs, &conn, &facts).unwrap();

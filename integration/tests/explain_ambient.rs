@@ -119,11 +119,24 @@ fn predicted(l: &Landing, w: &PodWorld) -> Option<(&'static str, u16)> {
 fn live(backend: Backend, ns: &Path) -> ex::ir::Ruleset {
     match backend {
         Backend::Nft => ex::live_ruleset(Some(ns)).unwrap(),
-        Backend::IptablesLegacy => ex::in_netns(Some(ns), || {
-            Ok(explain::live_legacy::live_ruleset().unwrap())
-        })
-        .unwrap(),
+        Backend::IptablesLegacy => ex::live_legacy_ruleset(Some(ns)).unwrap(),
     }
+}
+
+/// `conn` explained against `rs` with the facts of the namespace at `netns`.
+fn explained(rs: &ex::ir::Ruleset, netns: &Path, conn: &Connection) -> ex::Explanation {
+    let facts = ex::namespace_facts(Some(netns), conn).unwrap();
+    ex::explain_with(rs, conn, &facts).unwrap()
+}
+
+/// A connection made on the node to the pod's app (8080), as `uid`.
+fn from_node_to_app(pod: IpAddr, uid: u32) -> Connection {
+    Connection::new(
+        Direction::Outbound,
+        Protocol::Tcp,
+        SocketAddr::new(pod, 8080),
+    )
+    .uid(uid)
 }
 
 fn trace_case(w: &PodWorld, c: &Connection) -> trace::KernelPath {
@@ -178,8 +191,7 @@ fn scenario(backend: Backend) -> Vec<String> {
         }
     }
     for c in cases(&w) {
-        let facts = ex::namespace_facts(Some(w.pod.path()), &c.conn).unwrap();
-        let e = ex::explain_with(&rs, &c.conn, &facts).unwrap();
+        let e = explained(&rs, w.pod.path(), &c.conn);
         let said = predicted(&e.outcome.landing(), &w);
         let got = w.open(&c.conn, None);
         let landed = got.landed().map(|l| (l.probe.as_str(), l.port));
@@ -254,14 +266,8 @@ fn host_probe_rule_is_explained_from_the_node_and_confirmed() {
 
     for (uid, src_in_pod, lands_on) in [(KUBELET, snat, 8080), (APP, IpAddr::V4(w.world_v4), 15006)]
     {
-        let conn = Connection::new(
-            Direction::Outbound,
-            Protocol::Tcp,
-            SocketAddr::new(pod, 8080),
-        )
-        .uid(uid);
-        let facts = ex::namespace_facts(Some(node), &conn).unwrap();
-        let e = ex::explain_with(&host_rs, &conn, &facts).unwrap();
+        let conn = from_node_to_app(pod, uid);
+        let e = explained(&host_rs, node, &conn);
         assert_eq!(
             e.outcome.landing(),
             Landing::Away(conn.dst),
@@ -298,8 +304,7 @@ fn host_probe_rule_is_explained_from_the_node_and_confirmed() {
         );
         // In the pod, the connection arrives from that source: explained and probed alike.
         let inbound = Connection::new(Direction::Inbound, Protocol::Tcp, conn.dst).src(src_in_pod);
-        let pf = ex::namespace_facts(Some(w.pod.path()), &inbound).unwrap();
-        let pe = ex::explain_with(&pod_rs, &inbound, &pf).unwrap();
+        let pe = explained(&pod_rs, w.pod.path(), &inbound);
         assert_eq!(
             pe.outcome.landing(),
             Landing::Pod(lands_on),
@@ -321,13 +326,7 @@ fn legacy_host_probe_rule_is_explained_from_the_node_and_matches_the_real_probe(
     let (node, pod) = (w.world.path(), IpAddr::V4(w.pod_v4));
     let ztunnel = Probe::start(w.pod.path(), "pod", &ZTUNNEL).unwrap();
     let snat = IpAddr::V4(ambient_constants::HOST_PROBE_SNAT_V4);
-    let host_rs = ex::in_netns(Some(node), || {
-        ex::live_legacy::host_ruleset().map_err(|e| ex::ExplainError::Io {
-            context: "legacy host rule".into(),
-            source: std::io::Error::other(e.to_string()),
-        })
-    })
-    .unwrap();
+    let host_rs = ex::live_legacy_host_ruleset(Some(node)).unwrap();
     // Exactly Istio's rule (as iptables-legacy-save orders its options) and the jump.
     let texts = |name: &str| -> Vec<String> {
         host_rs
@@ -339,30 +338,17 @@ fn legacy_host_probe_rule_is_explained_from_the_node_and_matches_the_real_probe(
     assert_eq!(texts("POSTROUTING"), ["-A POSTROUTING -j ISTIO_POSTRT"]);
     let members = host_rs.set("nat", ambient_constants::PROBE_SET_V4);
     assert_eq!(members.map(|s| s.elements.len()), Some(1), "{host_rs:?}");
-    let pod_rs = ex::in_netns(Some(w.pod.path()), || {
-        ex::live_legacy::live_ruleset().map_err(|e| ex::ExplainError::Io {
-            context: "legacy pod rules".into(),
-            source: std::io::Error::other(e.to_string()),
-        })
-    })
-    .unwrap();
+    let pod_rs = live(Backend::IptablesLegacy, w.pod.path());
     for uid in [KUBELET, APP] {
-        let conn = Connection::new(
-            Direction::Outbound,
-            Protocol::Tcp,
-            SocketAddr::new(pod, 8080),
-        )
-        .uid(uid);
-        let facts = ex::namespace_facts(Some(node), &conn).unwrap();
-        let e = ex::explain_with(&host_rs, &conn, &facts).unwrap();
+        let conn = from_node_to_app(pod, uid);
+        let e = explained(&host_rs, node, &conn);
         assert!(
             matches!(&e.outcome, ex::Outcome::Snatted { from, .. } if *from == snat),
             "uid {uid}: {}",
             ex::render_text(&e)
         );
         let inbound = Connection::new(Direction::Inbound, Protocol::Tcp, conn.dst).src(snat);
-        let pf = ex::namespace_facts(Some(w.pod.path()), &inbound).unwrap();
-        let pe = ex::explain_with(&pod_rs, &inbound, &pf).unwrap();
+        let pe = explained(&pod_rs, w.pod.path(), &inbound);
         assert_eq!(pe.outcome.landing(), Landing::Pod(8080), "{}", pe.summary);
         assert_eq!(from_node(&w, &ztunnel, uid), (8080, snat));
     }

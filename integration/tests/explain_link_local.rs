@@ -47,10 +47,7 @@ fn eth0_index(w: &PodWorld) -> u32 {
 fn ruleset(w: &PodWorld, backend: Backend) -> ex::ir::Ruleset {
     match backend {
         Backend::Nft => ex::live_ruleset(Some(w.pod.path())).unwrap(),
-        Backend::IptablesLegacy => ex::in_netns(Some(w.pod.path()), || {
-            Ok(explain::live_legacy::live_ruleset().unwrap())
-        })
-        .unwrap(),
+        Backend::IptablesLegacy => ex::live_legacy_ruleset(Some(w.pod.path())).unwrap(),
     }
 }
 

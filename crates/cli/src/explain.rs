@@ -349,12 +349,7 @@ fn host_ruleset(
     which: Which,
 ) -> Result<(ex::ir::Ruleset, &'static str), ExplainError> {
     let nft = || ex::live_ruleset(netns).map(|rs| Some(rs).filter(has_host_rule));
-    let legacy = || {
-        ex::in_netns(netns, || {
-            explain::live_legacy::host_ruleset().map_err(|e| legacy_err("the host probe rule", e))
-        })
-        .map(|rs| Some(rs).filter(has_host_rule))
-    };
+    let legacy = || ex::live_legacy_host_ruleset(netns).map(|rs| Some(rs).filter(has_host_rule));
     let found = match which {
         Which::Nft => nft()?,
         Which::IptablesLegacy => legacy()?,
@@ -381,24 +376,13 @@ fn host_ruleset(
     Ok((rs, name))
 }
 
-fn legacy_err(what: &str, e: iptables_legacy::LegacyError) -> ExplainError {
-    ExplainError::Io {
-        context: format!("reading {what} from iptables-legacy"),
-        source: std::io::Error::other(e.to_string()),
-    }
-}
-
 /// The live rules to explain, and which backend they are.
 fn ruleset(
     netns: Option<&Path>,
     which: Which,
 ) -> Result<(ex::ir::Ruleset, &'static str), ExplainError> {
     let nft = || ex::live_ruleset(netns);
-    let legacy = || {
-        ex::in_netns(netns, || {
-            explain::live_legacy::live_ruleset().map_err(|e| legacy_err("the rules", e))
-        })
-    };
+    let legacy = || ex::live_legacy_ruleset(netns);
     let rs = match which {
         Which::Nft => nft()?,
         Which::IptablesLegacy => legacy()?,

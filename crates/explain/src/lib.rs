@@ -108,6 +108,27 @@ pub fn live_ruleset(netns: Option<&Path>) -> Result<Ruleset, ExplainError> {
     })
 }
 
+/// Our iptables-legacy rules in the namespace at `netns` (`None`: this one).
+pub fn live_legacy_ruleset(netns: Option<&Path>) -> Result<Ruleset, ExplainError> {
+    in_netns(netns, || {
+        live_legacy::live_ruleset().map_err(|e| legacy_error("the rules", e))
+    })
+}
+
+/// Istio's legacy host probe rule and its ipsets in the node namespace at `netns`.
+pub fn live_legacy_host_ruleset(netns: Option<&Path>) -> Result<Ruleset, ExplainError> {
+    in_netns(netns, || {
+        live_legacy::host_ruleset().map_err(|e| legacy_error("the host probe rule", e))
+    })
+}
+
+fn legacy_error(what: &str, e: iptables_legacy::LegacyError) -> ExplainError {
+    ExplainError::Io {
+        context: format!("reading {what} from iptables-legacy"),
+        source: std::io::Error::other(e.to_string()),
+    }
+}
+
 /// The namespace's addresses, listeners and route to `conn`'s destination.
 pub fn namespace_facts(netns: Option<&Path>, conn: &Connection) -> Result<NsFacts, ExplainError> {
     in_netns(netns, || read_facts(conn))

@@ -24,13 +24,22 @@ pub fn live_ruleset() -> Result<Ruleset, LegacyError> {
 
 /// [`live_ruleset`] with explicit binary lookup.
 pub fn live_ruleset_with(tools: &Tools) -> Result<Ruleset, LegacyError> {
+    read_saves(tools, Some)
+}
+
+/// Both families' save output (when it holds anything of ours), each narrowed by `select`,
+/// as one ruleset.
+fn read_saves(
+    tools: &Tools,
+    select: impl Fn(String) -> Option<String>,
+) -> Result<Ruleset, LegacyError> {
     let mut rs = Ruleset {
         backend: Backend::IptablesLegacy,
         chains: Vec::new(),
         sets: Vec::new(),
     };
     for v6 in [false, true] {
-        if let Some(text) = our_save(tools, v6)? {
+        if let Some(text) = our_save(tools, v6)?.and_then(&select) {
             add_family(&mut rs, &text, v6);
         }
     }
@@ -48,16 +57,7 @@ pub fn host_ruleset() -> Result<Ruleset, LegacyError> {
 
 /// [`host_ruleset`] with explicit binary lookup.
 pub fn host_ruleset_with(tools: &Tools) -> Result<Ruleset, LegacyError> {
-    let mut rs = Ruleset {
-        backend: Backend::IptablesLegacy,
-        chains: Vec::new(),
-        sets: Vec::new(),
-    };
-    for v6 in [false, true] {
-        if let Some(text) = our_save(tools, v6)?.and_then(|t| host_rule_only(&t)) {
-            add_family(&mut rs, &text, v6);
-        }
-    }
+    let mut rs = read_saves(tools, |text| host_rule_only(&text))?;
     load_ipsets(&mut rs, |name| {
         Ok(ipset_members(tools, name)?.iter().map(|m| m.addr).collect())
     });
