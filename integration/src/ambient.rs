@@ -626,11 +626,7 @@ pub fn legacy_save(netns: &Path, v6: bool) -> String {
     } else {
         "iptables-legacy-save"
     };
-    let out = Command::new("nsenter")
-        .arg(format!("--net={}", netns.display()))
-        .arg(bin)
-        .output();
-    let text = out
+    let text = crate::exec_at(netns, bin, &[])
         .ok()
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())

@@ -52,7 +52,7 @@ mod probe;
 pub mod proc_stats;
 pub mod ztunnel;
 
-pub use ns::{Link, PodWorld, TestNetns};
+pub use ns::{Link, PodWorld, TestNetns, exec_at};
 
 /// istio-iptables flags of the CNI plugin's default sidecar pod (istio-reference §1.6 b).
 pub const CNI_DEFAULT_FLAGS: [&str; 16] = [

@@ -62,12 +62,7 @@ impl TestNetns {
     /// status. The child inherits the namespace from the thread that forks it, which is
     /// cheaper than `ip netns exec` (no mount namespace, no /sys remount).
     pub fn exec(&self, program: &str, args: &[&str]) -> io::Result<Output> {
-        self.run(|| {
-            Command::new(program)
-                .args(args)
-                .stdin(Stdio::null())
-                .output()
-        })?
+        exec_at(&self.path, program, args)
     }
 
     /// Like [`exec`](Self::exec) but fails on a non-zero exit (with the command's stderr) and
@@ -286,6 +281,18 @@ fn ip_batch(netns: Option<&str>, lines: &[String]) -> io::Result<()> {
 fn run_ok(cmd: &mut Command) -> io::Result<()> {
     let out = cmd.stdin(Stdio::null()).output()?;
     check_status(&format!("{cmd:?}"), &out)
+}
+
+/// [`TestNetns::exec`] in the network namespace at `netns`, any nsfs path (a runtime's
+/// sandbox namespace, `/proc/PID/ns/net`, a handle's fd path).
+pub fn exec_at(netns: &Path, program: &str, args: &[&str]) -> io::Result<Output> {
+    netns::run_in(Some(netns), || {
+        Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+    })
+    .map_err(io::Error::other)?
 }
 
 fn check_status(what: &str, out: &Output) -> io::Result<()> {

@@ -38,7 +38,6 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -407,10 +406,7 @@ pub fn not_served(netns: &Path) -> bool {
 /// `family name` of our nftables tables (`istio-*`: ambient's or the sidecar's) in the
 /// namespace at `netns`.
 pub fn istio_tables(netns: &Path) -> Vec<String> {
-    let out = Command::new("nsenter")
-        .arg(format!("--net={}", netns.display()))
-        .args(["nft", "list", "tables"])
-        .output()
+    let out = crate::exec_at(netns, "nft", &["list", "tables"])
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default();
     out.lines()

@@ -13,7 +13,6 @@ use crate::{Probe, TestNetns};
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// The rendered chart the install-cni container comes from.
 pub const MANIFEST: &str = "deploy/manifests/istio-cni.yaml";
@@ -297,18 +296,15 @@ impl RuntimeNode {
 
 /// nft (stateless) and iptables-legacy `-A` rules in the network namespace at `netns`.
 pub fn rules_at(netns: &Path) -> String {
-    let run = |args: &[&str]| {
-        Command::new("nsenter")
-            .arg(format!("--net={}", netns.display()))
-            .args(args)
-            .output()
+    let run = |program: &str, args: &[&str]| {
+        crate::exec_at(netns, program, args)
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default()
     };
-    let nft = run(&["nft", "-s", "list", "ruleset"]);
-    let legacy: String = run(&["iptables-legacy-save"])
+    let nft = run("nft", &["-s", "list", "ruleset"]);
+    let legacy: String = run("iptables-legacy-save", &[])
         .lines()
-        .chain(run(&["ip6tables-legacy-save"]).lines())
+        .chain(run("ip6tables-legacy-save", &[]).lines())
         .filter(|l| l.starts_with("-A"))
         .map(|l| format!("{l}\n"))
         .collect();
