@@ -148,6 +148,18 @@ impl Config {
             ..Self::default()
         }
     }
+
+    /// Whether `Plan::build` reads [`Facts::local_addrs`] for this config: only `--ipv6 auto`
+    /// detects the family from the namespace's addresses.
+    pub fn reads_local_addrs(&self) -> bool {
+        self.ipv6 == Ipv6Mode::Auto
+    }
+
+    /// Whether `Plan::build` reads [`Facts::resolv_conf_servers`] for this config: DNS capture
+    /// of resolv.conf's servers (not all DNS, no `--dns-servers`).
+    pub fn reads_resolv_conf(&self) -> bool {
+        self.redirect_dns && !self.capture_all_dns && self.dns_servers.is_none()
+    }
 }
 
 /// What `Plan::build` needs to know about the target namespace; read by the caller.
@@ -179,5 +191,56 @@ impl ConfigError {
             value: value.into(),
             reason: reason.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Plan;
+
+    /// `reads_*` are what lets a caller skip reading a fact: a fact they call unread must not
+    /// change the plan, whatever the namespace holds.
+    #[test]
+    fn facts_called_unread_do_not_change_the_plan() {
+        let rich = Facts {
+            local_addrs: vec!["10.0.0.5".parse().unwrap(), "fd00::5".parse().unwrap()],
+            resolv_conf_servers: vec!["10.96.0.10".parse().unwrap(), "fd00::a".parse().unwrap()],
+        };
+        let mut checked = 0;
+        for ipv6 in [Ipv6Mode::On, Ipv6Mode::Off, Ipv6Mode::Auto] {
+            for (redirect_dns, capture_all_dns) in [(false, false), (true, false), (true, true)] {
+                for dns_servers in [None, Some(vec!["10.1.1.1".parse().unwrap()])] {
+                    for inbound_mode in [InterceptionMode::Redirect, InterceptionMode::Tproxy] {
+                        let cfg = Config {
+                            ipv6,
+                            redirect_dns,
+                            capture_all_dns,
+                            dns_servers: dns_servers.clone(),
+                            inbound_mode,
+                            dual_stack: true,
+                            ..Config::cni_default()
+                        };
+                        let pruned = Facts {
+                            local_addrs: match cfg.reads_local_addrs() {
+                                true => rich.local_addrs.clone(),
+                                false => Vec::new(),
+                            },
+                            resolv_conf_servers: match cfg.reads_resolv_conf() {
+                                true => rich.resolv_conf_servers.clone(),
+                                false => Vec::new(),
+                            },
+                        };
+                        assert_eq!(
+                            Plan::build(&cfg, &rich),
+                            Plan::build(&cfg, &pruned),
+                            "{cfg:?}"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 36);
     }
 }

@@ -70,7 +70,11 @@ fn run(s: &args::Settings) -> Result<ExitCode, Box<dyn std::error::Error>> {
         eprintln!("istio-nftables: removed our rules");
         return Ok(ExitCode::SUCCESS);
     }
-    let facts = redirect::read_facts(netns, Some(std::path::Path::new("/etc/resolv.conf")))?;
+    let facts = redirect::read_facts_for(
+        &s.config,
+        netns,
+        Some(std::path::Path::new("/etc/resolv.conf")),
+    )?;
     let plan = match capture::Plan::build(&s.config, &facts) {
         Ok(p) => p,
         Err(e) => {

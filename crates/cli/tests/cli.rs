@@ -260,6 +260,46 @@ fn dry_run_prints_rules_that_nft_accepts_and_touches_nothing() {
     );
 }
 
+/// The CLI reads the namespace's addresses and resolv.conf only when the flags leave them
+/// open (`--ipv6 auto`; DNS capture without `--capture-all-dns` or `--dns-servers`): then the
+/// plan still follows them.
+#[test]
+fn facts_left_open_by_the_flags_are_read_from_the_namespace() {
+    require_root();
+    let ns = TestNetns::new().unwrap();
+    let path = ns.path().to_str().unwrap();
+    ns.exec_ok("ip", &["addr", "add", "fd00:7::5/64", "dev", "lo"])
+        .unwrap();
+    let dry = |args: &[&str]| {
+        let out = cli(
+            &[
+                &["--dry-run", "--network-namespace", path][..],
+                args,
+                &DEFAULT,
+            ]
+            .concat(),
+            &[],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // Its only global address is IPv6: auto turns IPv6 on, as the address says.
+    assert!(dry(&["--ipv6", "auto"]).contains("ip6 daddr"));
+    assert!(!dry(&["--ipv6", "off"]).contains("ip6 daddr"));
+    // DNS capture of resolv.conf's servers: each nameserver of the host's /etc/resolv.conf.
+    let servers = capture::parse_resolv_conf(&std::fs::read_to_string("/etc/resolv.conf").unwrap());
+    let v4: Vec<_> = servers.iter().filter(|a| a.is_ipv4()).collect();
+    assert!(
+        !v4.is_empty(),
+        "this test needs an IPv4 nameserver in /etc/resolv.conf"
+    );
+    let dns = dry(&["--ipv6", "off", "--redirect-dns"]);
+    for a in v4 {
+        assert!(dns.contains(&a.to_string()), "{a} missing:\n{dns}");
+    }
+    assert!(dns.contains("redirect to :15053"), "{dns}");
+}
+
 #[test]
 fn flags_win_over_env_which_wins_over_defaults() {
     let dry = |args: &[&str], env: &[(&str, &str)]| {

@@ -94,7 +94,33 @@ pub fn read_facts(
     netns: Option<&Path>,
     resolv_conf: Option<&Path>,
 ) -> Result<Facts, RedirectError> {
-    let local_addrs = netns::run_in(netns, || -> Result<Vec<std::net::IpAddr>, nix::Error> {
+    Ok(Facts {
+        local_addrs: read_local_addrs(netns)?,
+        resolv_conf_servers: resolv_conf.map(read_resolv_conf).unwrap_or_default(),
+    })
+}
+
+/// [`read_facts`] of only what `Plan::build` reads for `cfg`: a one-shot apply whose flags
+/// settle the family and the DNS servers skips the address dump and the file.
+pub fn read_facts_for(
+    cfg: &capture::Config,
+    netns: Option<&Path>,
+    resolv_conf: Option<&Path>,
+) -> Result<Facts, RedirectError> {
+    Ok(Facts {
+        local_addrs: match cfg.reads_local_addrs() {
+            true => read_local_addrs(netns)?,
+            false => Vec::new(),
+        },
+        resolv_conf_servers: match (cfg.reads_resolv_conf(), resolv_conf) {
+            (true, Some(p)) => read_resolv_conf(p),
+            _ => Vec::new(),
+        },
+    })
+}
+
+fn read_local_addrs(netns: Option<&Path>) -> Result<Vec<std::net::IpAddr>, RedirectError> {
+    netns::run_in(netns, || -> Result<Vec<std::net::IpAddr>, nix::Error> {
         Ok(nix::ifaddrs::getifaddrs()?
             .filter_map(|i| i.address)
             .filter_map(|a| {
@@ -104,15 +130,14 @@ pub fn read_facts(
             })
             .collect())
     })?
-    .map_err(RedirectError::Addresses)?;
-    let resolv_conf_servers = resolv_conf
-        .and_then(|p| std::fs::read_to_string(p).ok())
+    .map_err(RedirectError::Addresses)
+}
+
+/// Nameservers of a resolv.conf; none when it cannot be read (as istio-iptables).
+fn read_resolv_conf(path: &Path) -> Vec<std::net::IpAddr> {
+    std::fs::read_to_string(path)
         .map(|t| capture::parse_resolv_conf(&t))
-        .unwrap_or_default();
-    Ok(Facts {
-        local_addrs,
-        resolv_conf_servers,
-    })
+        .unwrap_or_default()
 }
 
 /// `--backend auto`: nft, unless the kernel has no nf_tables or the namespace already holds
