@@ -164,6 +164,26 @@ impl<'a> MakeWriter<'a> for SinkMaker {
     }
 }
 
+/// stderr (the runtime shows it when a command fails).
+struct Stderr;
+
+impl Sink for Stderr {
+    fn write_line(&self, line: &[u8]) {
+        let _ = io::stderr().lock().write_all(line);
+    }
+}
+
+/// Every sink of the invocation: each event is formatted once and the line handed to each.
+struct Tee(Vec<Arc<dyn Sink>>);
+
+impl Sink for Tee {
+    fn write_line(&self, line: &[u8]) {
+        for sink in &self.0 {
+            sink.write_line(line);
+        }
+    }
+}
+
 /// Installs the global subscriber: stderr, the log file and the daemon's relay, each when
 /// given and usable. Returns notes about problems (unknown level, log file not writable) for
 /// the caller to log once the subscriber is up.
@@ -178,20 +198,18 @@ pub fn init(level: &str, log_file: Option<&Path>, relay: Option<&Path>) -> Vec<S
     let filter = Targets::new()
         .with_target("istio_cni", level)
         .with_default(level.min(LevelFilter::WARN));
-    let file = log_file.and_then(|p| match RotatingFile::open(p, MAX_LOG_BYTES) {
-        Ok(f) => Some(json_layer(SinkMaker(Arc::new(f)), filter.clone())),
-        Err(e) => {
-            notes.push(format!("cannot open log file {}: {e}", p.display()));
-            None
+    let mut sinks: Vec<Arc<dyn Sink>> = vec![Arc::new(Stderr)];
+    if let Some(p) = log_file {
+        match RotatingFile::open(p, MAX_LOG_BYTES) {
+            Ok(f) => sinks.push(Arc::new(f)),
+            Err(e) => notes.push(format!("cannot open log file {}: {e}", p.display())),
         }
-    });
-    let relay = relay
-        .and_then(Relay::connect)
-        .map(|r| json_layer(SinkMaker(Arc::new(r)), filter.clone()));
+    }
+    if let Some(r) = relay.and_then(Relay::connect) {
+        sinks.push(Arc::new(r));
+    }
     let _ = tracing_subscriber::registry()
-        .with(json_layer(io::stderr, filter))
-        .with(file)
-        .with(relay)
+        .with(json_layer(SinkMaker(Arc::new(Tee(sinks))), filter))
         .try_init();
     notes
 }
