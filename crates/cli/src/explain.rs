@@ -236,11 +236,14 @@ fn run(a: &ExplainArgs) -> Result<ExitCode, ExplainError> {
     } else {
         ruleset(netns, a.backend)?
     };
-    if a.trace && rs.backend != ex::ir::Backend::Nft {
+    if a.trace && a.host && rs.backend != ex::ir::Backend::Nft {
+        // ip_tables' TRACE would rebind the node's own packet logger.
         return Err(ExplainError::BadInput {
             arg: "--trace",
             value: "".into(),
-            why: format!("the kernel trace is nft-only; this namespace's rules are {backend}"),
+            why: format!(
+                "the kernel trace of the host probe rule is nft's; this node's rule is {backend}"
+            ),
         });
     }
     let facts = ex::namespace_facts(netns, &conn)?;
@@ -257,7 +260,7 @@ fn run(a: &ExplainArgs) -> Result<ExitCode, ExplainError> {
             }
             None => TraceHow::Connect,
         };
-        let kp = match trace::trace(netns, &conn, how) {
+        let kp = match trace::trace_with(netns, &conn, how, rs.backend) {
             Ok(kp) => kp,
             // The temporary chain is already gone; exit as the signal asked.
             Err(trace::TraceError::Interrupted { signal }) => {
