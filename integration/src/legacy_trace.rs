@@ -94,3 +94,10 @@ impl NftMonitor {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 }
+
+/// Programs `plan` into the namespace at `netns` with the iptables-legacy backend (the
+/// product's own path: `redirect::apply`).
+pub fn apply_legacy(netns: &Path, plan: &capture::Plan) {
+    let fixed = redirect::BackendChoice::Fixed(redirect::Backend::IptablesLegacy);
+    redirect::apply(plan, Some(netns), fixed).expect("apply with iptables-legacy");
+}

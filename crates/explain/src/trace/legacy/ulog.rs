@@ -1,13 +1,16 @@
 //! The nfnetlink_log socket that receives ip_tables' TRACE lines in the pod's namespace.
 //!
 //! ip_tables logs a traced packet with `nf_log_trace`, which goes to the logger bound to the
-//! packet's family in THAT namespace. [`LogSocket::open`] binds nfnetlink_log to the family
-//! (`NFULNL_CFG_CMD_PF_BIND`, replacing what was bound: a fresh namespace has `nf_log_ipv4` /
-//! `nf_log_ipv6`, which print nothing outside the node's namespace) and binds group 0, where
-//! TRACE lines go, copying up to [`COPY_RANGE`] bytes of each packet and flushing every line
-//! at once (`qthresh 1`; the default batches for up to a second). [`LogSocket::restore`] puts
-//! the previous logger back. One socket per namespace may hold group 0: a second trace of the
-//! same pod at the same time is refused (`EBUSY`) rather than mixed up.
+//! packet's family in THAT namespace. [`LogSocket::open`] binds group 0 (where TRACE lines go),
+//! copying up to [`COPY_RANGE`] bytes of each packet and flushing every line at once
+//! (`qthresh 1`; the default batches for up to a second), then binds nfnetlink_log to the
+//! family (`NFULNL_CFG_CMD_PF_BIND`, replacing what was bound: every namespace starts with
+//! nf_log_syslog's `nf_log_ipv4`/`nf_log_ipv6`, which print nothing outside the node's
+//! namespace). [`LogSocket::restore`] puts the previous logger back. One socket per namespace
+//! may hold group 0: a second trace of the same pod at the same time is refused (the kernel
+//! answers EPERM: the group belongs to another socket) before it changed anything. A SIGKILLed
+//! trace leaves nfnetlink_log bound to the family with nobody on group 0 (TRACE lines are then
+//! dropped, as the default logger drops them): the next trace puts the default back.
 
 use super::lines::LogLine;
 use crate::trace::TraceError;
@@ -82,6 +85,8 @@ pub struct LogSocket {
     pf: u8,
     /// The logger bound to `pf` before us.
     previous: Option<String>,
+    /// Whether we hold group 0 (then the family's binding is ours to restore).
+    owns_group: bool,
     seq: u32,
 }
 
@@ -115,14 +120,10 @@ impl LogSocket {
             buf: vec![0u64; netlink::RECV_WORDS],
             pf,
             previous,
+            owns_group: false,
             seq: 0,
         };
-        s.config(
-            pf,
-            0,
-            &[(NFULA_CFG_CMD, vec![CMD_PF_BIND])],
-            "binding nfnetlink_log to the family",
-        )?;
+        // The group first: when another trace holds it, nothing has changed yet.
         let mut mode = COPY_RANGE.to_be_bytes().to_vec();
         mode.extend([COPY_PACKET, 0]);
         let bind_group = [
@@ -131,7 +132,10 @@ impl LogSocket {
             (NFULA_CFG_QTHRESH, 1u32.to_be_bytes().to_vec()),
             (NFULA_CFG_TIMEOUT, 1u32.to_be_bytes().to_vec()),
         ];
-        if let Err(e) = s.config(pf, GROUP, &bind_group, "binding nfnetlink_log group 0") {
+        s.config(pf, GROUP, &bind_group, "binding nfnetlink_log group 0")?;
+        s.owns_group = true;
+        let pf_bind = [(NFULA_CFG_CMD, vec![CMD_PF_BIND])];
+        if let Err(e) = s.config(pf, 0, &pf_bind, "binding nfnetlink_log to the family") {
             let _ = s.restore();
             return Err(e);
         }
@@ -148,6 +152,7 @@ impl LogSocket {
     ) -> Result<(), TraceError> {
         self.seq += 1;
         let msg = config_msg(family, group, self.seq, attrs);
+        let group_cmd = attrs.first() == Some(&(NFULA_CFG_CMD, vec![CMD_BIND]));
         nix::sys::socket::send(
             self.fd.as_raw_fd(),
             &msg,
@@ -164,7 +169,8 @@ impl LogSocket {
                         .unwrap_or(libc::EIO);
                     return match errno {
                         0 => Ok(()),
-                        libc::EBUSY => Err(TraceError::Refused {
+                        // The group belongs to another socket (EPERM), or is bound (EBUSY).
+                        libc::EBUSY | libc::EPERM if group_cmd => Err(TraceError::Refused {
                             what: format!("{what} (another trace of this namespace is running)"),
                             source: io::Error::from_raw_os_error(errno),
                         }),
@@ -203,27 +209,42 @@ impl LogSocket {
     }
 
     /// Gives group 0 up and binds the family's previous logger again (current namespace: call
-    /// inside it; writing the sysctl needs it).
+    /// inside it; writing the sysctl needs it). nfnetlink_log found bound with group 0 free is
+    /// what a killed trace leaves behind: the family then gets the kernel's default logger
+    /// back (`nf_log_ipv4`/`nf_log_ipv6`, bound in every namespace by nf_log_syslog), or none.
     pub fn restore(&mut self) -> Result<(), TraceError> {
+        if !self.owns_group {
+            // Another trace holds the group; the binding is its to restore.
+            return Ok(());
+        }
         let _ = self.config(
             self.pf,
             GROUP,
             &[(NFULA_CFG_CMD, vec![CMD_UNBIND])],
             "unbinding group 0",
         );
-        match self.previous.clone() {
-            Some(name) if name == "nfnetlink_log" => Ok(()),
-            Some(name) => {
-                let path = format!("/proc/sys/net/netfilter/nf_log/{}", self.pf);
-                std::fs::write(&path, &name).map_err(nl_err("restoring the family's logger"))
-            }
-            None => self.config(
-                self.pf,
-                0,
-                &[(NFULA_CFG_CMD, vec![CMD_PF_UNBIND])],
-                "unbinding nfnetlink_log from the family",
-            ),
+        let default = if self.pf as i32 == libc::NFPROTO_IPV6 {
+            "nf_log_ipv6"
+        } else {
+            "nf_log_ipv4"
+        };
+        let wanted = match self.previous.as_deref() {
+            Some("nfnetlink_log") => Some(default),
+            other => other,
+        };
+        let written = wanted.is_some_and(|name| {
+            let path = format!("/proc/sys/net/netfilter/nf_log/{}", self.pf);
+            std::fs::write(path, name).is_ok()
+        });
+        if written {
+            return Ok(());
         }
+        self.config(
+            self.pf,
+            0,
+            &[(NFULA_CFG_CMD, vec![CMD_PF_UNBIND])],
+            "unbinding nfnetlink_log from the family",
+        )
     }
 }
 
