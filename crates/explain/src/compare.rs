@@ -1,5 +1,7 @@
-//! The kernel's trace beside the static explanation: the kernel's events become steps of the
-//! same form (rules looked up by handle in the live ruleset), and the two must agree on the
+//! The kernel's trace beside the static explanation: the kernel's events (nft's nftrace events,
+//! or ip_tables' TRACE lines made into the same events) become steps of the same form (rules
+//! looked up in the live ruleset by handle, or for iptables-legacy by chain and position), and
+//! the two must agree on the
 //! deciding rule of every table the kernel reported, on the whole path through every hook it
 //! reported (each rule matched, each end of chain, each policy), and on the outcome.
 

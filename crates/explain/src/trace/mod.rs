@@ -1,7 +1,12 @@
 //! Kernel trace of one connection (`istio-nftables explain --trace`).
 //!
-//! The static explanation says where a connection *should* go; this module asks the kernel.
-//! [`trace`] adds a temporary base chain to one of our tables in the pod's namespace (hook
+//! The static explanation says where a connection *should* go; this module asks the kernel,
+//! through the pod's own backend: on iptables-legacy pods with ip_tables' TRACE target (see
+//! the `legacy` module: TRACE rules in the raw table, lines over nfnetlink_log, nothing of
+//! nft's added), on nft pods as follows. Both share the connecting thread, the signal
+//! handling and the wait (`watch`), and give the same [`KernelPath`].
+//!
+//! On nft pods [`trace`] adds a temporary base chain to one of our tables in the pod's namespace (hook
 //! `output` for outbound, `prerouting` for inbound, priority [`TRACE_PRIORITY`], below every
 //! chain of ours) with ONE rule matching exactly that connection and setting `meta nftrace`.
 //! It listens for the kernel's trace events (`NFNLGRP_NFTRACE`, the same events `nft monitor
