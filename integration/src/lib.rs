@@ -45,6 +45,7 @@ pub mod golden;
 pub mod host_probe;
 pub mod install_fixtures;
 pub mod kube_api;
+pub mod legacy_trace;
 pub mod node;
 mod ns;
 pub mod pods;

@@ -6,8 +6,10 @@
 //! the kernel's trace of the same connection must agree with the static path (same deciding
 //! rule per table, same rules matched, same outcome), through every hook the static path
 //! crosses (a packet to a local address also on its second pass, over lo). A subset of
-//! scenarios is also programmed with the iptables-legacy backend and explained from
-//! `iptables-legacy-save`.
+//! scenarios is also programmed with the iptables-legacy backend, explained from
+//! `iptables-legacy-save` and traced with ip_tables' TRACE target, the same way: static =
+//! probe = kernel trace, and the pod holds no nft object at any time and nothing of the
+//! trace's afterwards.
 
 use capture::{Config, Facts, Ipv6Mode, Plan};
 use explain::trace::{self, TraceHow};
@@ -284,6 +286,8 @@ fn run_scenario(
         .unwrap_or_else(|e| panic!("{name}: apply with {backend}: {e}"));
     let cases = cases(w);
     let mut failures = Vec::new();
+    let monitor =
+        (backend == Backend::IptablesLegacy).then(|| legacy_trace::NftMonitor::start(w.pod.path()));
     let rs = match backend {
         Backend::Nft => ex::live_ruleset(Some(w.pod.path())).unwrap(),
         Backend::IptablesLegacy => ex::live_legacy_ruleset(Some(w.pod.path())).unwrap(),
@@ -346,6 +350,22 @@ fn run_scenario(
                 Err(err) => failures.push(format!("{name} {}: trace failed: {err}", c.name)),
             }
         }
+    }
+    if let Some(m) = monitor {
+        let seen = m.stop();
+        if !seen.trim().is_empty() {
+            failures.push(format!(
+                "{name} [{backend}]: nft changes in a legacy pod:\n{seen}"
+            ));
+        }
+    }
+    if backend == Backend::IptablesLegacy && with_trace {
+        // Nothing left behind by the traces.
+        failures.extend(
+            legacy_trace::left_in_legacy_pod(w.pod.path())
+                .into_iter()
+                .map(|l| format!("{name} [{backend}]: {l}")),
+        );
     }
     (cases.len(), failures)
 }
@@ -425,7 +445,7 @@ fn static_explanation_matches_probe_and_kernel_trace_for_every_scenario() {
 }
 
 #[test]
-fn legacy_static_explanation_matches_probe() {
+fn legacy_static_explanation_matches_probe_and_kernel_trace() {
     require_root();
     // (The owner-group scenarios name groups, java/ftp, that iptables-restore must resolve on
     // this host; the nft backend writes the numbers.)
@@ -445,7 +465,7 @@ fn legacy_static_explanation_matches_probe() {
         .collect();
     assert_eq!(subset.len(), pick.len());
     let count = subset.len();
-    let (n, failures, tally) = parallel(subset, Backend::IptablesLegacy, false);
+    let (n, failures, tally) = parallel(subset, Backend::IptablesLegacy, true);
     assert!(
         failures.is_empty(),
         "{} disagreements:\n{}",
@@ -459,13 +479,13 @@ fn legacy_static_explanation_matches_probe() {
         );
     }
     eprintln!(
-        "explain (iptables-legacy): {count} scenarios × {n} connections: static = probe in all ({tally:?})"
+        "explain (iptables-legacy): {count} scenarios × {n} connections: static = probe in all, trace = static in all ({tally:?})"
     );
 }
 
 /// TPROXY with no Envoy listener: static says dropped (nft: the fail-closed drop rule after the
 /// tproxy rule that did not match; legacy: the TPROXY target itself drops), the probe times
-/// out, and the kernel trace (nft) agrees.
+/// out, and the kernel trace agrees (legacy: the TPROXY rule is the packet's last line).
 #[test]
 fn tproxy_without_listener_is_dropped_by_static_probe_and_trace() {
     require_root();
@@ -509,16 +529,14 @@ fn tproxy_without_listener_is_dropped_by_static_probe_and_trace() {
             Outcome::Timeout,
             "{backend}"
         );
-        if backend == Backend::Nft {
-            let kp = netns::run_in(Some(w.world.path()), || {
-                trace::trace(Some(w.pod.path()), &conn, TraceHow::Connect)
-            })
-            .unwrap()
-            .unwrap();
-            let ag = ex::compare::compare(&rs, &e, &kp);
-            assert!(ag.agree, "{:?}", ag.differences);
-            assert_eq!(ag.kernel_outcome, "dropped");
-        }
+        let kp = netns::run_in(Some(w.world.path()), || {
+            trace::trace(Some(w.pod.path()), &conn, TraceHow::Connect)
+        })
+        .unwrap()
+        .unwrap();
+        let ag = ex::compare::compare(&rs, &e, &kp);
+        assert!(ag.agree, "{backend}: {:?}", ag.differences);
+        assert_eq!(ag.kernel_outcome, "dropped", "{backend}");
     }
 }
 
@@ -527,50 +545,56 @@ fn tproxy_without_listener_is_dropped_by_static_probe_and_trace() {
 #[test]
 fn a_different_kernel_path_is_reported_as_disagreement() {
     require_root();
-    let w = PodWorld::ipv4_only().unwrap();
-    let _probes = [
-        Probe::sidecar(w.pod.path()).unwrap(),
-        Probe::world(w.world.path()).unwrap(),
-    ];
-    let cfg = Config {
-        ipv6: Ipv6Mode::Off,
-        ..Config::cni_default()
-    };
-    let plan = Plan::build(&cfg, &Facts::default()).unwrap();
-    redirect::apply(
-        &plan,
-        Some(w.pod.path()),
-        BackendChoice::Fixed(Backend::Nft),
-    )
-    .unwrap();
-    let dst = SocketAddr::new(w.world_v4.into(), 80);
-    let app = Connection::new(Direction::Outbound, Protocol::Tcp, dst)
-        .uid(1000)
-        .gid(1000);
-    let envoy = Connection::new(Direction::Outbound, Protocol::Tcp, dst)
-        .uid(1337)
-        .gid(1337);
-    let rs = ex::live_ruleset(Some(w.pod.path())).unwrap();
-    let facts = ex::namespace_facts(Some(w.pod.path()), &app).unwrap();
-    let e = ex::explain_with(&rs, &app, &facts).unwrap();
-    assert!(
-        matches!(e.outcome, ex::Outcome::Redirected { .. }),
-        "{}",
-        e.summary
-    );
-    let other = trace::trace(Some(w.pod.path()), &envoy, TraceHow::Connect).unwrap();
-    let ag = ex::compare::compare(&rs, &e, &other);
-    assert!(!ag.agree);
-    assert!(
-        ag.differences.iter().any(|d| d.contains("istio-proxy-nat")),
-        "{:?}",
-        ag.differences
-    );
-    assert!(
-        ag.differences.iter().any(|d| d.starts_with("outcome:")),
-        "{:?}",
-        ag.differences
-    );
+    for (backend, table) in [
+        (Backend::Nft, "table istio-proxy-nat"),
+        (Backend::IptablesLegacy, "table nat"),
+    ] {
+        let w = PodWorld::ipv4_only().unwrap();
+        let _probes = [
+            Probe::sidecar(w.pod.path()).unwrap(),
+            Probe::world(w.world.path()).unwrap(),
+        ];
+        let cfg = Config {
+            ipv6: Ipv6Mode::Off,
+            ..Config::cni_default()
+        };
+        let plan = Plan::build(&cfg, &Facts::default()).unwrap();
+        redirect::apply(&plan, Some(w.pod.path()), BackendChoice::Fixed(backend)).unwrap();
+        let dst = SocketAddr::new(w.world_v4.into(), 80);
+        let app = Connection::new(Direction::Outbound, Protocol::Tcp, dst)
+            .uid(1000)
+            .gid(1000);
+        let envoy = Connection::new(Direction::Outbound, Protocol::Tcp, dst)
+            .uid(1337)
+            .gid(1337);
+        let rs = match backend {
+            Backend::Nft => ex::live_ruleset(Some(w.pod.path())).unwrap(),
+            Backend::IptablesLegacy => ex::live_legacy_ruleset(Some(w.pod.path())).unwrap(),
+        };
+        let facts = ex::namespace_facts(Some(w.pod.path()), &app).unwrap();
+        let e = ex::explain_with(&rs, &app, &facts).unwrap();
+        assert!(
+            matches!(e.outcome, ex::Outcome::Redirected { .. }),
+            "{backend}: {}",
+            e.summary
+        );
+        let other = trace::trace(Some(w.pod.path()), &envoy, TraceHow::Connect).unwrap();
+        let ag = ex::compare::compare(&rs, &e, &other);
+        assert!(!ag.agree, "{backend}");
+        // Which rule decided, named by handle (nft) or position (legacy), and the outcome.
+        assert!(
+            ag.differences
+                .iter()
+                .any(|d| d.contains(table) && d.contains("decided by rule")),
+            "{backend}: {:?}",
+            ag.differences
+        );
+        assert!(
+            ag.differences.iter().any(|d| d.starts_with("outcome:")),
+            "{backend}: {:?}",
+            ag.differences
+        );
+    }
 }
 
 /// The proxy identity's loopback connections in a TPROXY pod (issue 21, item 4): the packet
@@ -581,6 +605,12 @@ fn a_different_kernel_path_is_reported_as_disagreement() {
 #[test]
 fn tproxy_loopback_of_the_proxy_identity_is_traced_through_its_second_pass() {
     require_root();
+    for backend in [Backend::Nft, Backend::IptablesLegacy] {
+        tproxy_loopback_with(backend);
+    }
+}
+
+fn tproxy_loopback_with(backend: Backend) {
     let (_, cfg) = scenarios()
         .into_iter()
         .find(|(n, _)| n == "inbound-ports-wildcard-tproxy")
@@ -588,13 +618,11 @@ fn tproxy_loopback_of_the_proxy_identity_is_traced_through_its_second_pass() {
     let t = world();
     let w = &t.w;
     let plan = Plan::build(&cfg, &Facts::default()).unwrap();
-    redirect::apply(
-        &plan,
-        Some(w.pod.path()),
-        BackendChoice::Fixed(Backend::Nft),
-    )
-    .unwrap();
-    let rs = ex::live_ruleset(Some(w.pod.path())).unwrap();
+    redirect::apply(&plan, Some(w.pod.path()), BackendChoice::Fixed(backend)).unwrap();
+    let rs = match backend {
+        Backend::Nft => ex::live_ruleset(Some(w.pod.path())).unwrap(),
+        Backend::IptablesLegacy => ex::live_legacy_ruleset(Some(w.pod.path())).unwrap(),
+    };
     let mut tproxied = 0;
     for c in tproxy_loopback_cases(w) {
         let facts = ex::namespace_facts(Some(w.pod.path()), &c.conn).unwrap();
@@ -602,7 +630,7 @@ fn tproxy_loopback_of_the_proxy_identity_is_traced_through_its_second_pass() {
         assert_eq!(
             e.outcome.landing(),
             Landing::Pod(15006),
-            "{}: {}\n{}",
+            "{backend} {}: {}\n{}",
             c.name,
             e.summary,
             ex::render_text(&e)
@@ -610,14 +638,14 @@ fn tproxy_loopback_of_the_proxy_identity_is_traced_through_its_second_pass() {
         let got = w.open(&c.conn, None);
         assert!(
             agrees_with_probe(&Ok(("pod".into(), 15006)), &got),
-            "{}: probe {got}",
+            "{backend} {}: probe {got}",
             c.name
         );
         let kp = trace::trace(Some(w.pod.path()), &c.conn, TraceHow::Connect).unwrap();
         let ag = ex::compare::compare(&rs, &e, &kp);
         assert!(
             ag.agree && ag.not_traced.is_empty(),
-            "{}: {:?} (not traced: {:?}), kernel {}\nstatic:\n{}kernel:\n{}",
+            "{backend} {}: {:?} (not traced: {:?}), kernel {}\nstatic:\n{}kernel:\n{}",
             c.name,
             ag.differences,
             ag.not_traced,
@@ -632,5 +660,5 @@ fn tproxy_loopback_of_the_proxy_identity_is_traced_through_its_second_pass() {
     }
     // Envoy -> its own pod IP:15008 and gid 1337 -> 127.0.0.53:53 meet TPROXY on the second
     // pass; the other two are redirected to 15006 by the nat rule for Envoy over lo.
-    assert_eq!(tproxied, 2);
+    assert_eq!(tproxied, 2, "{backend}");
 }

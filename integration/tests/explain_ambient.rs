@@ -2,7 +2,8 @@
 //! programmed (nft and iptables-legacy, through the backends' own apply) into a pod/world pair
 //! with a stand-in ztunnel in the pod (15001/15006/15008/15053, app on 8080), and for every
 //! connection of the table the static explanation of the live rules predicts where a real probe
-//! lands; with nft the kernel's trace of the same connection agrees with the static path. The
+//! lands, and the kernel's trace of the same connection (nft's nftrace, ip_tables' TRACE)
+//! agrees with the static path, leaving nothing behind in the legacy pod. The
 //! host probe rule is programmed in the world namespace (the "node"): explain from the node as
 //! kubelet's uid says SNAT to 169.254.7.127, the pod's inbound explanation from that address
 //! says "not captured", and the real probe lands on the app seen from 169.254.7.127.
@@ -205,19 +206,20 @@ fn scenario(backend: Backend) -> Vec<String> {
             ));
             continue;
         }
-        if backend == Backend::Nft {
-            let ag = ex::compare::compare(&rs, &e, &trace_case(&w, &c.conn));
-            if !ag.agree || !ag.not_traced.is_empty() {
-                failures.push(format!(
-                    "{} trace: {:?} (not traced {:?})\nstatic:\n{}kernel:\n{}",
-                    c.name,
-                    ag.differences,
-                    ag.not_traced,
-                    ex::render_text(&e),
-                    ex::render::render_steps(&ag.kernel_steps)
-                ));
-            }
+        let ag = ex::compare::compare(&rs, &e, &trace_case(&w, &c.conn));
+        if !ag.agree || !ag.not_traced.is_empty() {
+            failures.push(format!(
+                "{backend} {} trace: {:?} (not traced {:?})\nstatic:\n{}kernel:\n{}",
+                c.name,
+                ag.differences,
+                ag.not_traced,
+                ex::render_text(&e),
+                ex::render::render_steps(&ag.kernel_steps)
+            ));
         }
+    }
+    if backend == Backend::IptablesLegacy {
+        failures.extend(legacy_trace::left_in_legacy_pod(w.pod.path()));
     }
     failures
 }

@@ -126,20 +126,16 @@ fn link_local_connections_are_explained_in_both_directions_and_agree_with_realit
                 let landed = got.landed().map(|l| (l.probe.as_str(), l.port));
                 assert_eq!(landed, Some((probe_name, port)), "{backend} {name}: {got}");
             }
-            if backend == Backend::Nft {
-                let kp = match conn.direction {
-                    Direction::Outbound => {
-                        trace::trace(Some(w.pod.path()), &conn, TraceHow::Connect)
-                    }
-                    Direction::Inbound => netns::run_in(Some(w.world.path()), || {
-                        trace::trace(Some(w.pod.path()), &conn, TraceHow::Connect)
-                    })
-                    .unwrap(),
-                }
-                .unwrap_or_else(|e| panic!("{name}: trace: {e}"));
-                let ag = ex::compare::compare(&rs, &e, &kp);
-                assert!(ag.agree, "{name}: {:?}\n{text}", ag.differences);
+            let kp = match conn.direction {
+                Direction::Outbound => trace::trace(Some(w.pod.path()), &conn, TraceHow::Connect),
+                Direction::Inbound => netns::run_in(Some(w.world.path()), || {
+                    trace::trace(Some(w.pod.path()), &conn, TraceHow::Connect)
+                })
+                .unwrap(),
             }
+            .unwrap_or_else(|e| panic!("{backend} {name}: trace: {e}"));
+            let ag = ex::compare::compare(&rs, &e, &kp);
+            assert!(ag.agree, "{backend} {name}: {:?}\n{text}", ag.differences);
         }
     }
 }

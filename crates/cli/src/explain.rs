@@ -44,7 +44,8 @@ uses an expression the evaluator does not know (outcome cannot-evaluate); 2 bad 
                   nft's or Istio's legacy ISTIO_POSTRT with its ipsets), walks a synthetic first packet of the \
                   connection through them hook by hook, and prints each chain entered, the \
                   rule that decided (comment and text) and the outcome. --trace confirms it \
-                  with the kernel (nft only).",
+                  with the kernel (nft: a temporary nftrace chain; iptables-legacy: TRACE \
+                  rules in the raw table; not for the legacy host rule).",
     after_help = JSON_HELP
 )]
 pub struct ExplainArgs {
@@ -103,7 +104,7 @@ pub struct ExplainArgs {
     #[arg(long, value_enum, default_value = "auto")]
     backend: Which,
     /// Confirm with the kernel: trace the connection (made by this command, as --uid/--gid,
-    /// inside the namespace) and compare. nft only.
+    /// inside the namespace) and compare. Both backends (not the legacy host rule).
     #[arg(long)]
     trace: bool,
     /// With --trace: wait up to SECONDS for a real connection instead of making one.
@@ -236,11 +237,14 @@ fn run(a: &ExplainArgs) -> Result<ExitCode, ExplainError> {
     } else {
         ruleset(netns, a.backend)?
     };
-    if a.trace && rs.backend != ex::ir::Backend::Nft {
+    if a.trace && a.host && rs.backend != ex::ir::Backend::Nft {
+        // ip_tables' TRACE would rebind the node's own packet logger.
         return Err(ExplainError::BadInput {
             arg: "--trace",
             value: "".into(),
-            why: format!("the kernel trace is nft-only; this namespace's rules are {backend}"),
+            why: format!(
+                "the kernel trace of the host probe rule is nft's; this node's rule is {backend}"
+            ),
         });
     }
     let facts = ex::namespace_facts(netns, &conn)?;
@@ -257,7 +261,7 @@ fn run(a: &ExplainArgs) -> Result<ExitCode, ExplainError> {
             }
             None => TraceHow::Connect,
         };
-        let kp = match trace::trace(netns, &conn, how) {
+        let kp = match trace::trace_with(netns, &conn, how, rs.backend) {
             Ok(kp) => kp,
             // The temporary chain is already gone; exit as the signal asked.
             Err(trace::TraceError::Interrupted { signal }) => {

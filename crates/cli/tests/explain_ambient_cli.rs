@@ -368,13 +368,16 @@ fn legacy_host_probe_rule_is_explained_from_the_node() {
     }
     let t = text(&with(&["--uid", "4242"]));
     assert!(t.contains("--match-set istio-inpod-probes-v4 dst"), "{t}");
-    // Asked for nft's rule, which this node does not have; the kernel trace is nft's.
+    // Asked for nft's rule, which this node does not have; the host rule's trace is nft's.
     for (extra, needle) in [
         (
             &["--backend", "nft"][..],
             "no host probe rule (inet istio-ambient-nat",
         ),
-        (&["--trace"][..], "nft-only"),
+        (
+            &["--trace"][..],
+            "the kernel trace of the host probe rule is nft's",
+        ),
     ] {
         let o = with(extra);
         assert_eq!(o.status.code(), Some(2), "{}", text(&o));

@@ -1,5 +1,6 @@
 //! `istio-nftables explain` as a command: text and JSON on a real namespace, `--trace`
-//! agreement and its exit status, the legacy path (and `--trace` refused there), and bad input
+//! agreement and its exit status, the legacy path (`--trace` with ip_tables' TRACE, a killed
+//! run cleaned up by the next), and bad input
 //! naming the argument and value with exit status 2.
 
 mod common;
@@ -132,9 +133,10 @@ fn explains_in_text_and_json_and_confirms_with_the_kernel() {
 }
 
 #[test]
-fn explains_iptables_legacy_rules_and_refuses_trace_there() {
+fn explains_iptables_legacy_rules_and_confirms_with_the_kernel() {
     require_root();
     let (w, _p) = pod(Backend::IptablesLegacy, InterceptionMode::Tproxy);
+    let monitor = legacy_trace::NftMonitor::start(w.pod.path());
     let ns = w.pod.path().to_str().unwrap();
     let inbound = format!("{}:8080", w.pod_v4);
     let o = explain(&[
@@ -154,7 +156,10 @@ fn explains_iptables_legacy_rules_and_refuses_trace_there() {
     );
     assert!(t.contains("-A ISTIO_TPROXY"), "{t}");
 
-    let o = explain(&[
+    // The backend found by itself: the kernel's TRACE lines agree. Run from the world's
+    // namespace, which the inbound connection comes from (the pod is reached from there).
+    let mut args = vec![
+        "explain",
         "--network-namespace",
         ns,
         "--direction",
@@ -162,10 +167,111 @@ fn explains_iptables_legacy_rules_and_refuses_trace_there() {
         "--dst",
         &inbound,
         "--trace",
+    ];
+    let o = exec_at(w.world.path(), CLI.as_str(), &args).unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("kernel trace:"), "{t}");
+    assert!(t.contains("ip mangle ISTIO_TPROXY"), "{t}");
+    assert!(
+        t.contains("kernel: diverted by TPROXY to port 15006"),
+        "{t}"
+    );
+    assert!(!t.contains("did not report"), "{t}");
+    assert!(t.contains("agree: yes"), "{t}");
+    // Named, and outbound as the app, as JSON.
+    let dst = format!("{}:80", w.world_v4);
+    args = vec![
+        "explain",
+        "--network-namespace",
+        ns,
+        "--backend",
+        "iptables-legacy",
+        "--dst",
+        &dst,
+        "--uid",
+        "1000",
+        "--gid",
+        "1000",
+        "--trace",
+        "--json",
+    ];
+    let o = explain(&args[1..]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["backend"], "iptables-legacy", "{v}");
+    assert_eq!(v["trace"]["not_traced"], serde_json::json!([]), "{v}");
+    assert_eq!(v["trace"]["agree"], true, "{v}");
+    assert_eq!(
+        v["trace"]["kernel_outcome"], "redirected to port 15001",
+        "{v}"
+    );
+    let steps = v["trace"]["kernel_steps"].as_array().unwrap();
+    assert!(
+        steps
+            .iter()
+            .any(|s| s["rule"]["text"] == "-A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports 15001"),
+        "{v}"
+    );
+    assert_eq!(
+        legacy_trace::left_in_legacy_pod(w.pod.path()),
+        Vec::<String>::new()
+    );
+    assert_eq!(monitor.stop(), "", "nft changes in a legacy pod");
+}
+
+/// SIGKILL of the CLI in the middle of a legacy trace leaves its TRACE rules; the next run
+/// deletes them (and gives the family its logger back) before tracing.
+#[test]
+fn a_killed_legacy_trace_is_cleaned_up_by_the_next_run() {
+    require_root();
+    let (w, _p) = pod(Backend::IptablesLegacy, InterceptionMode::Redirect);
+    let monitor = legacy_trace::NftMonitor::start(w.pod.path());
+    let ns = w.pod.path().to_str().unwrap();
+    let dst = format!("{}:80", w.world_v4);
+    let mut child = Command::new(CLI.as_str())
+        .args(["explain", "--network-namespace", ns, "--dst", &dst])
+        .args(["--uid", "1000", "--gid", "1000", "--trace", "--wait", "30"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let rules = || legacy_trace::trace_rules(w.pod.path());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while rules().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no TRACE rule appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let left = rules();
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(
+        left.iter()
+            .all(|r| r.contains(&format!("istio-explain-{}-", child.id()))),
+        "{left:?}"
+    );
+    let o = explain(&[
+        "--network-namespace",
+        ns,
+        "--dst",
+        &dst,
+        "--uid",
+        "1000",
+        "--gid",
+        "1000",
+        "--trace",
     ]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(text(&o).contains("--trace"), "{}", text(&o));
-    assert!(text(&o).contains("nft-only"), "{}", text(&o));
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("agree: yes"), "{}", text(&o));
+    assert_eq!(
+        legacy_trace::left_in_legacy_pod(w.pod.path()),
+        Vec::<String>::new()
+    );
+    assert_eq!(monitor.stop(), "", "nft changes in a legacy pod");
 }
 
 #[test]

@@ -1,11 +1,13 @@
-//! The kernel's trace beside the static explanation: the kernel's events become steps of the
-//! same form (rules looked up by handle in the live ruleset), and the two must agree on the
+//! The kernel's trace beside the static explanation: the kernel's events (nft's nftrace events,
+//! or ip_tables' TRACE lines made into the same events) become steps of the same form (rules
+//! looked up in the live ruleset by handle, or for iptables-legacy by chain and position), and
+//! the two must agree on the
 //! deciding rule of every table the kernel reported, on the whole path through every hook it
 //! reported (each rule matched, each end of chain, each policy), and on the outcome.
 
-use super::ir::{Expr, Hook, Ruleset, Verdict};
+use super::ir::{Expr, Hook, Rule, Ruleset, TableFamily, Verdict};
 use super::{Explanation, Outcome, RuleRef, Step, StepKind};
-use crate::trace::{self, EventKind, KernelPath};
+use crate::trace::{self, EventKind, KernelPath, TraceEvent};
 use serde::Serialize;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -33,30 +35,15 @@ pub fn kernel_steps(rs: &Ruleset, kp: &KernelPath) -> Vec<Step> {
     };
     let mut out = Vec::new();
     for e in &kp.events {
-        if let Some(c) = rs
-            .chains
-            .iter()
-            .find(|c| c.table == e.table && c.name == e.chain)
+        let family = family_of(&e.family);
+        if let Some(c) = rs.chain(family, &e.table, &e.chain)
             && let Some(b) = c.base
         {
             hook = b.hook;
         }
-        let rule = e
-            .rule_handle
-            .filter(|_| e.kind == EventKind::Rule)
-            .and_then(|h| rs.rule_by_handle(&e.table, h))
-            .map(|(_, r)| RuleRef::of(r))
-            .or_else(|| {
-                (e.kind == EventKind::Rule).then(|| RuleRef {
-                    position: 0,
-                    handle: e.rule_handle,
-                    comment: None,
-                    text: "(rule not in the dump)".into(),
-                })
-            });
         out.push(Step {
             hook,
-            family: "inet",
+            family: family.name(),
             table: e.table.clone(),
             chain: e.chain.clone(),
             kind: match e.kind {
@@ -64,12 +51,63 @@ pub fn kernel_steps(rs: &Ruleset, kp: &KernelPath) -> Vec<Step> {
                 EventKind::Return => StepKind::Return,
                 EventKind::Policy => StepKind::Policy,
             },
-            rule,
+            rule: kernel_rule(rs, e),
             verdict: e.verdict.as_ref().map(verdict).unwrap_or(Verdict::Continue),
             effects: Vec::new(),
         });
     }
     out
+}
+
+fn family_of(name: &str) -> TableFamily {
+    match name {
+        "ip" => TableFamily::Ip,
+        "ip6" => TableFamily::Ip6,
+        _ => TableFamily::Inet,
+    }
+}
+
+/// The rule a kernel event names: by handle (nft) or by its position in its chain
+/// (iptables-legacy); a rule not in `rs` is still named.
+fn kernel_rule(rs: &Ruleset, e: &TraceEvent) -> Option<RuleRef> {
+    if e.kind != EventKind::Rule {
+        return None;
+    }
+    let found = match (e.rule_handle, e.rule_position) {
+        (Some(h), _) => rs.rule_by_handle(&e.table, h).map(|(_, r)| r),
+        (None, Some(p)) => rs
+            .chain(family_of(&e.family), &e.table, &e.chain)
+            .and_then(|c| c.rules.iter().find(|r| r.position == p)),
+        (None, None) => None,
+    };
+    Some(found.map(RuleRef::of).unwrap_or_else(|| RuleRef {
+        position: e.rule_position.unwrap_or(0),
+        handle: e.rule_handle,
+        comment: None,
+        text: "(rule not in the dump)".into(),
+    }))
+}
+
+/// The rule a step names, in `rs`: by handle (nft) or by chain and position (legacy).
+fn rule_of<'a>(rs: &'a Ruleset, s: &Step) -> Option<&'a Rule> {
+    let r = s.rule.as_ref()?;
+    match r.handle {
+        Some(h) => rs.rule_by_handle(&s.table, h).map(|(_, r)| r),
+        None => rs
+            .chain(family_of(s.family), &s.table, &s.chain)?
+            .rules
+            .iter()
+            .find(|x| x.position == r.position),
+    }
+}
+
+/// How a step's rule is named when paths are compared: `handle N` (nft), `#N` (its position:
+/// iptables-legacy rules have no handle).
+fn rule_id(s: &Step) -> Option<String> {
+    s.rule.as_ref().map(|r| match r.handle {
+        Some(h) => format!("handle {h}"),
+        None => format!("#{}", r.position),
+    })
 }
 
 fn verdict(v: &trace::Verdict) -> Verdict {
@@ -85,7 +123,7 @@ fn verdict(v: &trace::Verdict) -> Verdict {
 
 /// The rule that decided in one table and hook: the last matched rule with a verdict that
 /// ends a chain (accept, drop, return); `None` = nothing decided, the policy did.
-fn deciding(steps: &[Step], hook: Hook, table: &str) -> Option<u64> {
+fn deciding(steps: &[Step], hook: Hook, table: &str) -> Option<String> {
     steps
         .iter()
         .rfind(|s| {
@@ -94,7 +132,7 @@ fn deciding(steps: &[Step], hook: Hook, table: &str) -> Option<u64> {
                 && s.kind == StepKind::Rule
                 && matches!(s.verdict, Verdict::Accept | Verdict::Drop | Verdict::Return)
         })
-        .and_then(|s| s.rule.as_ref()?.handle)
+        .and_then(rule_id)
 }
 
 /// The whole path through one hook, step by step: `table chain kind [handle] verdict`.
@@ -108,12 +146,7 @@ fn path(steps: &[Step], hook: Hook) -> Vec<String> {
                 StepKind::Return => "end of chain",
                 StepKind::Policy => "policy",
             };
-            let handle = s
-                .rule
-                .as_ref()
-                .and_then(|r| r.handle)
-                .map(|h| format!(" handle {h}"))
-                .unwrap_or_default();
+            let handle = rule_id(s).map(|id| format!(" {id}")).unwrap_or_default();
             format!("{} {} {kind}{handle} {}", s.table, s.chain, s.verdict)
         })
         .collect()
@@ -123,10 +156,7 @@ fn path(steps: &[Step], hook: Hook) -> Vec<String> {
 fn class_of(rs: &Ruleset, steps: &[Step]) -> String {
     let mut class = "not captured".to_string();
     for s in steps.iter().filter(|s| s.kind == StepKind::Rule) {
-        let Some(h) = s.rule.as_ref().and_then(|r| r.handle) else {
-            continue;
-        };
-        let Some((_, r)) = rs.rule_by_handle(&s.table, h) else {
+        let Some(r) = rule_of(rs, s) else {
             continue;
         };
         let port = r.exprs.iter().find_map(|e| match e {
@@ -204,8 +234,8 @@ pub fn compare(rs: &Ruleset, ex: &Explanation, kp: &KernelPath) -> Agreement {
         for t in tables {
             let (a, b) = (deciding(&ex.steps, hook, t), deciding(&ks, hook, t));
             if a != b {
-                let show = |h: Option<u64>| {
-                    h.map(|h| format!("rule handle {h}"))
+                let show = |h: Option<String>| {
+                    h.map(|h| format!("rule {h}"))
                         .unwrap_or_else(|| "no rule (policy)".into())
                 };
                 differences.push(format!(

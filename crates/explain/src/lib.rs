@@ -7,12 +7,13 @@
 //! (conntrack NEW, mark 0, the route's interfaces, the sender's uid/gid) walks it hook by hook
 //! in priority order with a register-level evaluator ([`eval`]); the path and the outcome are
 //! described with each rule's comment and nft text. An expression the evaluator does not know
-//! stops the walk with "cannot evaluate" instead of a guess. [`trace`] asks the kernel (a
-//! temporary nftrace chain, the connection made for real) and [`compare`] sets its path beside
-//! the static one.
+//! stops the walk with "cannot evaluate" instead of a guess. [`trace`] asks the kernel (nft: a
+//! temporary nftrace chain; iptables-legacy: TRACE rules in the raw table, read over
+//! nfnetlink_log; the connection made for real) and [`compare`] sets its path beside the static
+//! one, for both backends.
 //!
-//! This crate only reads rules (the tracer's temporary chain excepted, removed also after a
-//! kill); programming them is the backends' job.
+//! This crate only reads rules (the tracer's temporary chain or TRACE rules excepted, removed
+//! also after a kill); programming them is the backends' job.
 
 pub mod compare;
 mod connection;

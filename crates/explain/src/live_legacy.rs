@@ -11,8 +11,11 @@
 //! with the ipsets it matches (`-m set --match-set istio-inpod-probes-v4 dst`) as sets.
 
 use crate::ir::{Backend, BaseHook, Chain, Expr, Hook, Rule, Ruleset, Set, TableFamily, Verdict};
+use crate::trace::TRACE_CHAIN_PREFIX;
 use iptables_legacy::live::{SavedTable, ipset_members, our_save, parse};
+use iptables_legacy::trace_rules::comment_of;
 use iptables_legacy::{LegacyError, Tools};
+use std::collections::HashMap;
 use std::net::IpAddr;
 
 const REG1: u32 = 1;
@@ -131,7 +134,28 @@ fn priority(table: &str) -> Option<(i32, bool)> {
     }
 }
 
-/// Adds one family's save output (raw, mangle and nat tables) to `rs`.
+/// One family's save output as a ruleset.
+pub fn ruleset_of(save_text: &str, v6: bool) -> Ruleset {
+    let mut rs = Ruleset {
+        backend: Backend::IptablesLegacy,
+        chains: Vec::new(),
+        sets: Vec::new(),
+    };
+    add_family(&mut rs, save_text, v6);
+    rs
+}
+
+/// Whether a save rule is a TRACE rule of `explain --trace` (tagged
+/// `istio-explain-<pid>-<n>`): not part of the pod's rules, so never explained; the kernel's
+/// rule numbers count it ([`KernelNumbers`]).
+pub fn is_trace_rule(rule: &str) -> bool {
+    rule.trim_end().ends_with("-j TRACE")
+        && comment_of(rule).is_some_and(|c| c.starts_with(TRACE_CHAIN_PREFIX))
+}
+
+/// Adds one family's save output (raw, mangle and nat tables) to `rs`. The trace rules of
+/// `explain --trace` are left out, and so is a table without any other rule (e.g. the raw
+/// table a trace instantiated: its built-in chains only accept).
 pub fn add_family(rs: &mut Ruleset, save_text: &str, v6: bool) {
     let family = if v6 {
         TableFamily::Ip6
@@ -142,6 +166,9 @@ pub fn add_family(rs: &mut Ruleset, save_text: &str, v6: bool) {
         let Some((prio, nat)) = priority(&t.name) else {
             continue;
         };
+        if t.rules.iter().all(|(_, r)| is_trace_rule(r)) {
+            continue;
+        }
         for name in &t.chains {
             let hook = match name.as_str() {
                 "PREROUTING" => Some(Hook::Prerouting),
@@ -151,7 +178,8 @@ pub fn add_family(rs: &mut Ruleset, save_text: &str, v6: bool) {
                 _ => None,
             };
             let mut rules = Vec::new();
-            for (i, text) in t.rules_of(name).enumerate() {
+            let kept = t.rules_of(name).filter(|r| !is_trace_rule(r));
+            for (i, text) in kept.enumerate() {
                 let (exprs, comment) = translate(text, v6, &t.name, &mut rs.sets);
                 rules.push(Rule {
                     handle: None,
@@ -172,6 +200,64 @@ pub fn add_family(rs: &mut Ruleset, save_text: &str, v6: bool) {
                 }),
                 rules,
             });
+        }
+    }
+}
+
+/// What the kernel's TRACE rule numbers mean, for one family's save output: ip_tables
+/// numbers the rules of a chain from 1 as iptables-save lists them, trace rules included,
+/// and the chain's end (its policy, or a user chain's implicit RETURN) is one past the last.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KernelNumbers {
+    /// `(table, chain)` → for each kernel rule number - 1: the rule's [`Rule::position`], or
+    /// `None` for a trace rule.
+    chains: HashMap<(String, String), Vec<Option<usize>>>,
+}
+
+/// What a kernel rule number of one chain is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Numbered {
+    /// The rule at this position of the explained ruleset.
+    Rule(usize),
+    /// A trace rule of `explain --trace`.
+    TraceRule,
+    /// The end of the chain (policy or implicit return).
+    End,
+    /// A chain or number the save output does not have (the rules changed meanwhile).
+    Unknown,
+}
+
+impl KernelNumbers {
+    pub fn of(save_text: &str) -> Self {
+        let mut chains = HashMap::new();
+        for t in parse(save_text) {
+            for name in &t.chains {
+                let mut position = 0;
+                let numbers = t
+                    .rules_of(name)
+                    .map(|r| {
+                        (!is_trace_rule(r)).then(|| {
+                            position += 1;
+                            position
+                        })
+                    })
+                    .collect();
+                chains.insert((t.name.clone(), name.clone()), numbers);
+            }
+        }
+        KernelNumbers { chains }
+    }
+
+    /// Rule number `n` (1-based) of `table`'s `chain`.
+    pub fn get(&self, table: &str, chain: &str, n: usize) -> Numbered {
+        let Some(rules) = self.chains.get(&(table.to_string(), chain.to_string())) else {
+            return Numbered::Unknown;
+        };
+        match n.checked_sub(1).map(|i| rules.get(i)) {
+            Some(Some(Some(p))) => Numbered::Rule(*p),
+            Some(Some(None)) => Numbered::TraceRule,
+            Some(None) if n == rules.len() + 1 => Numbered::End,
+            _ => Numbered::Unknown,
         }
     }
 }
@@ -767,6 +853,32 @@ mod tests {
         }));
         // `! --mark 0x539/0xfff`: (mark & 0xfff) != 0x539.
         assert!(all.contains(&&cmp(true, 0x539u32.to_ne_bytes().to_vec())));
+    }
+
+    #[test]
+    fn trace_rules_are_not_explained_but_counted_by_the_kernel() {
+        let save = "*raw\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n-A OUTPUT -p tcp -m comment --comment istio-explain-9-0 -j TRACE\nCOMMIT\n*nat\n:OUTPUT ACCEPT [0:0]\n:ISTIO_OUTPUT - [0:0]\n-A OUTPUT -p tcp -m comment --comment istio-explain-9-1 -j TRACE\n-A OUTPUT -p tcp -j ISTIO_OUTPUT\n-A ISTIO_OUTPUT -o lo -j RETURN\nCOMMIT\n";
+        let mut rs = Ruleset {
+            backend: Backend::IptablesLegacy,
+            chains: Vec::new(),
+            sets: Vec::new(),
+        };
+        add_family(&mut rs, save, false);
+        assert!(rs.chains.iter().all(|c| c.table == "nat"), "{rs:?}");
+        let out = rs.chain(TableFamily::Ip, "nat", "OUTPUT").unwrap();
+        assert_eq!(out.rules.len(), 1);
+        assert_eq!(out.rules[0].position, 1);
+        let k = KernelNumbers::of(save);
+        assert_eq!(k.get("nat", "OUTPUT", 1), Numbered::TraceRule);
+        assert_eq!(k.get("nat", "OUTPUT", 2), Numbered::Rule(1));
+        assert_eq!(k.get("nat", "OUTPUT", 3), Numbered::End);
+        assert_eq!(k.get("nat", "OUTPUT", 4), Numbered::Unknown);
+        assert_eq!(k.get("nat", "ISTIO_OUTPUT", 1), Numbered::Rule(1));
+        assert_eq!(k.get("raw", "OUTPUT", 2), Numbered::End);
+        assert_eq!(k.get("mangle", "OUTPUT", 1), Numbered::Unknown);
+        assert!(!is_trace_rule(
+            "-p tcp -m comment --comment istio-explain-1-0 -j RETURN"
+        ));
     }
 
     #[test]

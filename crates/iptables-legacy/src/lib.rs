@@ -50,6 +50,7 @@ pub mod ambient_host;
 mod render;
 mod save;
 mod tools;
+pub mod trace_rules;
 
 pub use render::{render_payload, rule_args};
 pub use tools::{NODE_XTABLES_LOCK, Tools};

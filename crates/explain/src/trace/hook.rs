@@ -335,7 +335,7 @@ pub fn owner_pid(chain: &str) -> Option<u32> {
     pid.parse().ok()
 }
 
-fn process_alive(pid: u32) -> bool {
+pub fn process_alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 

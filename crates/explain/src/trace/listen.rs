@@ -176,6 +176,7 @@ fn decode(hdr: &libc::nlmsghdr) -> Option<TraceEvent> {
         table: t.str(sys::NFTNL_TRACE_TABLE).unwrap_or_default(),
         chain: t.str(sys::NFTNL_TRACE_CHAIN).unwrap_or_default(),
         rule_handle: handle,
+        rule_position: None,
         kind,
         verdict,
         nfproto: t.u32(sys::NFTNL_TRACE_NFPROTO),

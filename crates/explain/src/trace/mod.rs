@@ -1,7 +1,12 @@
 //! Kernel trace of one connection (`istio-nftables explain --trace`).
 //!
-//! The static explanation says where a connection *should* go; this module asks the kernel.
-//! [`trace`] adds a temporary base chain to one of our tables in the pod's namespace (hook
+//! The static explanation says where a connection *should* go; this module asks the kernel,
+//! through the pod's own backend: on iptables-legacy pods with ip_tables' TRACE target (see
+//! the `legacy` module: TRACE rules in the raw table, lines over nfnetlink_log, nothing of
+//! nft's added), on nft pods as follows. Both share the connecting thread, the signal
+//! handling and the wait (`watch`), and give the same [`KernelPath`].
+//!
+//! On nft pods [`trace`] adds a temporary base chain to one of our tables in the pod's namespace (hook
 //! `output` for outbound, `prerouting` for inbound, priority [`TRACE_PRIORITY`], below every
 //! chain of ours) with ONE rule matching exactly that connection and setting `meta nftrace`.
 //! It listens for the kernel's trace events (`NFNLGRP_NFTRACE`, the same events `nft monitor
@@ -35,13 +40,15 @@ use std::fmt;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod connect;
 mod hook;
+mod legacy;
 mod listen;
 mod ns;
 mod signals;
+mod watch;
 
 use ns::Netns;
 
@@ -250,8 +257,11 @@ pub struct TraceEvent {
     pub family: String,
     pub table: String,
     pub chain: String,
-    /// The handle of the rule that matched (`Rule` events only).
+    /// The handle of the rule that matched (`Rule` events only; nft).
     pub rule_handle: Option<u64>,
+    /// iptables-legacy: the matched rule's position in its chain, as the explained ruleset
+    /// numbers it (`Rule` events only; ip_tables rules have no handle).
+    pub rule_position: Option<usize>,
     pub kind: EventKind,
     /// The rule's verdict, or for `Policy` the chain's policy.
     pub verdict: Option<Verdict>,
@@ -361,6 +371,11 @@ pub enum TraceError {
     Connect { what: String, source: io::Error },
     #[error("no packet of that connection within {}s", .waited.as_secs_f64())]
     NothingSeen { waited: Duration },
+    #[error("{what}: {source}")]
+    Legacy {
+        what: String,
+        source: iptables_legacy::LegacyError,
+    },
     #[error("interrupted by signal {signal}; the temporary chain was removed")]
     Interrupted { signal: i32 },
 }
@@ -384,6 +399,34 @@ pub fn trace(
 ) -> Result<KernelPath, TraceError> {
     validate(conn)?;
     let ns = Netns::open(netns)?;
+    refuse_inbound_from_inside(&ns, conn, how)?;
+    match ns.run(|| backend(&ns, None))? {
+        Host::Nft(table) => trace_nft(&ns, table, conn, how),
+        Host::Legacy => legacy::trace(&ns, conn, how),
+    }
+}
+
+/// [`trace`] through the rules of `backend` (the one the explanation read), not the one found.
+pub fn trace_with(
+    netns: Option<&Path>,
+    conn: &Connection,
+    how: TraceHow,
+    backend: crate::ir::Backend,
+) -> Result<KernelPath, TraceError> {
+    validate(conn)?;
+    let ns = Netns::open(netns)?;
+    refuse_inbound_from_inside(&ns, conn, how)?;
+    match ns.run(|| self::backend(&ns, Some(backend)))? {
+        Host::Nft(table) => trace_nft(&ns, table, conn, how),
+        Host::Legacy => legacy::trace(&ns, conn, how),
+    }
+}
+
+fn refuse_inbound_from_inside(
+    ns: &Netns,
+    conn: &Connection,
+    how: TraceHow,
+) -> Result<(), TraceError> {
     if conn.direction == Direction::Inbound && how == TraceHow::Connect && ns.is_callers()? {
         // From inside the pod the packet would leave through `output` and come back over
         // lo: not the path of a connection arriving from outside.
@@ -393,49 +436,132 @@ pub fn trace(
                 .into(),
         ));
     }
-    let table = ns.run(|| {
-        hook::remove_stale()?;
-        hook::host_table(&ns)
-    })?;
-    // Subscribed before the rule exists: no event of the traced packet can be missed.
-    let mut listener = ns.run(listen::TraceSocket::open)?;
+    Ok(())
+}
+
+/// Where the pod's rules are, so where the trace goes.
+enum Host {
+    /// One of our nft tables (hosts the temporary chain).
+    Nft(&'static str),
+    /// Our iptables-legacy chains (TRACE rules in the raw table).
+    Legacy,
+}
+
+/// Our nft tables if there are any (removing stale temporary chains of ours first), else our
+/// iptables-legacy chains (current namespace); `wanted` picks one. Reading nft's tables creates
+/// nothing.
+fn backend(ns: &Netns, wanted: Option<crate::ir::Backend>) -> Result<Host, TraceError> {
+    if wanted == Some(crate::ir::Backend::IptablesLegacy) {
+        return Ok(Host::Legacy);
+    }
+    hook::remove_stale()?;
+    match hook::host_table(ns) {
+        Err(e @ TraceError::NoIstioRules { .. }) if wanted.is_some() => Err(e),
+        Ok(t) => Ok(Host::Nft(t)),
+        Err(TraceError::NoIstioRules { netns }) => {
+            let legacy = iptables_legacy::has_our_chains().map_err(|e| TraceError::Legacy {
+                what: "looking for iptables-legacy rules".into(),
+                source: e,
+            })?;
+            if legacy {
+                Ok(Host::Legacy)
+            } else {
+                Err(TraceError::NoIstioRules { netns })
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// What every trace sets up once its listener is subscribed: SIGINT/SIGTERM handling, and
+/// the connecting thread with its socket bound (outbound, its source port: nothing rewrites
+/// it before the first hook, so the trace rule can match it).
+struct Started {
+    signals: signals::Guard,
+    prober: Option<connect::Prober>,
+    sport: Option<u16>,
+}
+
+fn start(ns: &Netns, conn: &Connection, how: TraceHow) -> Result<Started, TraceError> {
     let signals = signals::Guard::install().map_err(|source| TraceError::Netlink {
         what: "installing SIGINT/SIGTERM handlers".into(),
         source,
     })?;
     let prober = match how {
-        TraceHow::Connect => Some(connect::Prober::start(&ns, conn)?),
+        TraceHow::Connect => Some(connect::Prober::start(ns, conn)?),
         TraceHow::Wait(_) => None,
     };
-    let extra = hook::Extra {
-        sport: prober
-            .as_ref()
-            .filter(|_| conn.direction == Direction::Outbound)
-            .map(|p| p.local.port()),
-    };
-    let chain = hook::TempChain::add(&ns, table, conn, extra)?;
-    let name = chain.name.clone();
-    let chains = Collector::new(&name, chain.looped.as_deref());
-    let watched = watch(&mut listener, &signals, prober.as_ref(), chains, how);
-    // Removed before the signal handlers go back to their defaults.
-    let removed = chain.remove();
-    drop(signals);
+    let sport = prober
+        .as_ref()
+        .filter(|_| conn.direction == Direction::Outbound)
+        .map(|p| p.local.port());
+    Ok(Started {
+        signals,
+        prober,
+        sport,
+    })
+}
+
+/// The outcome of the watch, unless removing the trace rules failed: something may be left
+/// behind, and that matters more than how the watch ended.
+fn after_removal<T>(
+    watched: Result<T, TraceError>,
+    removed: Result<(), TraceError>,
+) -> Result<T, TraceError> {
     if let Err(e) = removed {
-        // Something may be left behind: that matters more than how the watch ended.
         if let Err(w) = &watched {
             tracing::warn!("trace ended with: {w}");
         }
         return Err(e);
     }
-    let (trace_id, events, attempt) = watched?;
+    watched
+}
+
+fn trace_nft(
+    ns: &Netns,
+    table: &'static str,
+    conn: &Connection,
+    how: TraceHow,
+) -> Result<KernelPath, TraceError> {
+    // Subscribed before the rule exists: no event of the traced packet can be missed.
+    let mut listener = ns.run(listen::TraceSocket::open)?;
+    let st = start(ns, conn, how)?;
+    let extra = hook::Extra { sport: st.sport };
+    let chain = hook::TempChain::add(ns, table, conn, extra)?;
+    let name = chain.name.clone();
+    let mut c = Collector::new(&name, chain.looped.as_deref());
+    let watched = watch::watch(&mut listener, &st.signals, st.prober.as_ref(), &mut c, how);
+    // Removed before the signal handlers go back to their defaults.
+    let removed = chain.remove();
+    drop(st);
+    let attempt = after_removal(watched, removed)?;
     Ok(KernelPath {
         table: table.to_string(),
         hook: conn.hook(),
         trace_chain: name,
-        trace_id,
-        events,
+        trace_id: c.trace_id,
+        events: c.events,
         attempt,
     })
+}
+
+impl watch::Source for listen::TraceSocket {
+    type Item = TraceEvent;
+    fn drain(&mut self) -> Result<Vec<TraceEvent>, TraceError> {
+        listen::TraceSocket::drain(self)
+    }
+    fn raw_fd(&self) -> i32 {
+        listen::TraceSocket::raw_fd(self)
+    }
+}
+
+impl watch::Collect<TraceEvent> for Collector {
+    fn feed(&mut self, e: TraceEvent) {
+        Collector::feed(self, e)
+    }
+    fn seen(&self) -> bool {
+        self.trace_id.is_some()
+    }
 }
 
 fn validate(conn: &Connection) -> Result<(), TraceError> {
@@ -464,78 +590,6 @@ fn validate(conn: &Connection) -> Result<(), TraceError> {
         ));
     }
     Ok(())
-}
-
-/// After the traced packet's first event, how long other hooks may still report it.
-const SETTLE: Duration = Duration::from_millis(100);
-/// How often the loop looks at the connecting thread.
-const TICK: Duration = Duration::from_millis(20);
-
-type Watched = (Option<u32>, Vec<TraceEvent>, Attempt);
-
-/// Lets the connection go and collects the traced packet's events until it is done.
-fn watch(
-    listener: &mut listen::TraceSocket,
-    signals: &signals::Guard,
-    prober: Option<&connect::Prober>,
-    mut c: Collector,
-    how: TraceHow,
-) -> Result<Watched, TraceError> {
-    let started = Instant::now();
-    let limit = match how {
-        TraceHow::Connect => CONNECT_TIMEOUT + Duration::from_secs(1),
-        TraceHow::Wait(d) => d,
-    };
-    if let Some(p) = prober {
-        p.go();
-    }
-    let mut attempt = prober.is_none().then_some(Attempt::Observed);
-    let mut quiet_since: Option<Instant> = None;
-    loop {
-        if let Some(signal) = signals.received() {
-            return Err(TraceError::Interrupted { signal });
-        }
-        for e in listener.drain()? {
-            c.feed(e);
-        }
-        if attempt.is_none() {
-            attempt = prober.and_then(connect::Prober::poll);
-        }
-        // Done: the attempt finished (or, waiting, the packet was seen) and the events settled.
-        let finished = attempt.is_some() && (prober.is_some() || c.trace_id.is_some());
-        if finished {
-            let since = *quiet_since.get_or_insert_with(Instant::now);
-            if since.elapsed() >= SETTLE {
-                break;
-            }
-        }
-        if started.elapsed() >= limit {
-            if prober.is_none() && c.trace_id.is_none() {
-                return Err(TraceError::NothingSeen { waited: limit });
-            }
-            break;
-        }
-        wait_readable(listener.raw_fd(), signals.wake_fd(), TICK);
-    }
-    let attempt = attempt.unwrap_or(Attempt::TimedOut);
-    Ok((c.trace_id, c.events, attempt))
-}
-
-fn wait_readable(a: i32, b: i32, timeout: Duration) {
-    let mut fds = [
-        libc::pollfd {
-            fd: a,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: b,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
-    // SAFETY: two valid pollfd entries; EINTR just ends the wait early.
-    unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout.as_millis() as i32) };
 }
 
 /// Keeps the events of the first packet our temporary chain marked, in our tables only, and
@@ -584,16 +638,29 @@ impl Collector {
     }
 }
 
-/// Removes temporary chains (`istio-explain-<pid>-<n>`) in our tables whose process is gone
-/// (a run killed with SIGKILL). Returns the names removed. [`trace`] calls it itself.
+/// Removes temporary chains (`istio-explain-<pid>-<n>`) in our nft tables and TRACE rules
+/// tagged so in the iptables-legacy raw table whose process is gone (a run killed with
+/// SIGKILL). Returns the names removed. [`trace`] calls it itself.
 pub fn remove_stale_chains(netns: Option<&Path>) -> Result<Vec<String>, TraceError> {
-    Netns::open(netns)?.run(hook::remove_stale)
+    let ns = Netns::open(netns)?;
+    ns.run(|| {
+        let mut removed = hook::remove_stale()?;
+        removed.extend(legacy::remove_stale(
+            &ns,
+            &iptables_legacy::Tools::default(),
+        )?);
+        Ok(removed)
+    })
 }
 
-/// Names of all temporary chains currently in our tables (for tests and diagnostics).
+/// Names of all temporary chains in our nft tables and tags of all TRACE rules of ours in the
+/// iptables-legacy raw table (for tests and diagnostics).
 pub fn list_trace_chains(netns: Option<&Path>) -> Result<Vec<String>, TraceError> {
-    let chains = Netns::open(netns)?.run(hook::list)?;
-    Ok(chains.into_iter().map(|(_, c)| c).collect())
+    Netns::open(netns)?.run(|| {
+        let mut names: Vec<String> = hook::list()?.into_iter().map(|(_, c)| c).collect();
+        names.extend(legacy::list(&iptables_legacy::Tools::default())?);
+        Ok(names)
+    })
 }
 
 /// The temporary rule for `conn`, in nft syntax (what `--trace` adds; for display). The
@@ -613,6 +680,7 @@ mod tests {
             table: table.into(),
             chain: chain.into(),
             rule_handle: Some(1),
+            rule_position: None,
             kind: EventKind::Rule,
             verdict: Some(Verdict::Continue),
             nfproto: Some(2),
