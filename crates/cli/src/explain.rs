@@ -29,7 +29,9 @@ JSON output (--json), one object; field names are stable:
 
 Exit status: 0 explained (and, with --trace, the kernel agrees); 1 failure, or a rule
 uses an expression the evaluator does not know (outcome cannot-evaluate); 2 bad input
-(the message names the argument and value); 3 --trace disagrees with the static explanation.";
+(the message names the argument and value); 3 --trace disagrees with the static explanation;
+4 --trace is not confirmed: the kernel reported nothing at a hook the static path crosses
+(e.g. the connection never reached the pod: an inbound trace runs from the caller's namespace).";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -296,6 +298,7 @@ fn run(a: &ExplainArgs) -> Result<ExitCode, ExplainError> {
     }
     Ok(match agreement {
         Some(ag) if !ag.agree => ExitCode::from(3),
+        Some(ag) if !ag.not_traced.is_empty() => ExitCode::from(4),
         _ => ExitCode::SUCCESS,
     })
 }
@@ -327,7 +330,9 @@ fn render_agreement(ag: &Agreement) -> String {
             ag.not_traced.join(", ")
         ));
     }
-    if ag.agree {
+    if ag.agree && !ag.not_traced.is_empty() {
+        o.push_str("agree: not confirmed (nothing the kernel reported disagrees, but it did not report every hook)\n");
+    } else if ag.agree {
         o.push_str("agree: yes (same deciding rule in every table, same outcome)\n");
     } else {
         o.push_str("agree: NO\n");

@@ -113,8 +113,11 @@ fn explains_in_text_and_json_and_confirms_with_the_kernel() {
     assert_eq!(v["trace"]["agree"], true, "{v}");
     assert_eq!(v["trace"]["kernel_outcome"], "redirected to port 15001");
 
+    // Inbound, run from the world's namespace, which the connection comes from (from the
+    // node's namespace it would never reach the pod, and an empty trace would agree).
     let inbound = format!("{}:15021", w.pod_v4);
-    let o = explain(&[
+    let args = [
+        "explain",
         "--network-namespace",
         ns,
         "--direction",
@@ -122,14 +125,25 @@ fn explains_in_text_and_json_and_confirms_with_the_kernel() {
         "--dst",
         &inbound,
         "--trace",
-    ]);
+    ];
+    let o = exec_at(w.world.path(), CLI.as_str(), &args).unwrap();
     let t = text(&o);
     assert!(o.status.success(), "{t}");
     assert!(
         t.contains("not captured: inbound port excluded from capture"),
         "{t}"
     );
+    assert!(t.contains("kernel trace:"), "{t}");
+    assert!(!t.contains("did not report"), "{t}");
     assert!(t.contains("agree: yes"), "{t}");
+
+    // From the node's namespace the connection never reaches the pod: the kernel reports
+    // nothing, which confirms nothing (exit 4), however well it "agrees".
+    let o = explain(&args[1..]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(4), "{t}");
+    assert!(t.contains("did not report hook(s) prerouting"), "{t}");
+    assert!(t.contains("agree: not confirmed"), "{t}");
 }
 
 #[test]
