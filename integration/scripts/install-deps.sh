@@ -5,7 +5,7 @@
 #   2. build-cnitool.sh        -> /usr/local/bin/cnitool
 #   3. build-ztunnel.sh        -> /usr/local/bin/ztunnel-test (Istio's ztunnel, the ZDS peer of
 #      the ambient tests; cached in /var/cache/istio-cni-build/ztunnel, rebuilt only when its
-#      source tarball changes; the first build takes ~10+ min on 2 cores)
+#      source tarball changes; the first build takes ~5 min on 2 cores)
 # SKIP_CNITOOL=1 skips step 2, SKIP_ZTUNNEL=1 step 3.
 # No libmnl.a is needed: the mnl_* functions come from our Rust crate crates/mnl-impl, and
 # .cargo/config.toml links Debian's /usr/lib/x86_64-linux-gnu/libnftnl.a directly.
