@@ -332,29 +332,30 @@ fn tproxy_inbound_is_traced_to_the_tproxy_rule_with_and_without_a_listener() {
     assert_eq!(landed_on(&sidecar, 15006).len(), 1);
 }
 
-#[test]
-fn udp_dns_is_traced_to_the_dns_redirect() {
-    require_root();
+/// A pod capturing DNS, its agent on 15053, and an app's query to `world`:53.
+fn dns_pod() -> (PodWorld, Probe, Connection) {
     let w = PodWorld::ipv4_only().unwrap();
     let mut cfg = cni_default(Ipv6Mode::Off);
     cfg.redirect_dns = true;
     cfg.capture_all_dns = true;
     apply(w.pod.path(), &cfg);
     let agent = Probe::start(w.pod.path(), "agent", &[Listen::udp(15053)]).unwrap();
-    let world = IpAddr::V4(w.world_v4);
     let conn = Connection::new(
         Direction::Outbound,
         Protocol::Udp,
-        SocketAddr::new(world, 53),
+        SocketAddr::new(IpAddr::V4(w.world_v4), 53),
     )
     .uid(APP_UID)
     .gid(APP_UID);
-    let p = traced(&w.pod, None, &conn);
-    // Raw: DNS conntrack zone; then nat: outbound → DNS → redirect to the agent; then the
-    // redirected datagram's second pass, over lo: raw prerouting (nat is not consulted again).
+    (w, agent, conn)
+}
+
+/// Raw: DNS conntrack zone; then nat: outbound → DNS → redirect to the agent; then the
+/// redirected datagram's second pass, over lo: raw prerouting (nat is not consulted again).
+fn assert_dns_path(p: &KernelPath, pod: &TestNetns) {
     assert_path(
-        &p,
-        &w.pod,
+        p,
+        pod,
         &[
             ("output", "DNS conntrack zones", "jump istio-output-dns"),
             ("istio-output-dns", "app DNS queries: zone 2", "continue"),
@@ -380,6 +381,14 @@ fn udp_dns_is_traced_to_the_dns_redirect() {
         ]
         .concat()
     );
+}
+
+#[test]
+fn udp_dns_is_traced_to_the_dns_redirect() {
+    require_root();
+    let (w, agent, conn) = dns_pod();
+    let p = traced(&w.pod, None, &conn);
+    assert_dns_path(&p, &w.pod);
     let Attempt::Sent { local } = p.attempt else {
         panic!("{:?}", p.attempt)
     };
@@ -389,6 +398,45 @@ fn udp_dns_is_traced_to_the_dns_redirect() {
             .any(|a| a.peer == local)),
         "{:?}",
         agent.accepted()
+    );
+}
+
+/// `--wait` does not know the source port: the redirected datagram's second pass over lo
+/// (to 127.0.0.1:15053 now) is recognised by its connection's original destination.
+#[test]
+fn wait_follows_a_nat_redirected_datagram_through_its_second_pass() {
+    require_root();
+    let (w, agent, conn) = dns_pod();
+    let p = std::thread::scope(|s| {
+        let t = s.spawn(|| {
+            trace(
+                Some(w.pod.path()),
+                &conn,
+                TraceHow::Wait(Duration::from_secs(20)),
+            )
+        });
+        assert!(
+            wait_for_chain(&w.pod, None),
+            "the trace chain never appeared"
+        );
+        let sent = integration::send_udp(
+            w.pod.path(),
+            &ConnectSpec::new(conn.dst.ip(), 53)
+                .uid(APP_UID)
+                .gid(APP_UID),
+        );
+        assert!(
+            integration::node::wait_until(Duration::from_secs(5), || !landed_on(&agent, 15053)
+                .is_empty()),
+            "{sent}"
+        );
+        t.join().unwrap().unwrap()
+    });
+    assert_eq!(p.attempt, Attempt::Observed);
+    assert_dns_path(&p, &w.pod);
+    assert_eq!(
+        list_trace_chains(Some(w.pod.path())).unwrap(),
+        Vec::<String>::new()
     );
 }
 

@@ -30,16 +30,19 @@ struct Pod {
 
 impl Pod {
     fn new(mode: InterceptionMode, ipv6: Ipv6Mode) -> Pod {
-        let w = match ipv6 {
+        Pod::with(Config {
+            ipv6,
+            inbound_mode: mode,
+            ..Config::cni_default()
+        })
+    }
+
+    fn with(cfg: Config) -> Pod {
+        let w = match cfg.ipv6 {
             Ipv6Mode::Off => PodWorld::ipv4_only().unwrap(),
             _ => PodWorld::new().unwrap(),
         };
         let monitor = Some(NftMonitor::start(w.pod.path()));
-        let cfg = Config {
-            ipv6,
-            inbound_mode: mode,
-            ..Config::cni_default()
-        };
         apply_legacy(w.pod.path(), &Plan::build(&cfg, &Facts::default()).unwrap());
         let probes = [
             Probe::sidecar(w.pod.path()).unwrap(),
@@ -265,6 +268,59 @@ fn wait_traces_someone_elses_connection_and_one_trace_per_pod_at_a_time() {
     let (rule, _) = pod.decided(&p);
     assert!(rule.contains("-j REDIRECT --to-ports 15001"), "{rule}");
     assert_eq!(left_in_legacy_pod(pod.path()), Vec::<String>::new());
+}
+
+/// `--wait` does not know the source port: the DNS query NAT redirects to 127.0.0.1:15053
+/// is followed through its second pass over lo all the same (the same path as a traced
+/// connect of the same query).
+#[test]
+fn wait_follows_a_nat_redirected_datagram_through_its_second_pass() {
+    require_root();
+    let pod = Pod::with(Config {
+        ipv6: Ipv6Mode::Off,
+        redirect_dns: true,
+        capture_all_dns: true,
+        ..Config::cni_default()
+    });
+    let agent = Probe::start(pod.path(), "agent", &[Listen::udp(15053)]).unwrap();
+    let world = IpAddr::from(pod.w.world_v4);
+    let conn = Connection::new(
+        Direction::Outbound,
+        Protocol::Udp,
+        SocketAddr::new(world, 53),
+    )
+    .uid(APP_UID)
+    .gid(APP_UID);
+    let connected = pod.described(&pod.traced(&conn));
+    assert!(
+        connected.iter().any(|(c, _, _)| c == "ip raw PREROUTING"),
+        "the second pass crosses raw PREROUTING: {connected:#?}"
+    );
+    let p = std::thread::scope(|s| {
+        let t = s.spawn(|| {
+            trace(
+                Some(pod.path()),
+                &conn,
+                TraceHow::Wait(Duration::from_secs(20)),
+            )
+        });
+        assert!(
+            wait_for_rules(pod.path(), None),
+            "the TRACE rules never appeared"
+        );
+        send_udp(
+            pod.path(),
+            &ConnectSpec::new(world, 53).uid(APP_UID).gid(APP_UID),
+        );
+        t.join().unwrap().unwrap()
+    });
+    assert_eq!(p.attempt, Attempt::Observed);
+    assert_eq!(pod.described(&p), connected);
+    assert_eq!(left_in_legacy_pod(pod.path()), Vec::<String>::new());
+    assert_eq!(
+        agent.accepted().iter().filter(|a| a.port == 15053).count(),
+        2
+    );
 }
 
 /// Waits until TRACE rules exist (of process `pid`, if given).

@@ -101,6 +101,15 @@ pub fn ct_load(key: u32) -> Expr {
         .u32(sys::NFTNL_EXPR_CT_DREG, REG1)
 }
 
+/// `ct load KEY => reg 1` of the `original` (`dir` 0) or `reply` (1) direction's tuple, for
+/// the keys that need one (addresses, ports).
+pub fn ct_load_dir(key: u32, dir: u8) -> Expr {
+    Expr::new(c"ct")
+        .u32(sys::NFTNL_EXPR_CT_KEY, key)
+        .data(sys::NFTNL_EXPR_CT_DIR, &[dir])
+        .u32(sys::NFTNL_EXPR_CT_DREG, REG1)
+}
+
 /// `ct set KEY with reg 1`.
 pub fn ct_set(key: u32) -> Expr {
     Expr::new(c"ct")

@@ -82,8 +82,10 @@ pub enum Pass {
     /// Where the connection starts: `output` (outbound) or `prerouting` (inbound).
     First,
     /// An outbound packet to a local address coming back in over lo (`prerouting`, `iifname
-    /// "lo"`): after a redirect its destination is the new one, so with a known source port
-    /// only the source is matched.
+    /// "lo"`): after a redirect its destination is the new one, so it is recognised by its
+    /// source port when known, else by its connection's ORIGINAL destination (`ct original`:
+    /// the packet still carries the conntrack entry its first pass made, also at a priority
+    /// before conntrack's).
     LoopedBack,
 }
 
@@ -113,8 +115,13 @@ fn rule_exprs(conn: &Connection, extra: Extra, pass: Pass) -> Vec<Expr> {
         e.push(expr::meta_load(libc::NFT_META_IIFNAME as u32));
         e.push(expr::cmp(eq, &expr::ifname_bytes("lo")));
     }
-    // The destination, unless a looped-back packet is recognised by its source port.
-    let match_dst = pass == Pass::First || extra.sport.is_none();
+    // The destination, unless a looped-back packet is recognised by its source port or its
+    // connection's original destination.
+    let by_original = pass == Pass::LoopedBack && extra.sport.is_none();
+    if by_original {
+        e.extend(original_destination(conn));
+    }
+    let match_dst = pass == Pass::First;
     if match_dst {
         let addr = ip_bytes(conn.dst.ip());
         e.push(expr::payload(nh, daddr_off, addr.len() as u32));
@@ -153,6 +160,22 @@ fn rule_exprs(conn: &Connection, extra: Extra, pass: Pass) -> Vec<Expr> {
     e.push(expr::immediate(&[1]));
     e.push(expr::meta_set(libc::NFT_META_NFTRACE as u32));
     e
+}
+
+/// `ct original ip[6] daddr DST ct original proto-dst PORT`.
+fn original_destination(conn: &Connection) -> [Expr; 4] {
+    const ORIGINAL: u8 = 0; // IP_CT_DIR_ORIGINAL
+    let eq = libc::NFT_CMP_EQ as u32;
+    let key = match conn.dst.ip() {
+        IpAddr::V4(_) => libc::NFT_CT_DST_IP,
+        IpAddr::V6(_) => libc::NFT_CT_DST_IP6,
+    } as u32;
+    [
+        expr::ct_load_dir(key, ORIGINAL),
+        expr::cmp(eq, &ip_bytes(conn.dst.ip())),
+        expr::ct_load_dir(libc::NFT_CT_PROTO_DST as u32, ORIGINAL),
+        expr::cmp(eq, &conn.dst.port().to_be_bytes()),
+    ]
 }
 
 const TCP_SYN: u8 = 0x02;

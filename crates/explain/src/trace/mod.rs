@@ -28,8 +28,10 @@
 //!   `output`), but a packet to a local address coming back over `lo` (redirected, or
 //!   rerouted there by a mark and the pod's policy route, as TPROXY pods do for the proxy's
 //!   own loopback traffic) gets a new id. So an outbound trace adds a second chain at
-//!   `prerouting` marking that second pass (`iifname "lo"`, the probe's source port), and
-//!   the events of both passes are reported, in order: output, then prerouting.
+//!   `prerouting` marking that second pass (`iifname "lo"`, and the probe's source port, or
+//!   with `--wait` the connection's original destination, `ct original`: the looped packet
+//!   still carries the conntrack entry of its first pass, whose NAT changed its destination),
+//!   and the events of both passes are reported, in order: output, then prerouting.
 //! - A packet marked by ANOTHER trace rule also produces events in our chain (end-of-chain
 //!   only, as our rule did not match): the packet is ours only when our rule's event came.
 //! - TCP: only the SYN is marked (`tcp flags & (syn | ack) == syn`): nat chains see only a
