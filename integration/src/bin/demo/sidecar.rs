@@ -43,10 +43,7 @@ pub fn explain_outbound(bins: &std::path::Path, pod: &TestNetns, backend: &str) 
         "--gid",
         &uid,
     ];
-    args.extend(["--backend", backend]);
-    if backend == "nft" {
-        args.push("--trace");
-    }
+    args.extend(["--backend", backend, "--trace"]);
     explain(bins, &args)
 }
 
