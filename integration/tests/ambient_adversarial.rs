@@ -222,6 +222,49 @@ fn hostile_plugin_events_are_refused_naming_the_field_and_touch_nothing() {
     assert!(whole(&n, &pod));
 }
 
+/// Claim: the agent stays responsive and bounded under hostile clients on `pluginevent.sock`
+/// (`integration::uds_flood`); a real ambient ADD through the plugin during the attack is
+/// served in time, the agent's descriptors stay under the connection cap and come back down
+/// once the request bound has passed.
+#[test]
+fn a_flood_on_the_event_socket_neither_starves_an_add_nor_grows_the_agent() {
+    use integration::proc_stats::open_fds;
+    use uds_http::server::{MAX_CONNECTIONS, REQUEST_TIMEOUT};
+    let Some(zt) = prerequisites() else { return };
+    let a = PodPlan::new("flooded", [10, 88, 3, 30], Mode::Ambient);
+    let n = AmbientNode::start(&zt, &AmbientOptions::default(), std::slice::from_ref(&a)).unwrap();
+    let pod = n.create_pod(&a).unwrap();
+    let pid = n.node.daemon().pid();
+    let idle = open_fds(pid);
+    let attack = integration::uds_flood::flood(&socket(&n), 2000);
+    // Settled (every connection accepted), well inside the request bound.
+    std::thread::sleep(REQUEST_TIMEOUT / 4);
+    let during = open_fds(pid);
+    let run = n.add(&pod);
+    assert!(run.ok, "ADD during the flood: {run:#?}\n{}", n.logs());
+    n.eventually("served after an ADD during the flood", || n.served(&pod));
+    assert!(whole(&n, &pod));
+    assert!(
+        during <= idle + MAX_CONNECTIONS + 16,
+        "{during} agent descriptors during a flood of {} ({idle} idle, cap {MAX_CONNECTIONS})",
+        attack.len()
+    );
+    let wait = REQUEST_TIMEOUT + Duration::from_secs(1);
+    std::thread::sleep(wait);
+    let after = open_fds(pid);
+    println!(
+        "pluginevent.sock flood of {} connections: agent descriptors {idle} idle, {during} \
+         during, {after} {wait:?} later; the ambient ADD during it took {:?}",
+        attack.len(),
+        run.elapsed
+    );
+    assert!(
+        after <= idle + 8,
+        "{after} agent descriptors after the attack ({idle} idle)"
+    );
+    assert!(run.elapsed < Duration::from_secs(5), "{:?}", run.elapsed);
+}
+
 #[test]
 fn concurrent_adds_and_dels_of_one_pod_never_leave_it_half_served() {
     let Some(zt) = prerequisites() else { return };
