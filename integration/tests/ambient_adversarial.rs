@@ -19,6 +19,9 @@ use integration::cni::require_cni_tools;
 use integration::ztunnel::ztunnel_binary;
 use std::net::IpAddr;
 
+/// The agent's bound on pod GETs in flight (`ambient_agent::plugin_server::MAX_POD_GETS`).
+const MAX_POD_GETS: usize = ambient_agent::plugin_server::MAX_POD_GETS;
+
 fn prerequisites() -> Option<PathBuf> {
     require_cni_tools();
     ztunnel_binary()
@@ -263,6 +266,63 @@ fn a_flood_on_the_event_socket_neither_starves_an_add_nor_grows_the_agent() {
         "{after} agent descriptors after the attack ({idle} idle)"
     );
     assert!(run.elapsed < Duration::from_secs(5), "{:?}", run.elapsed);
+}
+
+/// Claim: plugin events are worked on by a bounded number of tasks. An ADD of a pod the
+/// agent's cache has not seen makes it GET the pod from the API server (up to 5 s), in a task
+/// that outlives the caller. 1000 such ADDs from callers that hang up at once, the API server
+/// never answering a pod GET: the GETs in flight and the agent's descriptors stay bounded, and
+/// a real pod's ADD (in the cache) is still served.
+#[test]
+fn adds_of_unknown_pods_from_callers_that_hang_up_cost_a_bounded_number_of_api_gets() {
+    use integration::proc_stats::open_fds;
+    use std::io::Write;
+    const ATTACK: usize = 1000;
+    let Some(zt) = prerequisites() else { return };
+    let a = PodPlan::new("real", [10, 88, 3, 40], Mode::Ambient);
+    let n = AmbientNode::start(&zt, &AmbientOptions::default(), std::slice::from_ref(&a)).unwrap();
+    let pod = n.create_pod(&a).unwrap();
+    let pid = n.node.daemon().pid();
+    let idle = open_fds(pid);
+    n.kube().hang_next_pod_gets(u64::MAX);
+    let ghost = String::from_utf8(add_body(&pod, &netns_path(&pod))).unwrap();
+    for i in 0..ATTACK {
+        let body = ghost
+            .replace(pod.name(), &format!("ghost-{i}"))
+            .replace(pod.uid().as_str(), &format!("ghost-uid-{i}"));
+        let Ok(mut s) = UnixStream::connect(socket(&n)) else {
+            continue;
+        };
+        let _ = write!(
+            s,
+            "POST /cmdadd HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let gets = n
+        .kube()
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.contains("/pods/ghost-"))
+        .count();
+    let during = open_fds(pid);
+    println!(
+        "{ATTACK} hung-up ADDs of unknown pods, pod GETs never answered: {gets} GETs in flight, \
+         agent descriptors {idle} idle, {during} during"
+    );
+    assert!(
+        gets <= MAX_POD_GETS,
+        "{gets} pod GETs in flight for {ATTACK} hung-up callers"
+    );
+    assert!(
+        during <= idle + MAX_POD_GETS + 32,
+        "{during} agent descriptors ({idle} idle)"
+    );
+    let run = n.add(&pod);
+    assert!(run.ok, "the real ADD: {run:#?}\n{}", n.logs());
+    n.eventually("the real pod served", || n.served(&pod));
+    assert!(whole(&n, &pod));
 }
 
 #[test]

@@ -14,6 +14,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Semaphore;
 use uds_http::server::{Reply, reply};
 use uds_http::{Method, StatusCode};
 
@@ -21,12 +22,18 @@ use uds_http::{Method, StatusCode};
 const MAX_BODY: usize = 64 * 1024;
 /// A pod the cache has not seen yet is fetched from the API server, this long at most.
 const POD_GET_TIMEOUT: Duration = Duration::from_secs(5);
+/// Pod GETs in flight at once. The work on an event outlives its caller (see the module doc),
+/// so without a bound every ADD of an unknown pod from a caller that hangs up at once left a
+/// task and an API connection behind for up to [`POD_GET_TIMEOUT`]. Over the bound: 503 (the
+/// plugin fails closed, the runtime retries); pods the cache holds never need a GET.
+pub const MAX_POD_GETS: usize = 16;
 
 pub struct Handler {
     agent: Arc<Agent>,
     pods: PodCache,
     client: kube::Client,
     proc_root: PathBuf,
+    pod_gets: Semaphore,
 }
 
 impl Handler {
@@ -41,6 +48,7 @@ impl Handler {
             pods,
             client,
             proc_root,
+            pod_gets: Semaphore::new(MAX_POD_GETS),
         })
     }
 
@@ -130,6 +138,12 @@ impl Handler {
         {
             return Ok((*p).clone());
         }
+        let Ok(_in_flight) = self.pod_gets.try_acquire() else {
+            tracing::warn!(pod = %format!("{namespace}/{name}"), max = MAX_POD_GETS, "pod not in the cache and too many pod GETs in flight");
+            return Err(format!(
+                "pod {namespace}/{name} is not in the node's cache and {MAX_POD_GETS} pod GETs are already in flight"
+            ));
+        };
         let api: kube::Api<Pod> = kube::Api::namespaced(self.client.clone(), namespace);
         match tokio::time::timeout(POD_GET_TIMEOUT, api.get(name)).await {
             Ok(Ok(p)) => Ok(p),
