@@ -62,13 +62,13 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
 /// Accepts until the task is dropped. `max_body` bounds every request body (larger: 413
 /// without calling the handler); `name` labels the logs.
 ///
-/// Hostile or broken clients are bounded (each bound below is a test in `tests/hostile.rs`):
-/// the whole request must arrive within [`REQUEST_TIMEOUT`] of the accept (a head not in by
-/// then closes the connection, a body not in is answered 408); a head over [`MAX_HEAD`] is
-/// answered 431; one request per connection (no keep-alive); no connection outlives
-/// [`MAX_CONNECTION_LIFETIME`]; at most [`MAX_CONNECTIONS`] are open, and a connection over
-/// that closes the oldest one still sending its request, so a flood of idle connections
-/// cannot starve the plugin, whose request arrives whole right after its connect.
+/// Hostile or broken clients are bounded (each bound but the two-minute lifetime is a test in
+/// `tests/hostile.rs`): the whole request must arrive within [`REQUEST_TIMEOUT`] of the
+/// accept (a head not in by then closes the connection, a body not in is answered 408); a
+/// head over [`MAX_HEAD`] is answered 431; one request per connection (no keep-alive); no
+/// connection outlives [`MAX_CONNECTION_LIFETIME`]; at most [`MAX_CONNECTIONS`] are open, and
+/// a connection over that closes the oldest one still sending its request, so a flood of idle
+/// connections cannot starve the plugin, whose request arrives whole right after its connect.
 pub async fn serve<H, F>(listener: UnixListener, name: &'static str, max_body: usize, handler: H)
 where
     H: Fn(Request) -> F + Clone + Send + Sync + 'static,
