@@ -21,6 +21,8 @@ use std::net::IpAddr;
 
 /// The agent's bound on pod GETs in flight (`ambient_agent::plugin_server::MAX_POD_GETS`).
 const MAX_POD_GETS: usize = ambient_agent::plugin_server::MAX_POD_GETS;
+/// The agent's bound on plugin events worked on at once.
+const MAX_WORKERS: usize = ambient_agent::plugin_server::MAX_WORKERS;
 
 fn prerequisites() -> Option<PathBuf> {
     require_cni_tools();
@@ -276,7 +278,6 @@ fn a_flood_on_the_event_socket_neither_starves_an_add_nor_grows_the_agent() {
 #[test]
 fn adds_of_unknown_pods_from_callers_that_hang_up_cost_a_bounded_number_of_api_gets() {
     use integration::proc_stats::open_fds;
-    use std::io::Write;
     const ATTACK: usize = 1000;
     let Some(zt) = prerequisites() else { return };
     let a = PodPlan::new("real", [10, 88, 3, 40], Mode::Ambient);
@@ -290,14 +291,7 @@ fn adds_of_unknown_pods_from_callers_that_hang_up_cost_a_bounded_number_of_api_g
         let body = ghost
             .replace(pod.name(), &format!("ghost-{i}"))
             .replace(pod.uid().as_str(), &format!("ghost-uid-{i}"));
-        let Ok(mut s) = UnixStream::connect(socket(&n)) else {
-            continue;
-        };
-        let _ = write!(
-            s,
-            "POST /cmdadd HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
+        add_and_hang_up(&socket(&n), body.as_bytes());
     }
     std::thread::sleep(Duration::from_secs(1));
     let gets = n
@@ -323,6 +317,60 @@ fn adds_of_unknown_pods_from_callers_that_hang_up_cost_a_bounded_number_of_api_g
     assert!(run.ok, "the real ADD: {run:#?}\n{}", n.logs());
     n.eventually("the real pod served", || n.served(&pod));
     assert!(whole(&n, &pod));
+}
+
+/// Sends `/cmdadd` with `body` and hangs up without waiting for the answer.
+fn add_and_hang_up(sock: &Path, body: &[u8]) {
+    if let Ok(mut s) = UnixStream::connect(sock) {
+        let head = format!(
+            "POST /cmdadd HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let _ = s
+            .write_all(head.as_bytes())
+            .and_then(|()| s.write_all(body));
+    }
+}
+
+/// Claim: the agent's work on plugin events is bounded in tasks and descriptors even when its
+/// callers hang up. 2000 ADDs of one real pod (each opens the pod's netns, then waits its turn
+/// for the pod) from callers that hang up at once: the agent's descriptors stay bounded, an
+/// ADD of another pod meanwhile is served, and the hammered pod ends whole.
+#[test]
+fn re_adds_of_a_pod_from_callers_that_hang_up_hold_a_bounded_number_of_descriptors() {
+    use integration::proc_stats::open_fds;
+    use uds_http::server::MAX_CONNECTIONS;
+    const ATTACK: usize = 2000;
+    let Some(zt) = prerequisites() else { return };
+    let plans = [
+        PodPlan::new("hammered", [10, 88, 3, 50], Mode::Ambient),
+        PodPlan::new("bystander", [10, 88, 3, 51], Mode::Ambient),
+    ];
+    let n = AmbientNode::start(&zt, &AmbientOptions::default(), &plans).unwrap();
+    let pod = n.create_pod(&plans[0]).unwrap();
+    let other = n.create_pod(&plans[1]).unwrap();
+    let pid = n.node.daemon().pid();
+    let idle = open_fds(pid);
+    let body = add_body(&pod, &netns_path(&pod));
+    for _ in 0..ATTACK {
+        add_and_hang_up(&socket(&n), &body);
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let during = open_fds(pid);
+    let run = n.add(&other);
+    println!(
+        "{ATTACK} hung-up re-ADDs of one pod: agent descriptors {idle} idle, {during} a second \
+         later; another pod's ADD meanwhile took {:?}",
+        run.elapsed
+    );
+    assert!(run.ok, "the other pod's ADD: {run:#?}\n{}", n.logs());
+    n.eventually("the other pod served", || n.served(&other));
+    n.eventually("the hammered pod served", || n.served(&pod));
+    assert!(whole(&n, &pod) && whole(&n, &other));
+    assert!(
+        during <= idle + MAX_CONNECTIONS + MAX_WORKERS + 32,
+        "{during} agent descriptors ({idle} idle) for {ATTACK} hung-up callers"
+    );
 }
 
 #[test]

@@ -4,7 +4,9 @@
 //! An ADD is answered 200 only once the pod's rules are in and ztunnel acknowledged it; 503
 //! when ztunnel is not connected (the plugin fails closed, the runtime retries); 400 for a bad
 //! request (field and value named); 500 otherwise. The work runs in its own task: a plugin
-//! that gives up mid-way cannot cut an enroll in half (the agent finishes or rolls back).
+//! that gives up mid-way cannot cut an enroll in half (the agent finishes or rolls back). At
+//! most [`MAX_WORKERS`] such tasks run at once, and at most [`MAX_POD_GETS`] of them ask the
+//! API server; an event waiting for a worker is dropped if its caller hangs up first.
 
 use crate::agent::Agent;
 use cni_config::ambient::{AddPodRequest, CMD_ADD_PATH, CMD_DEL_PATH, DelPodRequest};
@@ -27,6 +29,11 @@ const POD_GET_TIMEOUT: Duration = Duration::from_secs(5);
 /// task and an API connection behind for up to [`POD_GET_TIMEOUT`]. Over the bound: 503 (the
 /// plugin fails closed, the runtime retries); pods the cache holds never need a GET.
 pub const MAX_POD_GETS: usize = 16;
+/// Plugin events worked on at once. The work outlives its caller, so without a bound every
+/// ADD from a caller that hangs up at once left a task (holding the pod's netns while it waits
+/// its turn for the pod) behind. Events over it wait for a worker in their connection, whose
+/// number the socket bounds.
+pub const MAX_WORKERS: usize = 64;
 
 pub struct Handler {
     agent: Arc<Agent>,
@@ -34,6 +41,7 @@ pub struct Handler {
     client: kube::Client,
     proc_root: PathBuf,
     pod_gets: Semaphore,
+    workers: Arc<Semaphore>,
 }
 
 impl Handler {
@@ -49,6 +57,7 @@ impl Handler {
             client,
             proc_root,
             pod_gets: Semaphore::new(MAX_POD_GETS),
+            workers: Arc::new(Semaphore::new(MAX_WORKERS)),
         })
     }
 
@@ -58,8 +67,15 @@ impl Handler {
             return reply(StatusCode::METHOD_NOT_ALLOWED, "POST only");
         }
         let body = req.into_body();
+        let worker = self
+            .workers
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
         // Own task: finishes (or rolls back) even if the plugin hangs up.
         let task = tokio::spawn(async move {
+            let _worker = worker;
             match path.as_str() {
                 CMD_ADD_PATH => self.add(&body).await,
                 CMD_DEL_PATH => self.del(&body).await,
