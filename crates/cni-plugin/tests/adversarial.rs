@@ -10,6 +10,7 @@ use common::{ApiMode, Node, NodeOptions, Run, fixture, k8s_args, rules};
 use integration::TestNetns;
 use serde_json::{Value, json};
 use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -895,4 +896,57 @@ fn a_hostile_log_socket_never_holds_or_fails_an_add() {
         figures.push(format!("{what} {:.3}s", r.elapsed.as_secs_f64()));
     }
     println!("hostile log.sock, ADD time: {}", figures.join(", "));
+}
+
+/// The plugin's log file is never a trap either: a FIFO planted at its name (no reader: an
+/// open for writing would wait for one forever; a reader that never reads: writes would wait
+/// once the pipe is full) is refused as not a regular file, and the ADD goes on at once.
+#[test]
+fn a_fifo_at_the_log_path_never_holds_an_add() {
+    let node = node();
+    let log = node.run_dir().join("istio-cni.log");
+    let c_log = std::ffi::CString::new(log.to_str().unwrap()).unwrap();
+    for reader in [false, true] {
+        let what = if reader {
+            "a FIFO with a reader that never reads"
+        } else {
+            "a FIFO without a reader"
+        };
+        let _ = std::fs::remove_file(&log);
+        // SAFETY: plain syscalls on a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c_log.as_ptr(), 0o600) }, 0);
+        let _held = reader.then(|| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&log)
+                .unwrap()
+        });
+        let pod = pod_ns();
+        let env = add_env(pod.path().to_str().unwrap());
+        let stdin = node.plugin_stdin(None);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(|| tx.send(run(&node, &env, &stdin)).unwrap());
+            let r = rx
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| {
+                    // Unblock the plugin before failing: drain the FIFO from here on.
+                    let mut f = std::fs::File::open(&log).unwrap();
+                    std::thread::spawn(move || std::io::copy(&mut f, &mut std::io::sink()));
+                    panic!("{what}: the ADD was held for 10 s by the log file");
+                });
+            assert!(r.ok, "{what}: {r:#?}");
+            assert!(
+                r.elapsed < Duration::from_secs(2),
+                "{what}: {:?}",
+                r.elapsed
+            );
+            assert!(r.stderr.contains("not a regular file"), "{what}: {r:#?}");
+            assert!(
+                !rules(&pod).trim().is_empty(),
+                "{what}: the ADD programmed the pod"
+            );
+        });
+    }
 }
