@@ -737,7 +737,8 @@ fn read_head(s: &mut UnixStream) {
 }
 
 /// Claim: the plugin never waits on `pods.sock` past its share of the deadline, whatever the
-/// daemon does; it asks the API server with the time left and the ADD succeeds.
+/// daemon does (or whatever sits at the name); it asks the API server with the time left and
+/// the ADD succeeds.
 #[test]
 fn a_hostile_pod_lookup_socket_never_holds_an_add_past_its_deadline() {
     const DEADLINE: Duration = Duration::from_millis(3000);
@@ -821,6 +822,35 @@ fn a_hostile_pod_lookup_socket_never_holds_an_add_past_its_deadline() {
         queued.push(s);
     }
     add_with("full listen queue");
+    drop(queued);
+    // Not a listening stream socket at all: refused at connect, asked of the API at once.
+    for what in [
+        "a regular file",
+        "a datagram socket",
+        "a FIFO",
+        "a directory",
+    ] {
+        let _ = std::fs::remove_file(&socket);
+        let _kept = match what {
+            "a regular file" => {
+                std::fs::write(&socket, "not a socket").unwrap();
+                None
+            }
+            "a datagram socket" => Some(std::os::unix::net::UnixDatagram::bind(&socket).unwrap()),
+            "a FIFO" => {
+                let c = std::ffi::CString::new(socket.to_str().unwrap()).unwrap();
+                // SAFETY: a plain syscall on a valid C string.
+                assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+                None
+            }
+            _ => {
+                std::fs::create_dir(&socket).unwrap();
+                None
+            }
+        };
+        add_with(what);
+        let _ = std::fs::remove_dir(&socket);
+    }
     println!(
         "hostile pods.sock, ADD time (lookup deadline {DEADLINE:?}): {}",
         figures.join(", ")
