@@ -51,6 +51,7 @@ mod ns;
 pub mod pods;
 mod probe;
 pub mod proc_stats;
+pub mod uds_flood;
 pub mod ztunnel;
 
 pub use ns::{Link, PodWorld, TestNetns, exec_at};

@@ -24,3 +24,8 @@ pub fn cpu_s(pid: u32) -> f64 {
     let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
     ticks as f64 / 100.0 // USER_HZ
 }
+
+/// How many descriptors the process holds open; 0 when it is gone.
+pub fn open_fds(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}

@@ -19,6 +19,11 @@ use integration::cni::require_cni_tools;
 use integration::ztunnel::ztunnel_binary;
 use std::net::IpAddr;
 
+/// The agent's bound on pod GETs in flight (`ambient_agent::plugin_server::MAX_POD_GETS`).
+const MAX_POD_GETS: usize = ambient_agent::plugin_server::MAX_POD_GETS;
+/// The agent's bound on plugin events worked on at once.
+const MAX_WORKERS: usize = ambient_agent::plugin_server::MAX_WORKERS;
+
 fn prerequisites() -> Option<PathBuf> {
     require_cni_tools();
     ztunnel_binary()
@@ -220,6 +225,152 @@ fn hostile_plugin_events_are_refused_naming_the_field_and_touch_nothing() {
     assert_eq!(post(&sock, "POST", "/cmdadd", good.as_bytes()).0, 200);
     n.eventually("the good pod served", || n.served(&pod));
     assert!(whole(&n, &pod));
+}
+
+/// Claim: the agent stays responsive and bounded under hostile clients on `pluginevent.sock`
+/// (`integration::uds_flood`); a real ambient ADD through the plugin during the attack is
+/// served in time, the agent's descriptors stay under the connection cap and come back down
+/// once the request bound has passed.
+#[test]
+fn a_flood_on_the_event_socket_neither_starves_an_add_nor_grows_the_agent() {
+    use integration::proc_stats::open_fds;
+    use uds_http::server::{MAX_CONNECTIONS, REQUEST_TIMEOUT};
+    let Some(zt) = prerequisites() else { return };
+    let a = PodPlan::new("flooded", [10, 88, 3, 30], Mode::Ambient);
+    let n = AmbientNode::start(&zt, &AmbientOptions::default(), std::slice::from_ref(&a)).unwrap();
+    let pod = n.create_pod(&a).unwrap();
+    let pid = n.node.daemon().pid();
+    let idle = open_fds(pid);
+    let attack = integration::uds_flood::flood(&socket(&n), 2000);
+    // Settled (every connection accepted), well inside the request bound.
+    std::thread::sleep(REQUEST_TIMEOUT / 4);
+    let during = open_fds(pid);
+    let run = n.add(&pod);
+    assert!(run.ok, "ADD during the flood: {run:#?}\n{}", n.logs());
+    n.eventually("served after an ADD during the flood", || n.served(&pod));
+    assert!(whole(&n, &pod));
+    assert!(
+        during <= idle + MAX_CONNECTIONS + 16,
+        "{during} agent descriptors during a flood of {} ({idle} idle, cap {MAX_CONNECTIONS})",
+        attack.len()
+    );
+    let wait = REQUEST_TIMEOUT + Duration::from_secs(1);
+    std::thread::sleep(wait);
+    let after = open_fds(pid);
+    println!(
+        "pluginevent.sock flood of {} connections: agent descriptors {idle} idle, {during} \
+         during, {after} {wait:?} later; the ambient ADD during it took {:?}",
+        attack.len(),
+        run.elapsed
+    );
+    assert!(
+        after <= idle + 8,
+        "{after} agent descriptors after the attack ({idle} idle)"
+    );
+    assert!(run.elapsed < Duration::from_secs(5), "{:?}", run.elapsed);
+}
+
+/// Claim: plugin events are worked on by a bounded number of tasks. An ADD of a pod the
+/// agent's cache has not seen makes it GET the pod from the API server (up to 5 s), in a task
+/// that outlives the caller. 1000 such ADDs from callers that hang up at once, the API server
+/// never answering a pod GET: the GETs in flight and the agent's descriptors stay bounded, and
+/// a real pod's ADD (in the cache) is still served.
+#[test]
+fn adds_of_unknown_pods_from_callers_that_hang_up_cost_a_bounded_number_of_api_gets() {
+    use integration::proc_stats::open_fds;
+    const ATTACK: usize = 1000;
+    let Some(zt) = prerequisites() else { return };
+    let a = PodPlan::new("real", [10, 88, 3, 40], Mode::Ambient);
+    let n = AmbientNode::start(&zt, &AmbientOptions::default(), std::slice::from_ref(&a)).unwrap();
+    let pod = n.create_pod(&a).unwrap();
+    let pid = n.node.daemon().pid();
+    let idle = open_fds(pid);
+    n.kube().hang_next_pod_gets(u64::MAX);
+    let ghost = String::from_utf8(add_body(&pod, &netns_path(&pod))).unwrap();
+    for i in 0..ATTACK {
+        let body = ghost
+            .replace(pod.name(), &format!("ghost-{i}"))
+            .replace(pod.uid().as_str(), &format!("ghost-uid-{i}"));
+        add_and_hang_up(&socket(&n), body.as_bytes());
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let gets = n
+        .kube()
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.contains("/pods/ghost-"))
+        .count();
+    let during = open_fds(pid);
+    println!(
+        "{ATTACK} hung-up ADDs of unknown pods, pod GETs never answered: {gets} GETs in flight, \
+         agent descriptors {idle} idle, {during} during"
+    );
+    assert!(
+        gets <= MAX_POD_GETS,
+        "{gets} pod GETs in flight for {ATTACK} hung-up callers"
+    );
+    assert!(
+        during <= idle + MAX_POD_GETS + 32,
+        "{during} agent descriptors ({idle} idle)"
+    );
+    let run = n.add(&pod);
+    assert!(run.ok, "the real ADD: {run:#?}\n{}", n.logs());
+    n.eventually("the real pod served", || n.served(&pod));
+    assert!(whole(&n, &pod));
+}
+
+/// Sends `/cmdadd` with `body` and hangs up without waiting for the answer.
+fn add_and_hang_up(sock: &Path, body: &[u8]) {
+    if let Ok(mut s) = UnixStream::connect(sock) {
+        let head = format!(
+            "POST /cmdadd HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let _ = s
+            .write_all(head.as_bytes())
+            .and_then(|()| s.write_all(body));
+    }
+}
+
+/// Claim: the agent's work on plugin events is bounded in tasks and descriptors even when its
+/// callers hang up. 2000 ADDs of one real pod (each opens the pod's netns, then waits its turn
+/// for the pod) from callers that hang up at once: the agent's descriptors stay bounded, an
+/// ADD of another pod meanwhile is served, and the hammered pod ends whole.
+#[test]
+fn re_adds_of_a_pod_from_callers_that_hang_up_hold_a_bounded_number_of_descriptors() {
+    use integration::proc_stats::open_fds;
+    use uds_http::server::MAX_CONNECTIONS;
+    const ATTACK: usize = 2000;
+    let Some(zt) = prerequisites() else { return };
+    let plans = [
+        PodPlan::new("hammered", [10, 88, 3, 50], Mode::Ambient),
+        PodPlan::new("bystander", [10, 88, 3, 51], Mode::Ambient),
+    ];
+    let n = AmbientNode::start(&zt, &AmbientOptions::default(), &plans).unwrap();
+    let pod = n.create_pod(&plans[0]).unwrap();
+    let other = n.create_pod(&plans[1]).unwrap();
+    let pid = n.node.daemon().pid();
+    let idle = open_fds(pid);
+    let body = add_body(&pod, &netns_path(&pod));
+    for _ in 0..ATTACK {
+        add_and_hang_up(&socket(&n), &body);
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let during = open_fds(pid);
+    let run = n.add(&other);
+    println!(
+        "{ATTACK} hung-up re-ADDs of one pod: agent descriptors {idle} idle, {during} a second \
+         later; another pod's ADD meanwhile took {:?}",
+        run.elapsed
+    );
+    assert!(run.ok, "the other pod's ADD: {run:#?}\n{}", n.logs());
+    n.eventually("the other pod served", || n.served(&other));
+    n.eventually("the hammered pod served", || n.served(&pod));
+    assert!(whole(&n, &pod) && whole(&n, &other));
+    assert!(
+        during <= idle + MAX_CONNECTIONS + MAX_WORKERS + 32,
+        "{during} agent descriptors ({idle} idle) for {ATTACK} hung-up callers"
+    );
 }
 
 #[test]

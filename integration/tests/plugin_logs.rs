@@ -102,3 +102,70 @@ fn a_planted_file_at_the_sockets_name_is_refused_not_followed() {
     );
     assert!(node.plugin_log().contains("\"pod_name\":\"plain\""));
 }
+
+/// Claim: a flood on `log.sock` (root can write to it; a plugin gone wrong could too) is
+/// relayed within the daemon's line budget, not line for line, and never holds an ADD; the
+/// plugin's own lines show again once the flood stops.
+#[test]
+fn a_flood_on_log_sock_is_relayed_within_the_line_budget_and_never_holds_an_add() {
+    use node_status::plugin_log::{LINE_BURST, LINES_PER_SECOND};
+    const FLOOD: Duration = Duration::from_secs(2);
+    let mut node = node();
+    node.start_daemon().unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flooder = std::thread::spawn({
+        let (path, stop) = (node.run_dir.join("log.sock"), stop.clone());
+        move || {
+            let s = std::os::unix::net::UnixDatagram::unbound().unwrap();
+            s.connect(path).unwrap();
+            s.set_nonblocking(true).unwrap();
+            let mut sent = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if s.send(b"{\"level\":\"WARN\",\"fields\":{\"message\":\"flood\"}}")
+                    .is_ok()
+                {
+                    sent += 1;
+                }
+            }
+            sent
+        }
+    });
+    let start = Instant::now();
+    std::thread::sleep(FLOOD / 2);
+    let took = add(&node, PodKind::NoSidecar, "during-flood");
+    std::thread::sleep(FLOOD.saturating_sub(start.elapsed()));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = flooder.join().unwrap();
+    let flooded = start.elapsed();
+    // Whatever the daemon has queued is printed (or dropped) by now.
+    std::thread::sleep(Duration::from_secs(1));
+    let relayed = |log: &str| log.lines().filter(|l| l.contains("plugin: flood")).count();
+    let shown = relayed(&node.daemon().log());
+    let budget = LINE_BURST + (LINES_PER_SECOND as f64 * (flooded.as_secs_f64() + 1.0)) as usize;
+    println!(
+        "log.sock flood: {sent} datagrams in {flooded:?}, {shown} relayed (budget {budget}); an ADD during it took {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "the flood held an ADD {took:?}"
+    );
+    assert!(
+        shown <= budget,
+        "{shown} lines relayed for {sent} datagrams"
+    );
+    // The budget refills: the plugin's next lines show.
+    std::thread::sleep(Duration::from_secs(1));
+    add(&node, PodKind::NoSidecar, "after-flood");
+    assert!(
+        wait_until(Duration::from_secs(5), || node
+            .daemon()
+            .log()
+            .contains("pod=default/after-flood")),
+        "the plugin's lines after the flood are not relayed"
+    );
+    assert!(
+        node.daemon().log().contains("plugin log relay: dropped"),
+        "the drops are not reported"
+    );
+    let _ = node.stop_daemon();
+}

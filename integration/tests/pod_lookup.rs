@@ -134,6 +134,86 @@ fn a_pod_start_asks_the_daemon_not_the_api_server_and_falls_back_when_it_cannot_
     let _ = node.stop_daemon();
 }
 
+/// Claim: the daemon stays responsive and bounded under hostile clients on `pods.sock`
+/// (`integration::uds_flood`: thousands of connections that send nothing, half a head, a
+/// 64 KiB header, garbage, or never read their answer; a head trickled byte by byte). A pod
+/// ADDed during the attack is answered from the daemon's cache (no API GET), the daemon's
+/// descriptors stay under the connection cap, and the attack's connections are closed once
+/// the request bound has passed. Then valid lookups hold every slot: the plugin falls back to
+/// the API server within its deadline.
+#[test]
+fn a_flood_on_pods_sock_neither_starves_the_plugin_nor_grows_the_daemon() {
+    use integration::proc_stats::open_fds;
+    use uds_http::server::{MAX_CONNECTIONS, REQUEST_TIMEOUT};
+    let mut node = node();
+    let pid = node.daemon().pid();
+    let idle = open_fds(pid);
+    let attack = integration::uds_flood::flood(&node.run_dir.join("pods.sock"), 2000);
+    // Settled (every connection accepted), well inside the request bound.
+    std::thread::sleep(REQUEST_TIMEOUT / 4);
+    let during = open_fds(pid);
+
+    let pod = DemoPod::new(PodKind::Sidecar, "under-attack");
+    node.serve(&pod);
+    let (pod_ns, took) = add(&node, &pod);
+    assert!(
+        pod_gets(&node, &pod).is_empty(),
+        "the plugin had to ask the API server during the attack:\n{}",
+        node.plugin_log()
+    );
+    assert!(!rules_of(&pod_ns).trim().is_empty());
+    assert!(
+        during <= idle + MAX_CONNECTIONS + 16,
+        "{during} daemon descriptors during a flood of {} ({idle} idle, cap {MAX_CONNECTIONS})",
+        attack.len()
+    );
+    let wait = REQUEST_TIMEOUT + Duration::from_secs(1);
+    std::thread::sleep(wait);
+    let after = open_fds(pid);
+    println!(
+        "pods.sock flood of {} connections: daemon descriptors {idle} idle, {during} during, \
+         {after} {wait:?} later; an ADD during it took {took:?}, answered from the cache",
+        attack.len()
+    );
+    assert!(
+        after <= idle + 8,
+        "{after} daemon descriptors after the attack ({idle} idle)"
+    );
+    drop(attack);
+
+    // Valid lookups that each hold a slot for the longest wait (a pod that never comes):
+    // every slot taken, the plugin's lookup waits in the listen queue, gives up after its
+    // share of the deadline and asks the API server; the ADD succeeds.
+    let slow = cni_config::lookup::PodQuery {
+        namespace: "default".into(),
+        name: "never".into(),
+        uid: None,
+        with_namespace: false,
+        wait: cni_config::lookup::MAX_WAIT,
+    };
+    let request = format!("GET {} HTTP/1.1\r\nHost: a\r\n\r\n", slow.to_path());
+    let holders: Vec<_> = (0..MAX_CONNECTIONS + 40)
+        .filter_map(|_| {
+            let mut s =
+                std::os::unix::net::UnixStream::connect(node.run_dir.join("pods.sock")).ok()?;
+            std::io::Write::write_all(&mut s, request.as_bytes()).ok()?;
+            Some(s)
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let starved = DemoPod::new(PodKind::Sidecar, "all-slots-held");
+    node.serve(&starved);
+    let (_starved_ns, took) = add(&node, &starved);
+    println!(
+        "{} valid lookups holding every slot: the ADD fell back to the API server in {took:?}",
+        holders.len()
+    );
+    assert_eq!(pod_gets(&node, &starved).len(), 1, "one GET: the fallback");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    drop(holders);
+    let _ = node.stop_daemon();
+}
+
 /// Ambient: the plugin needs the pod AND its namespace (the enablement selectors); both come
 /// from the daemon's watches, and the agent finds the pod in the same cache: no GET at all.
 #[test]

@@ -4,7 +4,9 @@
 //! An ADD is answered 200 only once the pod's rules are in and ztunnel acknowledged it; 503
 //! when ztunnel is not connected (the plugin fails closed, the runtime retries); 400 for a bad
 //! request (field and value named); 500 otherwise. The work runs in its own task: a plugin
-//! that gives up mid-way cannot cut an enroll in half (the agent finishes or rolls back).
+//! that gives up mid-way cannot cut an enroll in half (the agent finishes or rolls back). At
+//! most [`MAX_WORKERS`] such tasks run at once, and at most [`MAX_POD_GETS`] of them ask the
+//! API server; an event waiting for a worker is dropped if its caller hangs up first.
 
 use crate::agent::Agent;
 use cni_config::ambient::{AddPodRequest, CMD_ADD_PATH, CMD_DEL_PATH, DelPodRequest};
@@ -14,6 +16,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Semaphore;
 use uds_http::server::{Reply, reply};
 use uds_http::{Method, StatusCode};
 
@@ -21,12 +24,24 @@ use uds_http::{Method, StatusCode};
 const MAX_BODY: usize = 64 * 1024;
 /// A pod the cache has not seen yet is fetched from the API server, this long at most.
 const POD_GET_TIMEOUT: Duration = Duration::from_secs(5);
+/// Pod GETs in flight at once. The work on an event outlives its caller (see the module doc),
+/// so without a bound every ADD of an unknown pod from a caller that hangs up at once left a
+/// task and an API connection behind for up to [`POD_GET_TIMEOUT`]. Over the bound: 503 (the
+/// plugin fails closed, the runtime retries); pods the cache holds never need a GET.
+pub const MAX_POD_GETS: usize = 16;
+/// Plugin events worked on at once. The work outlives its caller, so without a bound every
+/// ADD from a caller that hangs up at once left a task (holding the pod's netns while it waits
+/// its turn for the pod) behind. Events over it wait for a worker in their connection, whose
+/// number the socket bounds.
+pub const MAX_WORKERS: usize = 64;
 
 pub struct Handler {
     agent: Arc<Agent>,
     pods: PodCache,
     client: kube::Client,
     proc_root: PathBuf,
+    pod_gets: Semaphore,
+    workers: Arc<Semaphore>,
 }
 
 impl Handler {
@@ -41,6 +56,8 @@ impl Handler {
             pods,
             client,
             proc_root,
+            pod_gets: Semaphore::new(MAX_POD_GETS),
+            workers: Arc::new(Semaphore::new(MAX_WORKERS)),
         })
     }
 
@@ -50,8 +67,15 @@ impl Handler {
             return reply(StatusCode::METHOD_NOT_ALLOWED, "POST only");
         }
         let body = req.into_body();
+        let worker = self
+            .workers
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
         // Own task: finishes (or rolls back) even if the plugin hangs up.
         let task = tokio::spawn(async move {
+            let _worker = worker;
             match path.as_str() {
                 CMD_ADD_PATH => self.add(&body).await,
                 CMD_DEL_PATH => self.del(&body).await,
@@ -130,6 +154,12 @@ impl Handler {
         {
             return Ok((*p).clone());
         }
+        let Ok(_in_flight) = self.pod_gets.try_acquire() else {
+            tracing::warn!(pod = %format!("{namespace}/{name}"), max = MAX_POD_GETS, "pod not in the cache and too many pod GETs in flight");
+            return Err(format!(
+                "pod {namespace}/{name} is not in the node's cache and {MAX_POD_GETS} pod GETs are already in flight"
+            ));
+        };
         let api: kube::Api<Pod> = kube::Api::namespaced(self.client.clone(), namespace);
         match tokio::time::timeout(POD_GET_TIMEOUT, api.get(name)).await {
             Ok(Ok(p)) => Ok(p),

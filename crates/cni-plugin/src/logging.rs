@@ -75,22 +75,29 @@ impl RotatingFile {
 
 /// Never through a symlink: someone who can write the run dir must not make us append to a
 /// file elsewhere. (The rotation's rename does not follow a symlink at `<file>.1`: it replaces
-/// the link itself.)
+/// the link itself.) Never anything but a regular file either: a FIFO planted at the name would
+/// hold the ADD in `open` until a reader came (opened non-blocking, it fails at once instead)
+/// or in `write` once its pipe is full.
 fn open_append(path: &Path) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
-    OpenOptions::new()
+    let file = OpenOptions::new()
         .create(true)
         .append(true)
         .mode(0o640)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
         .open(path)
-        .map_err(|e| {
-            if e.raw_os_error() == Some(libc::ELOOP) {
-                io::Error::new(e.kind(), "it is a symlink; not following it")
-            } else {
-                e
-            }
-        })
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => io::Error::new(e.kind(), "it is a symlink; not following it"),
+            Some(libc::ENXIO) => io::Error::new(e.kind(), "not a regular file (a FIFO or socket)"),
+            _ => e,
+        })?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file; not writing to it",
+        ));
+    }
+    Ok(file)
 }
 
 /// Where whole lines go.
@@ -255,6 +262,7 @@ pub fn command_span(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::OpenOptionsExt;
 
     #[test]
     fn levels() {
@@ -278,6 +286,29 @@ mod tests {
         assert!(live.len() <= 100 && backup.len() <= 100);
         assert!(live.contains("line 09"));
         assert!(!dir.join("istio-cni.log.2").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn never_opens_a_fifo_and_never_waits_for_one() {
+        let dir = std::env::temp_dir().join(format!("istio-cni-log-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("istio-cni.log");
+        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: a plain syscall on a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // No reader: refused at once (a blocking open would wait forever).
+        let e = RotatingFile::open(&path, 100).err().expect("refused");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        // A reader that never reads: refused too (writes would wait once the pipe is full).
+        let _reader = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path)
+            .unwrap();
+        let e = RotatingFile::open(&path, 100).err().expect("refused");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -9,7 +9,9 @@ mod common;
 use common::{ApiMode, Node, NodeOptions, Run, fixture, k8s_args, rules};
 use integration::TestNetns;
 use serde_json::{Value, json};
-use std::io::Write;
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -706,4 +708,275 @@ fn relative_run_dir_is_refused_and_nothing_lands_in_the_working_directory() {
     }
     assert_eq!(rules(&pod).trim(), "");
     tally.finish("run dir");
+}
+
+/// What a hostile daemon does with one connection.
+type Behaviour = fn(UnixStream);
+
+/// A hostile "daemon" on `pods.sock`: each connection gets `behave` on its own thread.
+fn hostile_lookup_socket(path: &std::path::Path, behave: Behaviour) {
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path).unwrap();
+    std::thread::spawn(move || {
+        for s in listener.incoming().flatten() {
+            std::thread::spawn(move || behave(s));
+        }
+    });
+}
+
+/// Reads the plugin's request head.
+fn read_head(s: &mut UnixStream) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// Claim: the plugin never waits on `pods.sock` past its share of the deadline, whatever the
+/// daemon does (or whatever sits at the name); it asks the API server with the time left and
+/// the ADD succeeds.
+#[test]
+fn a_hostile_pod_lookup_socket_never_holds_an_add_past_its_deadline() {
+    const DEADLINE: Duration = Duration::from_millis(3000);
+    let node = node();
+    let socket = node.run_dir().join("pods.sock");
+    let hang = |_: UnixStream| std::thread::sleep(Duration::from_secs(60));
+    let cases: [(&str, Behaviour); 7] = [
+        ("accepts, never reads", hang),
+        ("reads, never answers", |mut s| {
+            read_head(&mut s);
+            std::thread::sleep(Duration::from_secs(60));
+        }),
+        ("answers a byte every 10 ms", |mut s| {
+            read_head(&mut s);
+            let a = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n{{{}",
+                " ".repeat(99_999)
+            );
+            for b in a.bytes() {
+                if s.write_all(&[b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }),
+        ("declares a 1 TB body", |mut s| {
+            read_head(&mut s);
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000000000\r\n\r\n{");
+            std::thread::sleep(Duration::from_secs(60));
+        }),
+        ("an endless body", |mut s| {
+            read_head(&mut s);
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\n\r\n");
+            while s.write_all(&[b' '; 65536]).is_ok() {}
+        }),
+        ("an endless chunked body", |mut s| {
+            read_head(&mut s);
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n");
+            while s.write_all(b"10000\r\n").is_ok() && s.write_all(&[b' '; 65536]).is_ok() {}
+        }),
+        ("garbage", |mut s| {
+            read_head(&mut s);
+            let _ = s.write_all(&[0xff; 100_000]);
+        }),
+    ];
+    let mut figures = Vec::new();
+    let mut add_with = |what: &str| {
+        let pod = pod_ns();
+        let before = node.api.requests.load(std::sync::atomic::Ordering::SeqCst);
+        let r = run(
+            &node,
+            &add_env(pod.path().to_str().unwrap()),
+            &node.plugin_stdin(None),
+        );
+        assert!(r.ok, "{what}: the ADD failed: {r:#?}");
+        let asked = node.api.requests.load(std::sync::atomic::Ordering::SeqCst) - before;
+        assert!(asked >= 1, "{what}: the API server was not asked");
+        assert!(
+            r.elapsed < DEADLINE,
+            "{what}: the ADD took {:?}, the lookup deadline is {DEADLINE:?}",
+            r.elapsed
+        );
+        assert!(!rules(&pod).trim().is_empty(), "{what}: no rules");
+        figures.push(format!("{what} {:.2}s", r.elapsed.as_secs_f64()));
+    };
+    for (what, behave) in cases {
+        hostile_lookup_socket(&socket, behave);
+        add_with(what);
+    }
+    // A daemon that stopped accepting, its listen queue full.
+    let _ = std::fs::remove_file(&socket);
+    let _listener = UnixListener::bind(&socket).unwrap();
+    let mut queued = Vec::new();
+    let addr = socket2::SockAddr::unix(&socket).unwrap();
+    loop {
+        let s = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None).unwrap();
+        s.set_nonblocking(true).unwrap();
+        if s.connect(&addr).is_err() {
+            break;
+        }
+        queued.push(s);
+    }
+    add_with("full listen queue");
+    drop(queued);
+    // Not a listening stream socket at all: refused at connect, asked of the API at once.
+    for what in [
+        "a regular file",
+        "a datagram socket",
+        "a FIFO",
+        "a directory",
+    ] {
+        let _ = std::fs::remove_file(&socket);
+        let _kept = match what {
+            "a regular file" => {
+                std::fs::write(&socket, "not a socket").unwrap();
+                None
+            }
+            "a datagram socket" => Some(std::os::unix::net::UnixDatagram::bind(&socket).unwrap()),
+            "a FIFO" => {
+                let c = std::ffi::CString::new(socket.to_str().unwrap()).unwrap();
+                // SAFETY: a plain syscall on a valid C string.
+                assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+                None
+            }
+            _ => {
+                std::fs::create_dir(&socket).unwrap();
+                None
+            }
+        };
+        add_with(what);
+        let _ = std::fs::remove_dir(&socket);
+    }
+    println!(
+        "hostile pods.sock, ADD time (lookup deadline {DEADLINE:?}): {}",
+        figures.join(", ")
+    );
+}
+
+/// Claim: the log relay never blocks or fails an ADD, whatever `log.sock` is; the plugin's
+/// file keeps the lines.
+#[test]
+fn a_hostile_log_socket_never_holds_or_fails_an_add() {
+    use std::os::unix::net::UnixDatagram;
+    let node = node();
+    let log_sock = node.run_dir().join("log.sock");
+    let mut keep: Vec<Box<dyn std::any::Any>> = Vec::new();
+    let mut figures = Vec::new();
+    let cases = [
+        "a full datagram queue",
+        "a regular file",
+        "a directory",
+        "a dangling symlink",
+        "a stream socket",
+        "a seqpacket socket",
+        "a FIFO",
+    ];
+    for (i, what) in cases.into_iter().enumerate() {
+        let _ = std::fs::remove_file(&log_sock);
+        let _ = std::fs::remove_dir(&log_sock);
+        match i {
+            0 => {
+                let daemon = UnixDatagram::bind(&log_sock).unwrap();
+                let filler = UnixDatagram::unbound().unwrap();
+                filler.connect(&log_sock).unwrap();
+                filler.set_nonblocking(true).unwrap();
+                while filler.send(&[b'x'; 1024]).is_ok() {}
+                keep.push(Box::new(daemon));
+            }
+            1 => std::fs::write(&log_sock, "not a socket").unwrap(),
+            2 => std::fs::create_dir(&log_sock).unwrap(),
+            3 => std::os::unix::fs::symlink(node.dir.join("nowhere"), &log_sock).unwrap(),
+            4 => keep.push(Box::new(UnixListener::bind(&log_sock).unwrap())),
+            5 => {
+                let s = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::SEQPACKET, None)
+                    .unwrap();
+                s.bind(&socket2::SockAddr::unix(&log_sock).unwrap())
+                    .unwrap();
+                s.listen(1).unwrap();
+                keep.push(Box::new(s));
+            }
+            _ => {
+                let c = std::ffi::CString::new(log_sock.to_str().unwrap()).unwrap();
+                // SAFETY: a plain syscall on a valid C string.
+                assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+            }
+        }
+        let pod = pod_ns();
+        let mut env = add_env(pod.path().to_str().unwrap());
+        env[1].1 = format!("log-{i}");
+        let r = run(&node, &env, &node.plugin_stdin(None));
+        assert!(r.ok, "{what}: the ADD failed: {r:#?}");
+        assert!(
+            r.elapsed < Duration::from_secs(2),
+            "{what}: the ADD took {:?}",
+            r.elapsed
+        );
+        assert!(!rules(&pod).trim().is_empty(), "{what}: no rules");
+        assert!(
+            node.log().contains(&format!("log-{i}")),
+            "{what}: the file lost the ADD's lines"
+        );
+        if i == 1 {
+            assert_eq!(std::fs::read_to_string(&log_sock).unwrap(), "not a socket");
+        }
+        figures.push(format!("{what} {:.3}s", r.elapsed.as_secs_f64()));
+    }
+    println!("hostile log.sock, ADD time: {}", figures.join(", "));
+}
+
+/// The plugin's log file is never a trap either: a FIFO planted at its name (no reader: an
+/// open for writing would wait for one forever; a reader that never reads: writes would wait
+/// once the pipe is full) is refused as not a regular file, and the ADD goes on at once.
+#[test]
+fn a_fifo_at_the_log_path_never_holds_an_add() {
+    let node = node();
+    let log = node.run_dir().join("istio-cni.log");
+    let c_log = std::ffi::CString::new(log.to_str().unwrap()).unwrap();
+    for reader in [false, true] {
+        let what = if reader {
+            "a FIFO with a reader that never reads"
+        } else {
+            "a FIFO without a reader"
+        };
+        let _ = std::fs::remove_file(&log);
+        // SAFETY: plain syscalls on a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c_log.as_ptr(), 0o600) }, 0);
+        let _held = reader.then(|| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&log)
+                .unwrap()
+        });
+        let pod = pod_ns();
+        let env = add_env(pod.path().to_str().unwrap());
+        let stdin = node.plugin_stdin(None);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(|| tx.send(run(&node, &env, &stdin)).unwrap());
+            let r = rx
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| {
+                    // Unblock the plugin before failing: drain the FIFO from here on.
+                    let mut f = std::fs::File::open(&log).unwrap();
+                    std::thread::spawn(move || std::io::copy(&mut f, &mut std::io::sink()));
+                    panic!("{what}: the ADD was held for 10 s by the log file");
+                });
+            assert!(r.ok, "{what}: {r:#?}");
+            assert!(
+                r.elapsed < Duration::from_secs(2),
+                "{what}: {:?}",
+                r.elapsed
+            );
+            assert!(r.stderr.contains("not a regular file"), "{what}: {r:#?}");
+            assert!(
+                !rules(&pod).trim().is_empty(),
+                "{what}: the ADD programmed the pod"
+            );
+        });
+    }
 }

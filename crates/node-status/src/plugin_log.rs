@@ -7,7 +7,13 @@
 use serde_json::{Map, Value};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 use tokio::net::UnixDatagram;
+
+/// Lines relayed at once after a quiet spell (a node's burst of pod starts fits).
+pub const LINE_BURST: usize = 1000;
+/// Lines relayed per second beyond the burst; the rest are counted and the count reported.
+pub const LINES_PER_SECOND: u32 = 200;
 
 /// Target of the relayed lines (filter with `RUST_LOG`/`LOG_LEVEL` like any other).
 pub const TARGET: &str = "istio_cni_plugin";
@@ -37,14 +43,75 @@ pub fn start(run_dir: &Path) -> Result<(), RelayError> {
 
 async fn relay(socket: UnixDatagram) {
     let mut buf = vec![0u8; cni_config::log::MAX_LINE + 1];
+    let mut budget = Budget::new(Instant::now());
     loop {
         match socket.recv(&mut buf).await {
-            Ok(n) => print(&Line::parse(&buf[..n])),
+            Ok(n) => {
+                let now = Instant::now();
+                if let Some(dropped) = budget.report(now) {
+                    tracing::warn!(
+                        dropped,
+                        per_second = LINES_PER_SECOND,
+                        "plugin log relay: dropped lines over its budget (the plugin's file keeps its own)"
+                    );
+                }
+                if budget.take(now) {
+                    print(&Line::parse(&buf[..n]));
+                }
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "plugin log socket: receive failed");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
+    }
+}
+
+/// How many lines the relay may print: a bucket of [`LINE_BURST`] refilled at
+/// [`LINES_PER_SECOND`], so a flood on the socket costs the daemon's log a bounded number of
+/// lines; the refused ones are counted for the next report.
+#[derive(Debug)]
+pub struct Budget {
+    tokens: f64,
+    at: Instant,
+    dropped: u64,
+    reported: Instant,
+}
+
+impl Budget {
+    pub fn new(now: Instant) -> Budget {
+        Budget {
+            tokens: LINE_BURST as f64,
+            at: now,
+            dropped: 0,
+            reported: now,
+        }
+    }
+
+    /// Whether a line arriving at `now` may be printed.
+    pub fn take(&mut self, now: Instant) -> bool {
+        let refill =
+            now.saturating_duration_since(self.at).as_secs_f64() * f64::from(LINES_PER_SECOND);
+        self.tokens = (self.tokens + refill).min(LINE_BURST as f64);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            self.dropped += 1;
+            false
+        }
+    }
+
+    /// The lines dropped since the last report, at most once a second.
+    pub fn report(&mut self, now: Instant) -> Option<u64> {
+        if self.dropped == 0
+            || now.saturating_duration_since(self.reported) < Duration::from_secs(1)
+        {
+            return None;
+        }
+        self.reported = now;
+        Some(std::mem::take(&mut self.dropped))
     }
 }
 
@@ -136,6 +203,30 @@ fn print(l: &Line) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_budget_allows_a_burst_then_its_rate_and_reports_the_rest_once_a_second() {
+        let t0 = Instant::now();
+        let mut b = Budget::new(t0);
+        let burst = (0..LINE_BURST * 3).filter(|_| b.take(t0)).count();
+        assert_eq!(burst, LINE_BURST);
+        assert_eq!(b.report(t0), None, "not before a second has passed");
+        let t1 = t0 + Duration::from_secs(1);
+        assert_eq!(b.report(t1), Some(2 * LINE_BURST as u64));
+        assert_eq!(
+            b.report(t1 + Duration::from_secs(5)),
+            None,
+            "nothing new dropped"
+        );
+        // One second refills LINES_PER_SECOND lines, never more than the burst.
+        let refilled = (0..LINE_BURST).filter(|_| b.take(t1)).count();
+        assert_eq!(refilled, LINES_PER_SECOND as usize);
+        let later = t1 + Duration::from_secs(3600);
+        assert_eq!(
+            (0..LINE_BURST * 2).filter(|_| b.take(later)).count(),
+            LINE_BURST
+        );
+    }
 
     #[test]
     fn a_plugin_line_keeps_level_message_pod_and_fields() {

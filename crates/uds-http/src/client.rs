@@ -3,8 +3,9 @@
 //! Blocking on purpose: the plugin is a short-lived process that asks once, and a runtime plus
 //! an HTTP client stack cost it more, cold, than the whole exchange (≈0.6 ms of a ≈2 ms ADD).
 //! The request is written as HTTP/1.1 with `Connection: close`; the answer is parsed with
-//! `httparse`; the connect itself is non-blocking with the same deadline (a stopped daemon's
-//! full backlog must not hold the caller).
+//! `httparse` and must carry its length (a chunked answer is refused: our server never sends
+//! one); the connect itself is non-blocking with the same deadline (a full listen queue is
+//! tried again until then, never waited on past it).
 
 use socket2::{Domain, SockAddr, Socket, Type};
 use std::io::{Read, Write};
@@ -20,6 +21,8 @@ use hyper::body::Bytes;
 pub const MAX_ANSWER: usize = 4 * 1024 * 1024;
 /// Headers larger than this are a protocol error.
 const MAX_HEAD: usize = 16 * 1024;
+/// How often a full listen queue is tried again.
+const CONNECT_RETRY: Duration = Duration::from_millis(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -103,6 +106,9 @@ impl Exchange<'_> {
         }
     }
 
+    /// Connects within the deadline. A unix socket's connect never waits: a full listen queue
+    /// (a burst, a flood, a daemon that stopped accepting) is `EAGAIN` at once, so it is tried
+    /// again every [`CONNECT_RETRY`] until the deadline.
     fn connect(&self) -> Result<UnixStream, ClientError> {
         let unreachable = |source| ClientError::Unreachable {
             socket: self.socket.to_path_buf(),
@@ -110,11 +116,17 @@ impl Exchange<'_> {
         };
         let addr = SockAddr::unix(self.socket).map_err(unreachable)?;
         let s = Socket::new(Domain::UNIX, Type::STREAM, None).map_err(unreachable)?;
-        match s.connect_timeout(&addr, self.left()?) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return Err(self.timed_out()),
-            Err(e) => return Err(unreachable(e)),
+        s.set_nonblocking(true).map_err(unreachable)?;
+        loop {
+            match s.connect(&addr) {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(self.left()?.min(CONNECT_RETRY));
+                }
+                Err(e) => return Err(unreachable(e)),
+            }
         }
+        s.set_nonblocking(false).map_err(unreachable)?;
         Ok(UnixStream::from(std::os::fd::OwnedFd::from(s)))
     }
 
@@ -188,6 +200,16 @@ impl Exchange<'_> {
             Ok(httparse::Status::Partial) => return Ok(None),
             Err(e) => return Err(self.protocol(format!("bad answer: {e}"))),
         };
+        if let Some(te) = resp
+            .headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case("transfer-encoding"))
+        {
+            return Err(self.protocol(format!(
+                "a chunked answer (Transfer-Encoding: {}) is not supported",
+                String::from_utf8_lossy(te.value)
+            )));
+        }
         let length = resp
             .headers
             .iter()

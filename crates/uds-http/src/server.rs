@@ -1,14 +1,31 @@
-//! A root-only socket and its accept loop: each request's body is read (bounded) before the
-//! handler sees it, and each connection is served in its own task.
+//! A root-only socket and its accept loop: each request's body is read (bounded in size and
+//! time) before the handler sees it, each connection is served in its own task, and the
+//! connections are bounded in number, time and memory (see [`serve`]).
 
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Response, StatusCode};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::net::UnixListener;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+/// The whole request (head and body) must arrive within this of the accept. The plugin
+/// writes it at once after connecting; only a stalled or hostile client takes longer.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// Connections open at once on one socket (each a task and a descriptor).
+pub const MAX_CONNECTIONS: usize = 256;
+/// A request head (request line and headers) larger than this is answered 431.
+pub const MAX_HEAD: usize = 16 * 1024;
+/// No connection lives longer: above the plugin's longest wait for an answer (90 s), so
+/// only a client that never reads its answer meets it.
+pub const MAX_CONNECTION_LIFETIME: Duration = Duration::from_secs(120);
 
 /// What a handler answers.
 pub type Reply = Response<Full<Bytes>>;
@@ -44,11 +61,20 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
 
 /// Accepts until the task is dropped. `max_body` bounds every request body (larger: 413
 /// without calling the handler); `name` labels the logs.
+///
+/// Hostile or broken clients are bounded (each bound but the two-minute lifetime is a test in
+/// `tests/hostile.rs`): the whole request must arrive within [`REQUEST_TIMEOUT`] of the
+/// accept (a head not in by then closes the connection, a body not in is answered 408); a
+/// head over [`MAX_HEAD`] is answered 431; one request per connection (no keep-alive); no
+/// connection outlives [`MAX_CONNECTION_LIFETIME`]; at most [`MAX_CONNECTIONS`] are open, and
+/// a connection over that closes the oldest one still sending its request, so a flood of idle
+/// connections cannot starve the plugin, whose request arrives whole right after its connect.
 pub async fn serve<H, F>(listener: UnixListener, name: &'static str, max_body: usize, handler: H)
 where
     H: Fn(Request) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Reply> + Send + 'static,
 {
+    let slots = Arc::new(Slots::new(name));
     loop {
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
@@ -58,34 +84,172 @@ where
                 continue;
             }
         };
-        let handler = handler.clone();
-        tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
-                let handler = handler.clone();
-                async move { Ok::<_, std::convert::Infallible>(read_then(req, max_body, handler).await) }
-            });
-            let io = hyper_util::rt::TokioIo::new(stream);
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, svc)
-                .await
-            {
-                tracing::debug!(socket = name, error = %e, "connection ended");
-            }
-        });
+        let permit = slots.admit().await;
+        let conn = slots.arrived();
+        tokio::spawn(connection(
+            stream,
+            conn,
+            slots.clone(),
+            permit,
+            max_body,
+            handler.clone(),
+        ));
     }
 }
 
-async fn read_then<H, F>(req: hyper::Request<Incoming>, max_body: usize, handler: H) -> Reply
-where
-    H: Fn(Request) -> F,
-    F: Future<Output = Reply>,
+/// One connection, from accept to close; `_permit` is its slot.
+async fn connection<H, F>(
+    stream: UnixStream,
+    conn: Arc<Conn>,
+    slots: Arc<Slots>,
+    _permit: OwnedSemaphorePermit,
+    max_body: usize,
+    handler: H,
+) where
+    H: Fn(Request) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Reply> + Send + 'static,
 {
+    let name = slots.name;
+    let deadline = conn.accepted + REQUEST_TIMEOUT;
+    let svc = hyper::service::service_fn({
+        let (conn, slots) = (conn.clone(), slots.clone());
+        move |req: hyper::Request<Incoming>| {
+            conn.head_in.store(true, Ordering::Release);
+            let (handler, conn, slots) = (handler.clone(), conn.clone(), slots.clone());
+            async move {
+                let reply = match read_body(req, max_body, deadline).await {
+                    Ok(req) => {
+                        slots.served(&conn);
+                        handler(req).await
+                    }
+                    Err(refused) => refused,
+                };
+                Ok::<_, std::convert::Infallible>(reply)
+            }
+        }
+    });
+    let http = hyper::server::conn::http1::Builder::new()
+        .keep_alive(false)
+        .max_header_size(MAX_HEAD)
+        .max_buf_size(MAX_HEAD.max(64 * 1024))
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+    tokio::select! {
+        ended = tokio::time::timeout(MAX_CONNECTION_LIFETIME, http) => match ended {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!(socket = name, error = %e, "connection ended"),
+            Err(_) => tracing::warn!(socket = name, after = ?MAX_CONNECTION_LIFETIME, "connection closed: open too long"),
+        },
+        why = conn.cut_off(deadline) => tracing::debug!(socket = name, why, "connection closed before its request arrived"),
+    }
+    slots.served(&conn);
+}
+
+/// The body, read within the request's deadline and `max_body` (else the answer to send).
+async fn read_body(
+    req: hyper::Request<Incoming>,
+    max_body: usize,
+    deadline: Instant,
+) -> Result<Request, Reply> {
     let (parts, body) = req.into_parts();
-    match Limited::new(body, max_body).collect().await {
-        Ok(b) => handler(hyper::Request::from_parts(parts, b.to_bytes())).await,
-        Err(e) => reply(
+    match tokio::time::timeout_at(deadline, Limited::new(body, max_body).collect()).await {
+        Ok(Ok(b)) => Ok(hyper::Request::from_parts(parts, b.to_bytes())),
+        Ok(Err(e)) => Err(reply(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("reading the body: {e}"),
-        ),
+        )),
+        Err(_) => Err(reply(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the request did not arrive within {REQUEST_TIMEOUT:?}"),
+        )),
+    }
+}
+
+/// A connection still sending its request.
+struct Conn {
+    accepted: Instant,
+    /// Its head was parsed (from then on [`read_body`] keeps the deadline).
+    head_in: AtomicBool,
+    /// Closed to make room for a newer connection.
+    evicted: Notify,
+}
+
+impl Conn {
+    /// Resolves when the connection must be closed unanswered: evicted, or its head not in
+    /// by `deadline`.
+    async fn cut_off(&self, deadline: Instant) -> &'static str {
+        tokio::select! {
+            () = self.evicted.notified() => "evicted: too many connections",
+            () = tokio::time::sleep_until(deadline) => {
+                if self.head_in.load(Ordering::Acquire) {
+                    std::future::pending::<()>().await;
+                }
+                "no request head within the timeout"
+            }
+        }
+    }
+}
+
+/// The socket's connection slots and, oldest first, the connections still sending requests.
+struct Slots {
+    name: &'static str,
+    permits: Arc<Semaphore>,
+    waiting: Mutex<VecDeque<Arc<Conn>>>,
+}
+
+impl Slots {
+    fn new(name: &'static str) -> Slots {
+        Slots {
+            name,
+            permits: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+            waiting: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// A slot for a new connection; when all are taken, the oldest connection still sending
+    /// its request is closed for it (or, none sending, the first to finish makes room).
+    async fn admit(&self) -> OwnedSemaphorePermit {
+        if let Ok(p) = self.permits.clone().try_acquire_owned() {
+            return p;
+        }
+        let oldest = self.waiting().pop_front();
+        if let Some(oldest) = oldest {
+            tracing::debug!(
+                socket = self.name,
+                max = MAX_CONNECTIONS,
+                "connection limit reached: closing the oldest unfinished request"
+            );
+            oldest.evicted.notify_one();
+        } else {
+            tracing::warn!(
+                socket = self.name,
+                max = MAX_CONNECTIONS,
+                "connection limit reached: waiting for one to finish"
+            );
+        }
+        self.permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed")
+    }
+
+    /// A connection just accepted, now waiting for its request.
+    fn arrived(&self) -> Arc<Conn> {
+        let conn = Arc::new(Conn {
+            accepted: Instant::now(),
+            head_in: AtomicBool::new(false),
+            evicted: Notify::new(),
+        });
+        self.waiting().push_back(conn.clone());
+        conn
+    }
+
+    /// Its request is in (or it is gone): never evicted from now on.
+    fn served(&self, conn: &Arc<Conn>) {
+        self.waiting().retain(|c| !Arc::ptr_eq(c, conn));
+    }
+
+    fn waiting(&self) -> std::sync::MutexGuard<'_, VecDeque<Arc<Conn>>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

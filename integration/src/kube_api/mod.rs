@@ -64,7 +64,7 @@ struct Inner {
     pods: Mutex<Vec<Value>>,
     requests: Mutex<Vec<Req>>,
     watchers: Mutex<Vec<Watcher>>,
-    /// Watches that were hung: kept open, never written to again.
+    /// Connections that were hung (watches, lists, pod GETs): kept open, never written to.
     hung: Mutex<Vec<TcpStream>>,
     /// Every change, for watches resuming from a version.
     history: Mutex<Vec<Change>>,
@@ -78,6 +78,8 @@ struct Inner {
     failing_watches: AtomicU64,
     /// How many more pod LIST requests are accepted and never answered.
     hang_lists: AtomicU64,
+    /// How many more single-pod GETs are accepted and never answered.
+    hang_pod_gets: AtomicU64,
     /// Method → how many more requests of it get a 500.
     fail: Mutex<HashMap<String, u32>>,
     /// Nodes by name.
@@ -230,6 +232,11 @@ impl FakeKube {
     /// The next `n` pod LISTs are read and never answered (connection kept open).
     pub fn hang_next_lists(&self, n: u64) {
         self.inner.hang_lists.store(n, Ordering::SeqCst);
+    }
+
+    /// The next `n` GETs of one pod are read and never answered (connection kept open).
+    pub fn hang_next_pod_gets(&self, n: u64) {
+        self.inner.hang_pod_gets.store(n, Ordering::SeqCst);
     }
 
     /// Every open watch connection is cut mid-stream (no terminating chunk).

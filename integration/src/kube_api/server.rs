@@ -110,6 +110,9 @@ pub(super) fn serve(mut conn: TcpStream, inner: &Inner) {
             inner.hung.lock().unwrap().push(conn)
         }
         ("GET", ["api", "v1", "pods"]) => list_pods(&mut conn, inner, query),
+        ("GET", ["api", "v1", "namespaces", _, "pods", _]) if take(&inner.hang_pod_gets) => {
+            inner.hung.lock().unwrap().push(conn)
+        }
         ("GET", ["api", "v1", "namespaces", ns, "pods", name]) => match find(inner, ns, name) {
             Some(p) => reply(&mut conn, "200 OK", &p),
             None => not_found(&mut conn, &format!("pods \"{name}\" not found")),
