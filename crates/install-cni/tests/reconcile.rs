@@ -464,6 +464,7 @@ fn bench_check_cost() {
         ip: mesh.ip,
         config: Box::new(pc.config),
         netns: None,
+        lost: false,
     };
     let wait = guardian::reconcile::LOCK_WAIT;
     let measure = |n: usize, cached: bool, mut before: Box<dyn FnMut()>| -> Vec<Duration> {
@@ -610,4 +611,113 @@ fn bench_daemon_250_pods() {
         checks(&d, "failed")
     );
     assert_eq!(checks(&d, "failed"), 0.0, "{}", d.log());
+}
+
+/// Claim 1 (never the wrong namespace), the stale-cache case: a mesh pod's sandbox dies, the
+/// API has not said so yet (a slow watch, a relist pending), and its IP is already another
+/// pod's. Searching /proc by that IP again would find the other pod and program the dead pod's
+/// plan into it (for a pod outside the mesh: every connection sent to a port nobody serves).
+/// A lost namespace is searched for again only after the pod's next update (kubelet reports a
+/// recreated sandbox); until then the pod is a failed check, retried with backoff.
+#[test]
+fn a_dead_pods_ip_taken_by_another_pod_is_never_programmed() {
+    integration::require_root();
+    let env = Env::new();
+    let kube = FakeKube::start();
+    let dead = RunningPod::new();
+    let other = RunningPod::new();
+    let ip = dead.ip;
+    let d = start(&env, &kube);
+    let web = kube.add(mesh_pod("web", "uid-mesh", &ip.to_string()));
+    // No rules yet: the first check programs them (and remembers the namespace).
+    assert!(
+        wait_until(T, || checks(&d, "repaired") == 1.0),
+        "{}",
+        d.log()
+    );
+    let empty = nft(&other, "list ruleset");
+    assert!(empty.trim().is_empty(), "{empty}");
+    // The sandbox dies (its process and namespace gone); the API still lists the pod as
+    // Running; the IP is handed to the other pod.
+    drop(dead);
+    other
+        .world
+        .pod
+        .ip_batch(&[format!("addr add {ip}/32 dev eth0")])
+        .unwrap();
+    let failed = checks(&d, "failed");
+    let programmed = || !nft(&other, "list ruleset").trim().is_empty();
+    wait_until(T, || programmed() || checks(&d, "failed") >= failed + 2.0);
+    std::thread::sleep(Duration::from_secs(2));
+    let rules = nft(&other, "list ruleset");
+    assert!(
+        rules.trim().is_empty(),
+        "the dead pod's plan was programmed into the pod that took its IP:\n{rules}\n{}",
+        d.log()
+    );
+    assert_eq!(checks(&d, "repaired"), 1.0, "{}", d.log());
+    assert!(
+        checks(&d, "failed") >= failed + 2.0,
+        "not retried\n{}",
+        d.log()
+    );
+    // Kubelet reports a recreated sandbox (a pod update): the namespace holding the IP is
+    // searched for again and programmed.
+    let mut update = web.clone();
+    update["status"]["startTime"] = json!("2026-11-26T00:00:00Z");
+    kube.modify(update);
+    assert!(
+        wait_until(T, || checks(&d, "repaired") == 2.0),
+        "not found again after the pod's update\n{}",
+        d.log()
+    );
+    assert!(nft(&other, "list ruleset").contains("istio"));
+}
+
+/// Claim 1, PID reuse: the dead pod's cached `<proc>/<pid>/ns/net` names another process now
+/// (its PID reused), in another pod's namespace that also holds the dead pod's IP. The path
+/// proves nothing: the namespace it reaches must be the one found first ((dev, inode)).
+#[test]
+fn a_reused_pid_in_another_pods_namespace_is_not_the_pod() {
+    integration::require_root();
+    let env = Env::new();
+    let kube = FakeKube::start();
+    let dead = RunningPod::new();
+    let other = RunningPod::new();
+    let ip = dead.ip;
+    let d = start(&env, &kube);
+    kube.add(mesh_pod("web", "uid-mesh", &ip.to_string()));
+    assert!(
+        wait_until(T, || checks(&d, "repaired") == 1.0),
+        "{}",
+        d.log()
+    );
+    // The other pod takes the IP, the dead pod's PID comes back as a process of the other
+    // pod (its /proc entry swapped in one rename), and the dead pod's process exits.
+    other
+        .world
+        .pod
+        .ip_batch(&[format!("addr add {ip}/32 dev eth0")])
+        .unwrap();
+    let proc = env.tmp.path().join("host-proc");
+    let swap = proc.join("swap");
+    std::os::unix::fs::symlink(format!("/proc/{}", other.pid()), &swap).unwrap();
+    std::fs::rename(&swap, proc.join(dead.pid().to_string())).unwrap();
+    drop(dead);
+    let failed = checks(&d, "failed");
+    let programmed = || !nft(&other, "list ruleset").trim().is_empty();
+    wait_until(T, || programmed() || checks(&d, "failed") >= failed + 2.0);
+    std::thread::sleep(Duration::from_secs(2));
+    let rules = nft(&other, "list ruleset");
+    assert!(
+        rules.trim().is_empty(),
+        "the dead pod's plan was programmed through its reused PID:\n{rules}\n{}",
+        d.log()
+    );
+    assert_eq!(checks(&d, "repaired"), 1.0, "{}", d.log());
+    assert!(
+        checks(&d, "failed") >= failed + 2.0,
+        "not retried\n{}",
+        d.log()
+    );
 }

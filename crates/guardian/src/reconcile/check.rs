@@ -4,6 +4,7 @@
 //! backend, `redirect::apply_until`) and read back. Blocking: run it on a blocking thread.
 
 use crate::podplan;
+use netns::NsId;
 use redirect::capture::{Config, Plan};
 use redirect::{Backend, BackendChoice};
 use std::net::IpAddr;
@@ -18,8 +19,20 @@ pub struct Target {
     pub ip: IpAddr,
     /// What the plugin programs for this pod.
     pub config: Box<Config>,
-    /// The namespace found last time (`<proc>/<pid>/ns/net`), if any.
-    pub netns: Option<PathBuf>,
+    /// The namespace found last time, if any.
+    pub netns: Option<Found>,
+    /// The namespace found earlier is gone or no longer holds the pod IP (the sandbox died).
+    /// Until the pod's next update the IP is not searched for again: the API may not have
+    /// caught up yet, and the IP may be another pod's by now.
+    pub lost: bool,
+}
+
+/// A pod's namespace as found: the path (`<proc>/<pid>/ns/net`) and the namespace it reached
+/// then. The path alone proves nothing (the process may be gone and its PID reused).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Found {
+    pub path: PathBuf,
+    pub id: NsId,
 }
 
 /// The result of one check.
@@ -61,8 +74,8 @@ pub fn run(
     let drift = match redirect::check_until(&plan, Some(&netns), backend, deadline(lock_wait)) {
         Ok(d) if d.is_empty() => return Outcome::Ok,
         Ok(d) => d,
+        // The namespace stays cached: the next `prepare` confirms it still holds the pod IP.
         Err(e) => {
-            t.netns = None;
             return Outcome::Failed(format!("checking the rules in {}: {e}", netns.display()));
         }
     };
@@ -110,19 +123,34 @@ fn deadline(wait: Duration) -> Instant {
     Instant::now() + wait
 }
 
-/// The pod's namespace and its plan. A cached namespace that no longer holds the pod IP (the
-/// process is gone, its PID reused) is dropped and the namespace found again.
+/// The pod's namespace and its plan. A cached namespace that is no longer the one found (the
+/// process is gone, its PID reused) or no longer holds the pod IP is dropped, and the pod is
+/// `lost`: the IP is searched for through /proc again only once the pod was updated since
+/// (see [`Target::lost`]).
 fn prepare(t: &mut Target, proc_root: &Path) -> Result<(PathBuf, Plan), String> {
-    if let Some(ns) = t.netns.clone() {
-        if let Ok((plan, addrs)) = podplan::plan_in(&t.config, &ns)
+    if let Some(found) = t.netns.clone() {
+        if NsId::of_path(&found.path).ok() == Some(found.id)
+            && let Ok((plan, addrs)) = podplan::plan_in(&t.config, &found.path)
             && addrs.contains(&t.ip)
         {
-            return Ok((ns, plan));
+            return Ok((found.path, plan));
         }
         t.netns = None;
+        t.lost = true;
+    }
+    if t.lost {
+        return Err(format!(
+            "the pod's network namespace is gone or no longer holds {}; waiting for the pod's \
+             next update before searching for {} again (it may be another pod's now)",
+            t.ip, t.ip
+        ));
     }
     let ns = podplan::locate(proc_root, t.ip)?;
+    let id = NsId::of_path(&ns).map_err(|e| format!("reading {}: {e}", ns.display()))?;
     let (plan, _) = podplan::plan_in(&t.config, &ns)?;
-    t.netns = Some(ns.clone());
+    t.netns = Some(Found {
+        path: ns.clone(),
+        id,
+    });
     Ok((ns, plan))
 }

@@ -95,6 +95,7 @@ impl Settings {
             ip: podplan::pod_ip(pod)?,
             config: Box::new(config),
             netns: None,
+            lost: false,
         })
     }
 }

@@ -118,6 +118,11 @@ impl Tracker {
             Some(t)
                 if t.uid == uid && t.target.ip == target.ip && t.target.config == target.config =>
             {
+                // News from the API since a lost namespace (kubelet reports a recreated
+                // sandbox): the pod IP may be searched for again. A relist's copy is no news.
+                if t.pod.metadata.resource_version != pod.metadata.resource_version {
+                    t.target.lost = false;
+                }
                 t.pod = pod;
             }
             _ => {
@@ -219,6 +224,7 @@ impl Tracker {
         // check was for the same target.
         if t.target.ip == target.ip && t.target.config == target.config {
             t.target.netns = target.netns;
+            t.target.lost = target.lost;
         }
         t.last = Some(now);
         if ok {
@@ -259,6 +265,7 @@ mod tests {
                 ip: crate::podplan::pod_ip(p)?,
                 config: Box::new(redirect::capture::Config::cni_default()),
                 netns: None,
+                lost: false,
             })
         };
         Tracker::new(interval, Box::new(eligible), Instant::now())
@@ -359,11 +366,37 @@ mod tests {
         t.on_event(PodEvent::Applied(pod("a", "u1", "10.0.0.1", true)));
         let now = Instant::now();
         let mut d = t.next_due(now).unwrap();
-        d.target.netns = Some("/proc/1/ns/net".into());
+        d.target.netns = Some(super::super::check::Found {
+            path: "/proc/1/ns/net".into(),
+            id: netns::NsId { dev: 4, ino: 1 },
+        });
         t.record(&d.key, d.target, true, now);
         t.on_event(PodEvent::Applied(pod("a", "u2", "10.0.0.9", true)));
         let d = t.next_due(now + Duration::from_secs(60)).unwrap();
         assert_eq!(d.target.netns, None);
         assert_eq!(d.target.ip.to_string(), "10.0.0.9");
+    }
+
+    #[test]
+    fn a_lost_namespace_waits_for_news_from_the_api() {
+        let mut t = tracker(Duration::from_secs(60));
+        let mut p = (*pod("a", "u1", "10.0.0.1", true)).clone();
+        p.metadata.resource_version = Some("1".into());
+        t.on_event(PodEvent::Applied(Arc::new(p.clone())));
+        let now = Instant::now();
+        let mut d = t.next_due(now).unwrap();
+        d.target.lost = true;
+        t.record(&d.key, d.target, false, now);
+        // A relist's copy (the same resourceVersion) is no news.
+        t.on_event(PodEvent::Applied(Arc::new(p.clone())));
+        let later = now + Duration::from_secs(600);
+        let d = t.next_due(later).unwrap();
+        assert!(d.target.lost);
+        t.record(&d.key, d.target, false, later);
+        // An update is: the pod IP may be searched for again.
+        p.metadata.resource_version = Some("2".into());
+        t.on_event(PodEvent::Applied(Arc::new(p)));
+        let d = t.next_due(later + Duration::from_secs(600)).unwrap();
+        assert!(!d.target.lost);
     }
 }

@@ -39,6 +39,11 @@ impl RunningPod {
         RunningPod { world, ip, sleeper }
     }
 
+    /// The PID of the process in the pod's namespace (its `/proc/PID/ns/net`).
+    pub fn pid(&self) -> u32 {
+        self.sleeper.id()
+    }
+
     /// Where a connection from the pod to the world's port 80 lands.
     pub fn outbound(&self) -> Option<u16> {
         connect(
