@@ -346,6 +346,12 @@ fn an_interrupted_migration_with_both_kinds_is_finished() {
         .expect("enter")
         .expect("nft too");
     assert_eq!(kinds(w.pod.path()), [Backend::IptablesLegacy, Backend::Nft]);
+    // CHECK (the plugin's, the reconciler's) sees the left-over kind though nft's match.
+    let nft = BackendChoice::Fixed(Backend::Nft);
+    assert_eq!(
+        redirect::check(&p, Some(w.pod.path()), nft).expect("check"),
+        ["rules of ours on the other backend (iptables-legacy) too"]
+    );
     let m = redirect::migrate(
         &p,
         Some(w.pod.path()),

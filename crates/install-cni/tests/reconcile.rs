@@ -721,3 +721,54 @@ fn a_reused_pid_in_another_pods_namespace_is_not_the_pod() {
         d.log()
     );
 }
+
+/// Claim 2, SIGKILL mid-migration: a migration to the node's backend killed between its
+/// program and the removal of the old rules leaves both kinds, each complete. The nft rules
+/// alone match the plan, so the check has to see the legacy ones too: the next pass finishes
+/// the migration (never both kinds in one pod beyond one pass).
+#[test]
+fn an_interrupted_migration_left_with_both_kinds_is_finished_by_the_next_pass() {
+    integration::require_root();
+    let env = Env::new();
+    let kube = FakeKube::start();
+    let mesh = RunningPod::new();
+    let _sidecar = Probe::sidecar(mesh.world.pod.path()).unwrap();
+    let _server = Probe::world(mesh.world.world.path()).unwrap();
+    let mesh_json = mesh_pod("web", "uid-mesh", &mesh.ip.to_string());
+    let plan = plan_for(&mesh_json, &mesh);
+    let legacy = || {
+        mesh.world
+            .pod
+            .exec_ok("iptables-legacy-save", &["-t", "nat"])
+            .unwrap()
+    };
+    redirect::apply(
+        &plan,
+        Some(mesh.world.pod.path()),
+        BackendChoice::Fixed(Backend::IptablesLegacy),
+    )
+    .unwrap();
+    mesh.world
+        .pod
+        .run(|| nft_backend::apply(&plan))
+        .unwrap()
+        .unwrap();
+    assert!(legacy().contains("ISTIO"));
+    let d = start_with(&env, &kube, Backend::Nft);
+    kube.add(mesh_json);
+    assert!(
+        wait_until(REPAIR_BOUND, || !legacy().contains("ISTIO")),
+        "both kinds left in the pod:\n{}\n{}\n{}",
+        legacy(),
+        nft(&mesh, "list ruleset"),
+        d.log()
+    );
+    assert_eq!(drift(&plan, &mesh, Backend::Nft), Vec::<String>::new());
+    assert!(
+        wait_until(T, || checks(&d, "migrated") == 1.0),
+        "{}",
+        d.log()
+    );
+    assert_eq!(mesh.outbound(), Some(15001), "outbound lands on Envoy");
+    assert_eq!(mesh.inbound(), Some(15006), "inbound lands on Envoy");
+}

@@ -263,13 +263,28 @@ pub fn check_until(
     deadline: Instant,
 ) -> Result<Vec<String>, RedirectError> {
     locked(netns, deadline, |_held| {
-        let mut drift = match resolve_here(choice)?.backend {
+        let backend = resolve_here(choice)?.backend;
+        let mut drift = match backend {
             Backend::Nft => nft_backend::check(plan)?,
             Backend::IptablesLegacy => iptables_legacy::check(plan)?,
         };
+        drift.extend(other_kind_here(backend));
         drift.extend(pod_routes::drift(plan).map_err(nft_backend::NftError::from)?);
         Ok(drift)
     })
+}
+
+/// A drift line when the calling thread's namespace also holds the other backend's rules of
+/// ours (a migration killed between its program and the removal, a node that switched
+/// backends): never both kinds in one namespace, even when `backend`'s alone match the plan.
+/// What cannot be read counts as absent, as in [`apply_until`]'s cleanup.
+fn other_kind_here(backend: Backend) -> Option<String> {
+    let other = migrate::other(backend);
+    let present = match other {
+        Backend::IptablesLegacy => iptables_legacy::has_our_chains().unwrap_or(false),
+        Backend::Nft => nft_backend::has_our_tables().unwrap_or(false),
+    };
+    present.then(|| format!("rules of ours on the other backend ({other}) too"))
 }
 
 /// Which of our rule sets a cleanup removes. Our iptables-legacy chains go in every scope: a

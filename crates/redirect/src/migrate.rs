@@ -149,7 +149,7 @@ fn kinds_here(opts: &MigrateOptions) -> Result<Vec<Backend>, RedirectError> {
 }
 
 /// The other backend.
-fn other(b: Backend) -> Backend {
+pub(crate) fn other(b: Backend) -> Backend {
     match b {
         Backend::Nft => Backend::IptablesLegacy,
         Backend::IptablesLegacy => Backend::Nft,
