@@ -772,3 +772,41 @@ fn an_interrupted_migration_left_with_both_kinds_is_finished_by_the_next_pass() 
     assert_eq!(mesh.outbound(), Some(15001), "outbound lands on Envoy");
     assert_eq!(mesh.inbound(), Some(15006), "inbound lands on Envoy");
 }
+
+/// Claim 3 (bounded work): a pod the watch flaps (an update every 10 ms) while its checks fail
+/// (no namespace holds its IP). Each failed check searches all of /proc and enters every
+/// namespace there, so an update must not cut the pod's backoff short.
+#[test]
+fn a_flapping_pod_whose_checks_fail_stays_on_its_backoff() {
+    integration::require_root();
+    let env = Env::new();
+    let kube = FakeKube::start();
+    let sentinel = RunningPod::new();
+    let d = start(&env, &kube);
+    let ghost = kube.add(mesh_pod("ghost", "uid-ghost", "203.0.113.78"));
+    kube.add(mesh_pod("s", "uid-s", &sentinel.ip.to_string()));
+    assert!(
+        wait_until(T, || checks(&d, "repaired") == 1.0
+            && checks(&d, "failed") >= 1.0),
+        "{}",
+        d.log()
+    );
+    let before = checks(&d, "failed");
+    let t0 = Instant::now();
+    let mut updates = 0;
+    while t0.elapsed() < Duration::from_secs(3) {
+        let mut p = ghost.clone();
+        p["status"]["startTime"] = json!(format!("2026-11-26T00:{:02}:00Z", updates % 60));
+        kube.modify(p);
+        updates += 1;
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let searches = checks(&d, "failed") - before;
+    eprintln!("{updates} updates in 3 s: {searches} failed checks");
+    // Backoff from the first failure: 0.5 s, 1 s, 2 s, ... at most 4 retries in 3 s.
+    assert!(
+        searches <= 5.0,
+        "{searches} failed checks (each a /proc search) for {updates} updates in 3 s"
+    );
+    assert_eq!(checks(&d, "repaired"), 1.0, "{}", d.log());
+}

@@ -164,6 +164,12 @@ impl Tracker {
     /// the pod checked longest ago.
     pub fn next_due(&mut self, now: Instant) -> Option<Due> {
         while let Some(key) = self.urgent.pop_front() {
+            // An event does not cut a failing pod's backoff short (a flapping pod would search
+            // /proc on every update): its retry comes when due.
+            let backing_off = self.pods.get(&key).and_then(|t| t.retry_at);
+            if backing_off.is_some_and(|r| r > now) {
+                continue;
+            }
             if let Some(d) = self.due(&key) {
                 return Some(d);
             }
@@ -398,5 +404,19 @@ mod tests {
         t.on_event(PodEvent::Applied(Arc::new(p)));
         let d = t.next_due(later + Duration::from_secs(600)).unwrap();
         assert!(!d.target.lost);
+    }
+
+    #[test]
+    fn an_update_does_not_cut_a_failing_pods_backoff_short() {
+        let mut t = tracker(Duration::from_secs(60));
+        t.on_event(PodEvent::Synced);
+        t.on_event(PodEvent::Applied(pod("a", "u1", "10.0.0.1", true)));
+        let now = Instant::now();
+        let d = t.next_due(now).unwrap();
+        t.record(&d.key, d.target, false, now);
+        // Updates while it backs off (0.5 s): not due before the retry.
+        t.on_event(PodEvent::Applied(pod("a", "u1", "10.0.0.1", true)));
+        assert!(t.next_due(now + Duration::from_millis(100)).is_none());
+        assert!(t.next_due(now + Duration::from_millis(600)).is_some());
     }
 }
