@@ -810,3 +810,58 @@ fn a_flapping_pod_whose_checks_fail_stays_on_its_backoff() {
     );
     assert_eq!(checks(&d, "repaired"), 1.0, "{}", d.log());
 }
+
+/// Claim 3 (an API server that hangs): the Event written for a repair is never answered. The
+/// checks of the other pods must not wait for it (the client's read timeout is the watch's,
+/// 300 s).
+#[test]
+fn a_hung_event_write_holds_up_no_repair() {
+    integration::require_root();
+    let env = Env::new();
+    let kube = FakeKube::start();
+    let a = RunningPod::new();
+    let b = RunningPod::new();
+    let d = start(&env, &kube);
+    kube.hang_next_event_posts(1000);
+    // Neither pod has rules: each is repaired, each repair writes an Event that hangs.
+    kube.add(mesh_pod("a", "uid-a", &a.ip.to_string()));
+    assert!(
+        wait_until(T, || checks(&d, "repaired") == 1.0
+            && !kube.events().is_empty()),
+        "{}",
+        d.log()
+    );
+    let t0 = Instant::now();
+    kube.add(mesh_pod("b", "uid-b", &b.ip.to_string()));
+    assert!(
+        wait_until(REPAIR_BOUND, || checks(&d, "repaired") == 2.0),
+        "the second pod waited for the first one's hung Event\n{}",
+        d.log()
+    );
+    eprintln!("second pod repaired {:?} after its ADDED", t0.elapsed());
+    assert!(wait_until(T, || kube.events().len() == 2), "{}", d.log());
+}
+
+/// Claim 3 (bounded memory under a hung API server): Event writes waiting for an answer are
+/// capped (16); the repairs beyond drop their Event (logged) instead of piling up tasks and
+/// connections.
+#[test]
+fn hung_event_writes_are_capped() {
+    integration::require_root();
+    let env = Env::new();
+    let kube = FakeKube::start();
+    let pods: Vec<RunningPod> = (0..20).map(|_| RunningPod::new()).collect();
+    let d = start(&env, &kube);
+    kube.hang_next_event_posts(1000);
+    for (i, p) in pods.iter().enumerate() {
+        kube.add(mesh_pod(&format!("p{i}"), &format!("uid-{i}"), &p.ip.to_string()));
+    }
+    assert!(
+        wait_until(T, || checks(&d, "repaired") == 20.0),
+        "{}",
+        d.log()
+    );
+    assert!(d.wait_log("event not written", T), "{}", d.log());
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(kube.events().len(), 16, "{}", d.log());
+}

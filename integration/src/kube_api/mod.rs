@@ -80,6 +80,8 @@ struct Inner {
     hang_lists: AtomicU64,
     /// How many more single-pod GETs are accepted and never answered.
     hang_pod_gets: AtomicU64,
+    /// How many more Event POSTs are read and never answered.
+    hang_event_posts: AtomicU64,
     /// Method → how many more requests of it get a 500.
     fail: Mutex<HashMap<String, u32>>,
     /// Nodes by name.
@@ -237,6 +239,11 @@ impl FakeKube {
     /// The next `n` GETs of one pod are read and never answered (connection kept open).
     pub fn hang_next_pod_gets(&self, n: u64) {
         self.inner.hang_pod_gets.store(n, Ordering::SeqCst);
+    }
+
+    /// The next `n` Event POSTs are read (and recorded) and never answered.
+    pub fn hang_next_event_posts(&self, n: u64) {
+        self.inner.hang_event_posts.store(n, Ordering::SeqCst);
     }
 
     /// Every open watch connection is cut mid-stream (no terminating chunk).

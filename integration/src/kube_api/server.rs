@@ -144,6 +144,9 @@ pub(super) fn serve(mut conn: TcpStream, inner: &Inner) {
         }
         ("GET", ["api", "v1", "nodes", name]) => get_node(&mut conn, inner, name),
         ("PATCH", ["api", "v1", "nodes", name]) => patch_node(&mut conn, inner, name, body),
+        ("POST", ["api", "v1", "namespaces", _, "events"]) if take(&inner.hang_event_posts) => {
+            inner.hung.lock().unwrap().push(conn)
+        }
         ("POST", ["api", "v1", "namespaces", _, "events"]) => {
             let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
             reply(&mut conn, "201 Created", &v);

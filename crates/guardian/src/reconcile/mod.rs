@@ -25,6 +25,7 @@ use node_status::metrics::{Counters, Gauge};
 use node_view::cache::{CacheEvent, NamespaceCache, PodCache, PodEvent, Subscription};
 use redirect::BackendChoice;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 use tracker::Tracker;
@@ -270,7 +271,7 @@ async fn report(
                 "redirect rules drifted from the plan ({}); re-applied atomically ({backend} backend)",
                 summary(&drift)
             );
-            emit(settings, client, pod, REASON_REPAIRED, &msg).await;
+            emit(settings, client, pod, REASON_REPAIRED, &msg);
         }
         Outcome::Migrated { drift, from, to } => {
             checks.inc(&["drift"]);
@@ -285,7 +286,7 @@ async fn report(
                 "redirect rules were on the {from} backend, the node's is {to} ({}); migrated in place",
                 summary(&drift)
             );
-            emit(settings, client, pod, REASON_MIGRATED, &msg).await;
+            emit(settings, client, pod, REASON_MIGRATED, &msg);
         }
         Outcome::RepairFailed { drift, error } => {
             checks.inc(&["drift"]);
@@ -295,7 +296,7 @@ async fn report(
                 "redirect rules drifted from the plan ({}); re-applying failed: {error}",
                 summary(&drift)
             );
-            emit(settings, client, pod, REASON_REPAIR_FAILED, &msg).await;
+            emit(settings, client, pod, REASON_REPAIR_FAILED, &msg);
         }
         Outcome::Failed(error) => {
             checks.inc(&["failed"]);
@@ -331,9 +332,30 @@ pub fn summary(drift: &[String]) -> String {
     s
 }
 
-async fn emit(settings: &Settings, client: &Client, pod: &Pod, reason: &str, message: &str) {
+/// Event writes waiting for the API server at most; over it an Event is dropped (logged).
+const EVENTS_IN_FLIGHT: usize = 16;
+/// Longest wait for one Event write (the client's read timeout is the watch's, minutes).
+const EVENT_TIMEOUT: Duration = Duration::from_secs(10);
+static EVENTS_PENDING: AtomicUsize = AtomicUsize::new(0);
+
+/// Writes the Event in the background: a slow or hung API server never holds up the checks,
+/// and at most [`EVENTS_IN_FLIGHT`] writes wait for it, each at most [`EVENT_TIMEOUT`].
+fn emit(settings: &Settings, client: &Client, pod: &Pod, reason: &str, message: &str) {
+    let key = node_view::cache::key(pod);
+    if EVENTS_PENDING.fetch_add(1, Ordering::SeqCst) >= EVENTS_IN_FLIGHT {
+        EVENTS_PENDING.fetch_sub(1, Ordering::SeqCst);
+        tracing::warn!(pod = %key, reason, pending = EVENTS_IN_FLIGHT, "event not written: the API server has not answered the earlier ones");
+        return;
+    }
     let ev = crate::repair::event_from(COMPONENT, pod, &settings.node.name, true, reason, message);
-    crate::repair::post_event(client, pod, &ev).await;
+    let (client, pod) = (client.clone(), pod.clone());
+    tokio::spawn(async move {
+        let post = crate::repair::post_event(&client, &pod, &ev);
+        if tokio::time::timeout(EVENT_TIMEOUT, post).await.is_err() {
+            tracing::warn!(pod = %key, reason = ?ev.reason, timeout_s = EVENT_TIMEOUT.as_secs(), "could not write the event: no answer from the API server");
+        }
+        EVENTS_PENDING.fetch_sub(1, Ordering::SeqCst);
+    });
 }
 
 #[cfg(test)]
