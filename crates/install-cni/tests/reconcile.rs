@@ -854,7 +854,11 @@ fn hung_event_writes_are_capped() {
     let d = start(&env, &kube);
     kube.hang_next_event_posts(1000);
     for (i, p) in pods.iter().enumerate() {
-        kube.add(mesh_pod(&format!("p{i}"), &format!("uid-{i}"), &p.ip.to_string()));
+        kube.add(mesh_pod(
+            &format!("p{i}"),
+            &format!("uid-{i}"),
+            &p.ip.to_string(),
+        ));
     }
     assert!(
         wait_until(T, || checks(&d, "repaired") == 20.0),
