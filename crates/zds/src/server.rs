@@ -339,6 +339,11 @@ fn listen(path: &Path) -> Result<(UnixListener, (u64, u64)), ZdsError> {
     Ok((listener, (meta.dev(), meta.ino())))
 }
 
+/// How many connections may be waiting for their hello at once; over it the oldest is
+/// dropped, so a flood of silent connections holds a bounded number of descriptors while a
+/// ztunnel, which says hello at once, still gets through.
+pub const MAX_PENDING_HELLOS: usize = 64;
+
 /// Accepts connections and reads each one's hello on its own task, so a silent client delays
 /// nobody. Only greeted connections reach the connection task (and may replace its current
 /// one): a mere connect, e.g. a second agent probing the socket, never disturbs ztunnel.
@@ -348,6 +353,8 @@ async fn accept_loop(
     hello_timeout: Duration,
     greeted: mpsc::Sender<SeqpacketConn>,
 ) {
+    let mut pending: std::collections::VecDeque<tokio::task::JoinHandle<()>> = Default::default();
+    let mut dropped = 0u64;
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -357,8 +364,18 @@ async fn accept_loop(
                 continue;
             }
         };
+        pending.retain(|h| !h.is_finished());
+        if pending.len() >= MAX_PENDING_HELLOS {
+            if let Some(oldest) = pending.pop_front() {
+                oldest.abort();
+            }
+            dropped += 1;
+            if dropped.is_power_of_two() {
+                warn!(socket = %socket.display(), dropped, max = MAX_PENDING_HELLOS, "too many connections without hello; the oldest dropped");
+            }
+        }
         let (socket, greeted) = (socket.clone(), greeted.clone());
-        tokio::spawn(async move {
+        pending.push_back(tokio::spawn(async move {
             let conn = SeqpacketConn::new(stream);
             match read_hello(&conn, hello_timeout).await {
                 Ok(()) => {
@@ -368,7 +385,7 @@ async fn accept_loop(
                     warn!(socket = %socket.display(), "ztunnel hello failed: {e}; connection dropped")
                 }
             }
-        });
+        }));
     }
 }
 

@@ -419,6 +419,36 @@ async fn a_connection_without_hello_does_not_disturb_the_current_ztunnel() {
     res.unwrap();
 }
 
+/// 2000 connections that never say hello, all within the hello timeout: the server holds a
+/// bounded number of them (the oldest dropped first), and a ztunnel that says hello is served.
+#[tokio::test]
+async fn a_flood_of_silent_connections_holds_a_bounded_number_of_descriptors() {
+    let (_dir, path) = socket_dir();
+    let config = ZdsConfig {
+        hello_timeout: Duration::from_secs(30),
+        ..quick()
+    };
+    let server = ZdsServer::bind(&path, config).unwrap();
+    let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+    let before = fds();
+    let mut silent = Vec::new();
+    for i in 0..2000 {
+        silent.push(FakeZtunnel::connect_silent(&path));
+        if i % 16 == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let held = fds() - before - silent.len();
+    assert!(
+        held <= zds::MAX_PENDING_HELLOS + 16,
+        "the server holds {held} descriptors for 2000 silent connections"
+    );
+    let zt = FakeZtunnel::connect(&path).await;
+    assert_eq!(zt.take_snapshot().await, [Request::SnapshotSent]);
+    assert!(server.wait_ready(WAIT).await);
+}
+
 #[tokio::test]
 async fn a_failed_add_forgets_the_uid_even_if_an_earlier_add_stored_it() {
     let (_dir, server, zt) = ready_server_and_ztunnel().await;
