@@ -72,12 +72,15 @@ pub enum AgentError {
 }
 
 impl AgentError {
-    /// ztunnel is not there (or gone mid-way): the plugin may retry later (CNI code 11).
+    /// ztunnel is not there, gone mid-way or busy past the queue bound (a slow snapshot): the
+    /// plugin may retry later (CNI code 11).
     pub fn is_unavailable(&self) -> bool {
         matches!(
             self,
             AgentError::Ztunnel {
-                source: zds::ZdsError::NotConnected { .. } | zds::ZdsError::Link { .. },
+                source: zds::ZdsError::NotConnected { .. }
+                    | zds::ZdsError::Link { .. }
+                    | zds::ZdsError::Busy { .. },
                 ..
             }
         ) || matches!(
@@ -504,4 +507,31 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| format!("worker task failed: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A ZDS connection busy past the queue bound (a slow snapshot) is as temporary as no
+    /// ztunnel at all: the plugin reports "try again later", not a hard failure.
+    #[test]
+    fn a_busy_zds_connection_is_unavailable_like_a_missing_one() {
+        let ztunnel = |source| AgentError::Ztunnel {
+            pod: "default/app".into(),
+            source,
+        };
+        let socket = PathBuf::from("/var/run/ztunnel/ztunnel.sock");
+        let busy = ztunnel(zds::ZdsError::Busy {
+            socket: socket.clone(),
+            pod: "default/app".into(),
+            waited: Duration::from_secs(3),
+        });
+        assert!(busy.is_unavailable(), "{busy}");
+        let missing = ztunnel(zds::ZdsError::NotConnected {
+            socket,
+            pod: "default/app".into(),
+        });
+        assert!(missing.is_unavailable(), "{missing}");
+    }
 }
