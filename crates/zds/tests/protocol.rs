@@ -565,3 +565,66 @@ async fn an_add_queued_behind_a_slow_snapshot_is_bounded_and_never_sent_late() {
     assert!(!server.known_workloads().contains(&"uid-new".to_string()));
     assert!(server.is_ready());
 }
+
+/// 60 peers in a row, each misbehaving once it has the first pod's netns: gone mid-snapshot,
+/// an oversized frame, garbage, a refused `SnapshotSent`, gone mid-`AddWorkload`. The server
+/// holds no descriptor more afterwards, never reports the cut-off add served, and the next
+/// good ztunnel gets every pod again.
+#[tokio::test]
+async fn flapping_and_hostile_peers_leak_nothing_and_a_good_one_gets_every_pod() {
+    let (_dir, path) = socket_dir();
+    let mut builder = ZdsServer::builder(&path).config(quick());
+    for i in 0..3 {
+        builder = builder.workload(format!("uid-{i}"), info("p"), own_netns());
+    }
+    let server = std::sync::Arc::new(builder.bind().unwrap());
+    let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+    let before = fds();
+    for round in 0..60 {
+        let zt = FakeZtunnel::connect(&path).await;
+        let (_, fd) = zt.recv().await;
+        drop(fd);
+        match round % 5 {
+            0 => {}
+            1 => zt.conn.send(&[0u8; 4096], None).await.unwrap(),
+            2 => zt.conn.send(&[0xff, 0xff, 0xff], None).await.unwrap(),
+            3 => {
+                zt.ack().await;
+                for _ in 0..2 {
+                    drop(zt.recv().await.1);
+                    zt.ack().await;
+                }
+                assert_eq!(zt.recv().await.0, Request::SnapshotSent);
+                zt.nack("no").await;
+            }
+            _ => {
+                zt.ack().await;
+                let rest = zt.take_snapshot().await;
+                assert_eq!(rest.len(), 3, "{rest:?}");
+                assert!(server.wait_ready(WAIT).await);
+                let add = server.add_workload("uid-new", info("new"), own_netns());
+                let (res, ()) = tokio::join!(add, async {
+                    drop(zt.recv().await.1);
+                    zt.conn.send(&[], None).await.ok();
+                    drop(zt);
+                });
+                assert!(res.is_err(), "round {round}: a cut-off add reported served");
+                assert!(!server.known_workloads().contains(&"uid-new".to_string()));
+                continue;
+            }
+        }
+        drop(zt);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!server.is_ready());
+    let after = fds();
+    assert!(
+        after <= before,
+        "descriptors {before} before, {after} after"
+    );
+    let zt = FakeZtunnel::connect(&path).await;
+    let snapshot = zt.take_snapshot().await;
+    assert_eq!(snapshot.len(), 4, "{snapshot:?}");
+    assert!(server.wait_ready(WAIT).await);
+    assert_eq!(server.known_workloads(), ["uid-0", "uid-1", "uid-2"]);
+}
