@@ -497,9 +497,10 @@ impl ConnectionTask {
                 if reply.is_closed() || tokio::time::Instant::now() > deadline {
                     let pod = pod_label(&uid, Some(&info));
                     warn!(socket = %self.socket.display(), %pod, "AddWorkload not started within the queue timeout; not sent");
-                    lock(&self.store).remove(&uid);
+                    // A failed add forgets the pod; if ztunnel served it, it is told so.
+                    let served = lock(&self.store).remove(&uid).is_some();
                     let _ = reply.send(Err(self.busy(pod)));
-                    return true;
+                    return !served || self.withdraw_unasked(conn, &uid).await;
                 }
                 let (result, keep) = self.add(conn, &uid, info, netns).await;
                 let served = result.is_ok();

@@ -8,17 +8,9 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
-use common::{FakeZtunnel, WAIT, info, own_netns, socket_dir};
+use common::{FakeZtunnel, WAIT, info, own_netns, quick, socket_dir};
 use zds::wire::Request;
 use zds::{DelOutcome, LinkError, ZdsConfig, ZdsError, ZdsServer};
-
-fn quick() -> ZdsConfig {
-    ZdsConfig {
-        ack_timeout: Duration::from_millis(300),
-        hello_timeout: Duration::from_millis(300),
-        queue_timeout: Duration::from_secs(2),
-    }
-}
 
 async fn ready_server_and_ztunnel() -> (tempfile::TempDir, ZdsServer, FakeZtunnel) {
     let (dir, path) = socket_dir();
@@ -419,36 +411,6 @@ async fn a_connection_without_hello_does_not_disturb_the_current_ztunnel() {
     res.unwrap();
 }
 
-/// 2000 connections that never say hello, all within the hello timeout: the server holds a
-/// bounded number of them (the oldest dropped first), and a ztunnel that says hello is served.
-#[tokio::test]
-async fn a_flood_of_silent_connections_holds_a_bounded_number_of_descriptors() {
-    let (_dir, path) = socket_dir();
-    let config = ZdsConfig {
-        hello_timeout: Duration::from_secs(30),
-        ..quick()
-    };
-    let server = ZdsServer::bind(&path, config).unwrap();
-    let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
-    let before = fds();
-    let mut silent = Vec::new();
-    for i in 0..2000 {
-        silent.push(FakeZtunnel::connect_silent(&path));
-        if i % 16 == 0 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let held = fds() - before - silent.len();
-    assert!(
-        held <= zds::MAX_PENDING_HELLOS + 16,
-        "the server holds {held} descriptors for 2000 silent connections"
-    );
-    let zt = FakeZtunnel::connect(&path).await;
-    assert_eq!(zt.take_snapshot().await, [Request::SnapshotSent]);
-    assert!(server.wait_ready(WAIT).await);
-}
-
 #[tokio::test]
 async fn a_failed_add_forgets_the_uid_even_if_an_earlier_add_stored_it() {
     let (_dir, server, zt) = ready_server_and_ztunnel().await;
@@ -517,11 +479,12 @@ async fn an_extra_ack_is_never_taken_as_the_answer_to_the_next_request() {
 async fn an_add_queued_behind_a_slow_snapshot_is_bounded_and_never_sent_late() {
     let (_dir, path) = socket_dir();
     let config = ZdsConfig {
-        queue_timeout: Duration::from_millis(500),
+        ack_timeout: Duration::from_millis(600),
+        queue_timeout: Duration::from_millis(300),
         ..quick()
     };
     let mut builder = ZdsServer::builder(&path).config(config);
-    for i in 0..12 {
+    for i in 0..23 {
         builder = builder.workload(format!("uid-old-{i:02}"), info("old"), own_netns());
     }
     let server = std::sync::Arc::new(builder.bind().unwrap());
@@ -538,7 +501,8 @@ async fn an_add_queued_behind_a_slow_snapshot_is_bounded_and_never_sent_late() {
             (res, start.elapsed())
         }
     });
-    // 13 slow Acks: about 3.25 s of snapshot.
+    // 24 slow Acks (250 ms, well inside the 600 ms ack timeout): about 6 s of snapshot; the
+    // add's bound is 300 ms + 3 x 600 ms = 2.1 s.
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
         zt.ack().await;
@@ -552,7 +516,7 @@ async fn an_add_queued_behind_a_slow_snapshot_is_bounded_and_never_sent_late() {
         );
     }
     let (res, waited) = tokio::time::timeout(WAIT, late).await.unwrap().unwrap();
-    assert!(waited < Duration::from_millis(2500), "{waited:?}");
+    assert!(waited < Duration::from_millis(3000), "{waited:?}");
     let err = res.unwrap_err();
     assert!(matches!(err, ZdsError::Busy { .. }), "{err}");
     assert!(
@@ -566,65 +530,50 @@ async fn an_add_queued_behind_a_slow_snapshot_is_bounded_and_never_sent_late() {
     assert!(server.is_ready());
 }
 
-/// 60 peers in a row, each misbehaving once it has the first pod's netns: gone mid-snapshot,
-/// an oversized frame, garbage, a refused `SnapshotSent`, gone mid-`AddWorkload`. The server
-/// holds no descriptor more afterwards, never reports the cut-off add served, and the next
-/// good ztunnel gets every pod again.
+/// The same slow snapshot, the add queued behind it a re-add of a pod ztunnel already serves
+/// (a re-created sandbox): when it expires the pod leaves the store, so ztunnel is told too
+/// (`DelWorkload`), not left serving a pod the agent rolls back.
 #[tokio::test]
-async fn flapping_and_hostile_peers_leak_nothing_and_a_good_one_gets_every_pod() {
+async fn an_expired_re_add_of_a_served_pod_withdraws_it_from_ztunnel() {
     let (_dir, path) = socket_dir();
-    let mut builder = ZdsServer::builder(&path).config(quick());
-    for i in 0..3 {
-        builder = builder.workload(format!("uid-{i}"), info("p"), own_netns());
+    let config = ZdsConfig {
+        ack_timeout: Duration::from_millis(600),
+        queue_timeout: Duration::from_millis(300),
+        ..quick()
+    };
+    let mut builder = ZdsServer::builder(&path).config(config);
+    for i in 0..8 {
+        builder = builder.workload(format!("uid-{i}"), info("old"), own_netns());
     }
     let server = std::sync::Arc::new(builder.bind().unwrap());
-    let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
-    let before = fds();
-    for round in 0..60 {
-        let zt = FakeZtunnel::connect(&path).await;
-        let (_, fd) = zt.recv().await;
-        drop(fd);
-        match round % 5 {
-            0 => {}
-            1 => zt.conn.send(&[0u8; 4096], None).await.unwrap(),
-            2 => zt.conn.send(&[0xff, 0xff, 0xff], None).await.unwrap(),
-            3 => {
-                zt.ack().await;
-                for _ in 0..2 {
-                    drop(zt.recv().await.1);
-                    zt.ack().await;
-                }
-                assert_eq!(zt.recv().await.0, Request::SnapshotSent);
-                zt.nack("no").await;
-            }
-            _ => {
-                zt.ack().await;
-                let rest = zt.take_snapshot().await;
-                assert_eq!(rest.len(), 3, "{rest:?}");
-                assert!(server.wait_ready(WAIT).await);
-                let add = server.add_workload("uid-new", info("new"), own_netns());
-                let (res, ()) = tokio::join!(add, async {
-                    drop(zt.recv().await.1);
-                    zt.conn.send(&[], None).await.ok();
-                    drop(zt);
-                });
-                assert!(res.is_err(), "round {round}: a cut-off add reported served");
-                assert!(!server.known_workloads().contains(&"uid-new".to_string()));
-                continue;
-            }
-        }
-        drop(zt);
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!server.is_ready());
-    let after = fds();
-    assert!(
-        after <= before,
-        "descriptors {before} before, {after} after"
-    );
     let zt = FakeZtunnel::connect(&path).await;
-    let snapshot = zt.take_snapshot().await;
-    assert_eq!(snapshot.len(), 4, "{snapshot:?}");
-    assert!(server.wait_ready(WAIT).await);
-    assert_eq!(server.known_workloads(), ["uid-0", "uid-1", "uid-2"]);
+    let mut req = zt.recv().await.0;
+    let again = tokio::spawn({
+        let server = server.clone();
+        async move { server.add_workload("uid-3", info("old"), own_netns()).await }
+    });
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        zt.ack().await;
+        if req == Request::SnapshotSent {
+            break;
+        }
+        req = zt.recv().await.0;
+    }
+    let err = tokio::time::timeout(WAIT, again)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(err, ZdsError::Busy { .. }), "{err}");
+    let (req, _) = zt.recv().await;
+    assert_eq!(
+        req,
+        Request::Del {
+            uid: "uid-3".into()
+        }
+    );
+    zt.ack().await;
+    assert!(!server.known_workloads().contains(&"uid-3".to_string()));
+    assert!(server.is_ready());
 }
