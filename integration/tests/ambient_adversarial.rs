@@ -552,3 +552,48 @@ fn a_sigkilled_agent_mid_add_leaves_no_pod_half_programmed() {
     );
     assert!(succeeded >= 1, "the kill came before any ADD finished");
 }
+
+/// An address reused while the pod it came from is still enrolled (the agent missed that
+/// pod's DEL: the plugin's DEL to the agent is best effort, and IPAM frees the address after
+/// it): the old pod's late release must not take the address out of the probe set while the
+/// new pod is served with it, or kubelet's probes of the new pod stop being let through.
+#[test]
+fn releasing_a_pod_keeps_a_probe_address_a_served_pod_holds() {
+    let Some(zt) = prerequisites() else { return };
+    let a = PodPlan::new("reuse-old", [10, 88, 7, 10], Mode::Ambient);
+    let b = PodPlan::new("reuse-new", [10, 88, 7, 11], Mode::Ambient);
+    let n = AmbientNode::start(&zt, &AmbientOptions::default(), &[a.clone(), b.clone()]).unwrap();
+    let (old, new) = (n.create_pod(&a).unwrap(), n.create_pod(&b).unwrap());
+    let sock = socket(&n);
+    let (status, text) = post(&sock, "POST", "/cmdadd", &add_body(&old, &netns_path(&old)));
+    assert_eq!(status, 200, "{text}");
+    // The new pod's sandbox got the old pod's address.
+    let mut body: serde_json::Value =
+        serde_json::from_slice(&add_body(&new, &netns_path(&new))).unwrap();
+    body["IPs"] = serde_json::json!([old.ip().to_string()]);
+    let (status, text) = post(
+        &sock,
+        "POST",
+        "/cmdadd",
+        &serde_json::to_vec(&body).unwrap(),
+    );
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(n.probe_set(), vec![old.ip()]);
+    // The old pod's late release.
+    assert_eq!(post(&sock, "POST", "/cmddel", &del_body(&old)).0, 200);
+    n.eventually("the old pod released", || n.not_served(&old));
+    assert!(n.served(&new));
+    assert_eq!(
+        n.probe_set(),
+        vec![old.ip()],
+        "the served pod's probe address was removed\n{}",
+        n.logs()
+    );
+    // The new pod's own release takes it out, and the host rule goes with the last pod.
+    assert_eq!(post(&sock, "POST", "/cmddel", &del_body(&new)).0, 200);
+    n.eventually("the new pod released", || n.not_served(&new));
+    assert!(n.probe_set().is_empty(), "{:?}", n.probe_set());
+    n.eventually("the host rule gone with the last pod", || {
+        NodeKind::Nft.host_rule_gone(&n)
+    });
+}

@@ -72,12 +72,15 @@ pub enum AgentError {
 }
 
 impl AgentError {
-    /// ztunnel is not there (or gone mid-way): the plugin may retry later (CNI code 11).
+    /// ztunnel is not there, gone mid-way or busy past the queue bound (a slow snapshot): the
+    /// plugin may retry later (CNI code 11).
     pub fn is_unavailable(&self) -> bool {
         matches!(
             self,
             AgentError::Ztunnel {
-                source: zds::ZdsError::NotConnected { .. } | zds::ZdsError::Link { .. },
+                source: zds::ZdsError::NotConnected { .. }
+                    | zds::ZdsError::Link { .. }
+                    | zds::ZdsError::Busy { .. },
                 ..
             }
         ) || matches!(
@@ -100,8 +103,9 @@ struct Enrolled {
 struct Inner {
     pods: HashMap<String, Enrolled>,
     host_installed: bool,
-    /// Enrolls between their host-rule check and their end: the host rule stays for them.
-    in_flight: usize,
+    /// Enrolls between their host-rule check and their end, by UID, with the addresses they
+    /// put in the probe sets: the host rule and those addresses stay for them.
+    in_flight: HashMap<String, Vec<IpAddr>>,
 }
 
 pub struct Agent {
@@ -225,7 +229,7 @@ impl Agent {
                 .into_iter()
                 .filter(|ip| !pod.ips.contains(ip))
                 .collect();
-            if let Err(e) = self.remove_probe_ips(&stale).await {
+            if let Err(e) = self.remove_probe_ips(&pod.uid, &stale).await {
                 tracing::warn!(pod = %pod.label(), error = %e, "removing the old probe IPs failed");
             }
         }
@@ -237,7 +241,7 @@ impl Agent {
     async fn begin(&self, pod: &AmbientPodRef) -> Result<(), AgentError> {
         let mut g = self.inner.lock().await;
         self.ensure_host(&mut g, pod).await?;
-        g.in_flight += 1;
+        g.in_flight.insert(pod.uid.clone(), pod.ips.clone());
         Ok(())
     }
 
@@ -250,7 +254,7 @@ impl Agent {
         served: bool,
     ) -> Option<Enrolled> {
         let mut g = self.inner.lock().await;
-        g.in_flight -= 1;
+        g.in_flight.remove(&pod.uid);
         if !served {
             return g.pods.remove(&pod.uid);
         }
@@ -287,7 +291,7 @@ impl Agent {
         if let Err(e) = unprogram(netns).await {
             tracing::error!(pod = %pod.label(), error = %e, "rolling back: removing the ambient rules failed");
         }
-        if let Err(e) = self.remove_probe_ips(&pod.ips).await {
+        if let Err(e) = self.remove_probe_ips(&pod.uid, &pod.ips).await {
             tracing::error!(pod = %pod.label(), error = %e, "rolling back: removing the probe IPs failed");
         }
         let mut g = self.inner.lock().await;
@@ -320,7 +324,7 @@ impl Agent {
         if let Err(err) = unprogram(&e.netns).await {
             tracing::warn!(%pod, error = %err, "removing the ambient rules failed");
         }
-        if let Err(err) = self.remove_probe_ips(&e.pod.ips).await {
+        if let Err(err) = self.remove_probe_ips(uid, &e.pod.ips).await {
             tracing::warn!(%pod, error = %err, "removing the probe IPs failed");
         }
         self.drop_host_if_idle(&mut *self.inner.lock().await).await;
@@ -351,7 +355,7 @@ impl Agent {
 
     /// The host rule goes with the last ambient pod.
     async fn drop_host_if_idle(&self, g: &mut Inner) {
-        if !g.pods.is_empty() || g.in_flight > 0 || !g.host_installed {
+        if !g.pods.is_empty() || !g.in_flight.is_empty() || !g.host_installed {
             return;
         }
         let host = self.settings.host;
@@ -391,9 +395,31 @@ impl Agent {
             })
     }
 
-    async fn remove_probe_ips(&self, ips: &[IpAddr]) -> Result<(), String> {
+    /// Takes `uid`'s addresses out of the probe sets, but not one another pod holds (an address
+    /// reused while the pod it came from was still enrolled: that pod's DEL was missed). Under
+    /// the map's lock, so an enroll that begins meanwhile puts its addresses in after.
+    async fn remove_probe_ips(&self, uid: &str, ips: &[IpAddr]) -> Result<(), String> {
+        let g = self.inner.lock().await;
+        let others = g
+            .pods
+            .iter()
+            .map(|(u, e)| (u, &e.pod.ips))
+            .chain(g.in_flight.iter())
+            .filter(|(u, _)| u.as_str() != uid);
+        let held: Vec<IpAddr> = others.flat_map(|(_, ips)| ips.iter().copied()).collect();
+        let (kept, ips): (Vec<IpAddr>, Vec<IpAddr>) =
+            ips.iter().copied().partition(|ip| held.contains(ip));
+        if !kept.is_empty() {
+            tracing::info!(
+                uid,
+                ?kept,
+                "probe addresses another pod holds stay in the probe sets"
+            );
+        }
+        if ips.is_empty() {
+            return Ok(());
+        }
         let (plan, host) = (self.settings.host_plan.clone(), self.settings.host);
-        let ips = ips.to_vec();
         blocking(move || host.remove_pod_ips(&plan, &ips))
             .await?
             .map_err(|e| e.to_string())
@@ -481,4 +507,31 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| format!("worker task failed: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A ZDS connection busy past the queue bound (a slow snapshot) is as temporary as no
+    /// ztunnel at all: the plugin reports "try again later", not a hard failure.
+    #[test]
+    fn a_busy_zds_connection_is_unavailable_like_a_missing_one() {
+        let ztunnel = |source| AgentError::Ztunnel {
+            pod: "default/app".into(),
+            source,
+        };
+        let socket = PathBuf::from("/var/run/ztunnel/ztunnel.sock");
+        let busy = ztunnel(zds::ZdsError::Busy {
+            socket: socket.clone(),
+            pod: "default/app".into(),
+            waited: Duration::from_secs(3),
+        });
+        assert!(busy.is_unavailable(), "{busy}");
+        let missing = ztunnel(zds::ZdsError::NotConnected {
+            socket,
+            pod: "default/app".into(),
+        });
+        assert!(missing.is_unavailable(), "{missing}");
+    }
 }

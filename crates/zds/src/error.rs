@@ -18,6 +18,8 @@ pub enum LinkError {
     Io(#[from] io::Error),
     #[error("protocol error: {0}")]
     Protocol(#[from] WireError),
+    #[error("a {0}-byte message ztunnel sent unasked (a second or late Ack) was waiting")]
+    Unsolicited(usize),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +56,12 @@ pub enum ZdsError {
         pod: String,
         source: LinkError,
     },
+    #[error("ZDS socket {}: pod {pod} not sent: the connection stayed busy for {waited:?} (a snapshot or other pods' requests first)", socket.display())]
+    Busy {
+        socket: PathBuf,
+        pod: String,
+        waited: Duration,
+    },
     #[error("ZDS socket {}: server stopped", socket.display())]
     Stopped { socket: PathBuf },
 }
@@ -70,6 +78,7 @@ impl ZdsError {
             | ZdsError::NotConnected { socket, .. }
             | ZdsError::Rejected { socket, .. }
             | ZdsError::Link { socket, .. }
+            | ZdsError::Busy { socket, .. }
             | ZdsError::Stopped { socket } => socket,
         }
     }

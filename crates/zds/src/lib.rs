@@ -19,5 +19,5 @@ pub mod store;
 pub mod wire;
 
 pub use error::{LinkError, ZdsError};
-pub use server::{DelOutcome, ZdsConfig, ZdsServer, ZdsServerBuilder};
+pub use server::{DelOutcome, MAX_PENDING_HELLOS, ZdsConfig, ZdsServer, ZdsServerBuilder};
 pub use wire::{WireError, WorkloadInfo};

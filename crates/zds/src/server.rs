@@ -24,6 +24,10 @@ pub struct ZdsConfig {
     pub ack_timeout: Duration,
     /// How long a new connection may take to send its hello.
     pub hello_timeout: Duration,
+    /// How long a request may wait for the connection (behind a snapshot, which takes up to
+    /// pods x `ack_timeout`, or other pods' requests). An add not started by then is answered
+    /// [`ZdsError::Busy`] and never sent; so an add takes at most this plus its Acks.
+    pub queue_timeout: Duration,
 }
 
 impl Default for ZdsConfig {
@@ -31,6 +35,7 @@ impl Default for ZdsConfig {
         ZdsConfig {
             ack_timeout: Duration::from_secs(5),
             hello_timeout: Duration::from_secs(5),
+            queue_timeout: Duration::from_secs(3),
         }
     }
 }
@@ -93,7 +98,7 @@ impl ZdsServerBuilder {
         ));
         let task = ConnectionTask {
             socket: self.socket.clone(),
-            config: self.config,
+            config: self.config.clone(),
             store: store.clone(),
             ready: ready_tx,
         };
@@ -103,6 +108,7 @@ impl ZdsServerBuilder {
             socket: self.socket,
             socket_id,
             commands: commands_tx,
+            config: self.config,
             ready,
             store,
             tasks: [acceptor, task],
@@ -117,6 +123,7 @@ pub struct ZdsServer {
     /// (dev, inode) of the socket file we created: only that file is removed on drop.
     socket_id: (u64, u64),
     commands: mpsc::Sender<Command>,
+    config: ZdsConfig,
     ready: watch::Receiver<bool>,
     store: Arc<Mutex<Store>>,
     /// The accept loop and the connection task.
@@ -128,6 +135,8 @@ enum Command {
         uid: String,
         info: WorkloadInfo,
         netns: Arc<OwnedFd>,
+        /// Not started by then: answered `Busy`, never sent.
+        deadline: tokio::time::Instant,
         reply: oneshot::Sender<Result<(), ZdsError>>,
     },
     Del {
@@ -159,6 +168,7 @@ impl ZdsServer {
     /// failed add also forgets what an earlier add of the same uid stored. Fails at once when
     /// no ztunnel is connected, so callers can fail closed. A pod ztunnel refuses is withdrawn
     /// (`DelWorkload`), so ztunnel does not keep retrying a pod the caller gave up on.
+    /// Bounded: `queue_timeout` to start, then its Acks (see [`ZdsConfig::queue_timeout`]).
     pub async fn add_workload(
         &self,
         uid: &str,
@@ -168,26 +178,51 @@ impl ZdsServer {
         let pod = pod_label(uid, Some(&info));
         self.validate(&pod, uid, &info, &netns)?;
         let (reply, answer) = oneshot::channel();
+        let (queue, ack) = (self.config.queue_timeout, self.config.ack_timeout);
         let cmd = Command::Add {
             uid: uid.to_string(),
             info,
             netns: Arc::new(netns),
+            deadline: tokio::time::Instant::now() + queue,
             reply,
         };
-        self.commands.send(cmd).await.map_err(|_| self.stopped())?;
-        answer.await.map_err(|_| self.stopped())?
+        // The task answers within queue + Add's Ack + the withdrawal's Ack; one Ack of slack.
+        let bound = queue + 3 * ack;
+        let sent = async {
+            self.commands.send(cmd).await.map_err(|_| self.stopped())?;
+            answer.await.map_err(|_| self.stopped())?
+        };
+        tokio::time::timeout(bound, sent)
+            .await
+            .map_err(|_| ZdsError::Busy {
+                socket: self.socket.clone(),
+                pod,
+                waited: bound,
+            })?
     }
 
     /// Stops ztunnel serving the pod: out of the store at once, then `DelWorkload` when a
     /// ztunnel is connected. Never fails for want of ztunnel (see [`DelOutcome::Deferred`]).
+    /// Bounded: a Del still queued after `queue_timeout` plus two Acks is answered `Deferred`
+    /// and stays queued (it is sent, or the pod left out of the next snapshot, in order).
     pub async fn del_workload(&self, uid: &str) -> Result<DelOutcome, ZdsError> {
         let (reply, answer) = oneshot::channel();
         let cmd = Command::Del {
             uid: uid.to_string(),
             reply,
         };
-        self.commands.send(cmd).await.map_err(|_| self.stopped())?;
-        answer.await.map_err(|_| self.stopped())
+        let bound = self.config.queue_timeout + 2 * self.config.ack_timeout;
+        let sent = async {
+            self.commands.send(cmd).await.map_err(|_| self.stopped())?;
+            answer.await.map_err(|_| self.stopped())
+        };
+        match tokio::time::timeout(bound, sent).await {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                warn!(socket = %self.socket.display(), uid, ?bound, "DelWorkload still queued; deferred");
+                Ok(DelOutcome::Deferred)
+            }
+        }
     }
 
     /// Whether a ztunnel is connected and has acknowledged its snapshot.
@@ -304,6 +339,11 @@ fn listen(path: &Path) -> Result<(UnixListener, (u64, u64)), ZdsError> {
     Ok((listener, (meta.dev(), meta.ino())))
 }
 
+/// How many connections may be waiting for their hello at once; over it the oldest is
+/// dropped, so a flood of silent connections holds a bounded number of descriptors while a
+/// ztunnel, which says hello at once, still gets through.
+pub const MAX_PENDING_HELLOS: usize = 64;
+
 /// Accepts connections and reads each one's hello on its own task, so a silent client delays
 /// nobody. Only greeted connections reach the connection task (and may replace its current
 /// one): a mere connect, e.g. a second agent probing the socket, never disturbs ztunnel.
@@ -313,6 +353,8 @@ async fn accept_loop(
     hello_timeout: Duration,
     greeted: mpsc::Sender<SeqpacketConn>,
 ) {
+    let mut pending: std::collections::VecDeque<tokio::task::JoinHandle<()>> = Default::default();
+    let mut dropped = 0u64;
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -322,8 +364,18 @@ async fn accept_loop(
                 continue;
             }
         };
+        pending.retain(|h| !h.is_finished());
+        if pending.len() >= MAX_PENDING_HELLOS {
+            if let Some(oldest) = pending.pop_front() {
+                oldest.abort();
+            }
+            dropped += 1;
+            if dropped.is_power_of_two() {
+                warn!(socket = %socket.display(), dropped, max = MAX_PENDING_HELLOS, "too many connections without hello; the oldest dropped");
+            }
+        }
         let (socket, greeted) = (socket.clone(), greeted.clone());
-        tokio::spawn(async move {
+        pending.push_back(tokio::spawn(async move {
             let conn = SeqpacketConn::new(stream);
             match read_hello(&conn, hello_timeout).await {
                 Ok(()) => {
@@ -333,7 +385,7 @@ async fn accept_loop(
                     warn!(socket = %socket.display(), "ztunnel hello failed: {e}; connection dropped")
                 }
             }
-        });
+        }));
     }
 }
 
@@ -439,10 +491,24 @@ impl ConnectionTask {
                 uid,
                 info,
                 netns,
+                deadline,
                 reply,
             } => {
+                if reply.is_closed() || tokio::time::Instant::now() > deadline {
+                    let pod = pod_label(&uid, Some(&info));
+                    warn!(socket = %self.socket.display(), %pod, "AddWorkload not started within the queue timeout; not sent");
+                    // A failed add forgets the pod; if ztunnel served it, it is told so.
+                    let served = lock(&self.store).remove(&uid).is_some();
+                    let _ = reply.send(Err(self.busy(pod)));
+                    return !served || self.withdraw_unasked(conn, &uid).await;
+                }
                 let (result, keep) = self.add(conn, &uid, info, netns).await;
-                let _ = reply.send(result);
+                let served = result.is_ok();
+                if reply.send(result).is_err() && served {
+                    // The caller gave up: it reports the pod unserved, so ztunnel must not serve it.
+                    lock(&self.store).remove(&uid);
+                    return keep && self.withdraw_unasked(conn, &uid).await;
+                }
                 keep
             }
             Command::Del { uid, reply } => {
@@ -518,6 +584,21 @@ impl ConnectionTask {
         }
     }
 
+    fn busy(&self, pod: String) -> ZdsError {
+        ZdsError::Busy {
+            socket: self.socket.clone(),
+            pod,
+            waited: self.config.queue_timeout,
+        }
+    }
+
+    async fn withdraw_unasked(&self, conn: Option<&SeqpacketConn>, uid: &str) -> bool {
+        match conn {
+            Some(conn) => self.withdraw(conn, uid).await,
+            None => true,
+        }
+    }
+
     /// After a refused Add: ztunnel holds the pod pending and would retry it; tell it not to.
     async fn withdraw(&self, conn: &SeqpacketConn, uid: &str) -> bool {
         let req = Request::Del {
@@ -562,6 +643,14 @@ impl ConnectionTask {
         netns: Option<std::os::fd::BorrowedFd<'_>>,
     ) -> Result<Response, LinkError> {
         let bytes = wire::encode_request(req)?;
+        // Acks carry no id: one already waiting (a second Ack, a late one) would pass for this
+        // request's. The connection's state is unknown: drop it.
+        match conn.try_recv() {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Ok(Some(p)) => return Err(LinkError::Unsolicited(p.bytes.len())),
+            Ok(None) => return Err(LinkError::Closed),
+            Err(e) => return Err(e.into()),
+        }
         let timeout = self.config.ack_timeout;
         let round_trip = async {
             conn.send(&bytes, netns).await?;

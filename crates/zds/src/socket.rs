@@ -97,6 +97,12 @@ impl SeqpacketConn {
         }
     }
 
+    /// A packet already waiting, without waiting for one: `WouldBlock` when there is none,
+    /// `None` when the peer closed the connection.
+    pub fn try_recv(&self) -> io::Result<Option<Packet>> {
+        self.recv_now()
+    }
+
     fn recv_now(&self) -> io::Result<Option<Packet>> {
         // One byte more than the limit, so that an over-long packet shows as MSG_TRUNC.
         let mut buf = vec![0u8; MAX_MESSAGE_LEN + 1];

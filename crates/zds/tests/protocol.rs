@@ -8,16 +8,9 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
-use common::{FakeZtunnel, WAIT, info, own_netns, socket_dir};
+use common::{FakeZtunnel, WAIT, info, own_netns, quick, socket_dir};
 use zds::wire::Request;
 use zds::{DelOutcome, LinkError, ZdsConfig, ZdsError, ZdsServer};
-
-fn quick() -> ZdsConfig {
-    ZdsConfig {
-        ack_timeout: Duration::from_millis(300),
-        hello_timeout: Duration::from_millis(300),
-    }
-}
 
 async fn ready_server_and_ztunnel() -> (tempfile::TempDir, ZdsServer, FakeZtunnel) {
     let (dir, path) = socket_dir();
@@ -444,4 +437,143 @@ async fn a_failed_add_forgets_the_uid_even_if_an_earlier_add_stored_it() {
     });
     assert!(matches!(res, Err(ZdsError::Rejected { .. })), "{res:?}");
     assert!(server.known_workloads().is_empty());
+}
+
+/// A ztunnel that answers one request twice. ZDS Acks carry no id: only order ties an Ack to
+/// its request, so the extra Ack must never be read as the answer to the next request (that
+/// would report a pod served that ztunnel refused). Many rounds: before the fix, whether the
+/// server looked at the queued request or at the stray Ack first was a coin toss.
+#[tokio::test]
+async fn an_extra_ack_is_never_taken_as_the_answer_to_the_next_request() {
+    for round in 0..16 {
+        let (_dir, server, zt) = ready_server_and_ztunnel().await;
+        let server = std::sync::Arc::new(server);
+        let add = |uid: &'static str| {
+            let server = server.clone();
+            tokio::spawn(async move { server.add_workload(uid, info(uid), own_netns()).await })
+        };
+        let first = add("uid-1");
+        assert!(matches!(zt.recv().await.0, Request::Add { .. }));
+        // The second add waits in the queue while the first is in flight.
+        let second = add("uid-2");
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        zt.ack().await;
+        zt.ack().await; // answers nothing
+        first.await.unwrap().unwrap();
+        // ztunnel refuses the second pod if it ever gets it.
+        if let Ok(Ok(Some(_))) =
+            tokio::time::timeout(Duration::from_millis(500), zt.conn.recv()).await
+        {
+            zt.nack("refused").await;
+        }
+        let res = second.await.unwrap();
+        assert!(res.is_err(), "round {round}: uid-2 served on a stray Ack");
+        assert!(!server.known_workloads().contains(&"uid-2".to_string()));
+    }
+}
+
+/// A ztunnel that takes its time over a snapshot (each Ack inside the ack timeout) keeps the
+/// connection busy for pods x ack_timeout. An add queued behind it gets its answer within its
+/// own bound, and is never sent after its caller gave up.
+#[tokio::test]
+async fn an_add_queued_behind_a_slow_snapshot_is_bounded_and_never_sent_late() {
+    let (_dir, path) = socket_dir();
+    let config = ZdsConfig {
+        ack_timeout: Duration::from_millis(600),
+        queue_timeout: Duration::from_millis(300),
+        ..quick()
+    };
+    let mut builder = ZdsServer::builder(&path).config(config);
+    for i in 0..23 {
+        builder = builder.workload(format!("uid-old-{i:02}"), info("old"), own_netns());
+    }
+    let server = std::sync::Arc::new(builder.bind().unwrap());
+    let zt = FakeZtunnel::connect(&path).await;
+    let (mut req, _) = zt.recv().await;
+    assert!(matches!(req, Request::Add { .. }));
+    let start = Instant::now();
+    let late = tokio::spawn({
+        let server = server.clone();
+        async move {
+            let res = server
+                .add_workload("uid-new", info("new"), own_netns())
+                .await;
+            (res, start.elapsed())
+        }
+    });
+    // 24 slow Acks (250 ms, well inside the 600 ms ack timeout): about 6 s of snapshot; the
+    // add's bound is 300 ms + 3 x 600 ms = 2.1 s.
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        zt.ack().await;
+        if req == Request::SnapshotSent {
+            break;
+        }
+        req = zt.recv().await.0;
+        assert!(
+            !matches!(&req, Request::Add { uid, .. } if uid == "uid-new"),
+            "uid-new sent in the middle of the snapshot"
+        );
+    }
+    let (res, waited) = tokio::time::timeout(WAIT, late).await.unwrap().unwrap();
+    assert!(waited < Duration::from_millis(3000), "{waited:?}");
+    let err = res.unwrap_err();
+    assert!(matches!(err, ZdsError::Busy { .. }), "{err}");
+    assert!(
+        err.to_string().contains("default/new (uid uid-new)"),
+        "{err}"
+    );
+    // Once the snapshot is done, the expired add is not sent after all.
+    let sent = tokio::time::timeout(Duration::from_millis(700), zt.conn.recv()).await;
+    assert!(sent.is_err(), "sent after the caller gave up: {sent:?}");
+    assert!(!server.known_workloads().contains(&"uid-new".to_string()));
+    assert!(server.is_ready());
+}
+
+/// The same slow snapshot, the add queued behind it a re-add of a pod ztunnel already serves
+/// (a re-created sandbox): when it expires the pod leaves the store, so ztunnel is told too
+/// (`DelWorkload`), not left serving a pod the agent rolls back.
+#[tokio::test]
+async fn an_expired_re_add_of_a_served_pod_withdraws_it_from_ztunnel() {
+    let (_dir, path) = socket_dir();
+    let config = ZdsConfig {
+        ack_timeout: Duration::from_millis(600),
+        queue_timeout: Duration::from_millis(300),
+        ..quick()
+    };
+    let mut builder = ZdsServer::builder(&path).config(config);
+    for i in 0..8 {
+        builder = builder.workload(format!("uid-{i}"), info("old"), own_netns());
+    }
+    let server = std::sync::Arc::new(builder.bind().unwrap());
+    let zt = FakeZtunnel::connect(&path).await;
+    let mut req = zt.recv().await.0;
+    let again = tokio::spawn({
+        let server = server.clone();
+        async move { server.add_workload("uid-3", info("old"), own_netns()).await }
+    });
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        zt.ack().await;
+        if req == Request::SnapshotSent {
+            break;
+        }
+        req = zt.recv().await.0;
+    }
+    let err = tokio::time::timeout(WAIT, again)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(err, ZdsError::Busy { .. }), "{err}");
+    let (req, _) = zt.recv().await;
+    assert_eq!(
+        req,
+        Request::Del {
+            uid: "uid-3".into()
+        }
+    );
+    zt.ack().await;
+    assert!(!server.known_workloads().contains(&"uid-3".to_string()));
+    assert!(server.is_ready());
 }

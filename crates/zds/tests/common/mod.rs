@@ -14,6 +14,15 @@ use zds::wire::{self, Request, Response};
 /// catch a hang.
 pub const WAIT: Duration = Duration::from_secs(10);
 
+/// Short timeouts, so that tests of their expiry run quickly.
+pub fn quick() -> zds::ZdsConfig {
+    zds::ZdsConfig {
+        ack_timeout: Duration::from_millis(300),
+        hello_timeout: Duration::from_millis(300),
+        queue_timeout: Duration::from_secs(2),
+    }
+}
+
 pub fn info(name: &str) -> WorkloadInfo {
     WorkloadInfo {
         name: name.into(),
