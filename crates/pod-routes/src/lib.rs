@@ -5,7 +5,8 @@
 //! so re-applying is harmless.
 
 use capture::Plan;
-use mnl_impl as _; // links our Rust libmnl (mnl_* for the mnl crate)
+use mnl_impl as _;
+use netlink_wire::{NLMSG_HDR, put_attr}; // links our Rust libmnl (mnl_* for the mnl crate)
 use std::io;
 
 #[derive(Debug, thiserror::Error)]
@@ -15,23 +16,12 @@ pub struct RouteError {
     source: io::Error,
 }
 
-const NLA_HDR: usize = 4;
 // linux/fib_rules.h (not in the libc crate).
 const FR_ACT_TO_TBL: u8 = 1;
 const FRA_PRIORITY: u16 = 6;
 const FRA_FWMARK: u16 = 10;
 const FRA_TABLE: u16 = 15;
 const FRA_FWMASK: u16 = 16;
-
-fn nla(buf: &mut Vec<u8>, kind: u16, data: &[u8]) {
-    let len = (NLA_HDR + data.len()) as u16;
-    buf.extend_from_slice(&len.to_ne_bytes());
-    buf.extend_from_slice(&kind.to_ne_bytes());
-    buf.extend_from_slice(data);
-    while !buf.len().is_multiple_of(4) {
-        buf.push(0);
-    }
-}
 
 /// Sends one rtnetlink request with NLM_F_ACK and returns the kernel's answer ("already
 /// exists" counts as done).
@@ -46,20 +36,8 @@ fn request_tolerating(
     body: &[u8],
     tolerated: &[i32],
 ) -> io::Result<()> {
-    let hl = std::mem::size_of::<libc::nlmsghdr>();
-    let mut msg = vec![0u8; hl];
-    msg.extend_from_slice(body);
-    let hdr = libc::nlmsghdr {
-        nlmsg_len: msg.len() as u32,
-        nlmsg_type: msg_type,
-        nlmsg_flags: flags | (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16,
-        nlmsg_seq: 1,
-        nlmsg_pid: 0,
-    };
-    // SAFETY: nlmsghdr is plain data of `hl` bytes.
-    msg[..hl].copy_from_slice(unsafe {
-        std::slice::from_raw_parts((&hdr as *const libc::nlmsghdr).cast::<u8>(), hl)
-    });
+    let hl = NLMSG_HDR;
+    let msg = netlink_wire::message(msg_type, flags | libc::NLM_F_ACK as u16, 1, body);
     sock.send(&msg)?;
     let mut buf = vec![0u64; 1024];
     // SAFETY: u64 storage viewed as bytes for recv.
@@ -170,22 +148,10 @@ fn families(r: &capture::TproxyRoutes) -> Vec<(u8, &'static str)> {
 
 /// The bodies (after `nlmsghdr`) of a `msg_type` dump for `family`.
 fn dump(sock: &mnl::Socket, msg_type: u16, family: u8) -> io::Result<Vec<Vec<u8>>> {
-    let hl = std::mem::size_of::<libc::nlmsghdr>();
+    let hl = NLMSG_HDR;
     // rtgenmsg-sized family header, padded to 4 (both fib_rule_hdr and rtmsg start with it).
     let body = [family, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-    let hdr = libc::nlmsghdr {
-        nlmsg_len: (hl + body.len()) as u32,
-        nlmsg_type: msg_type,
-        nlmsg_flags: (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16,
-        nlmsg_seq: 2,
-        nlmsg_pid: 0,
-    };
-    let mut msg = vec![0u8; hl];
-    // SAFETY: nlmsghdr is plain data of `hl` bytes.
-    msg.copy_from_slice(unsafe {
-        std::slice::from_raw_parts((&hdr as *const libc::nlmsghdr).cast::<u8>(), hl)
-    });
-    msg.extend_from_slice(&body);
+    let msg = netlink_wire::message(msg_type, libc::NLM_F_DUMP as u16, 2, &body);
     sock.send(&msg)?;
     let mut out = Vec::new();
     let mut buf = vec![0u8; 32 * 1024];
@@ -213,18 +179,7 @@ fn dump(sock: &mnl::Socket, msg_type: u16, family: u8) -> io::Result<Vec<Vec<u8>
 
 /// The attributes after a fixed header of `fixed` bytes: (type, payload).
 fn attrs(body: &[u8], fixed: usize) -> Vec<(u16, &[u8])> {
-    let mut out = Vec::new();
-    let mut off = fixed;
-    while off + NLA_HDR <= body.len() {
-        let len = u16::from_ne_bytes([body[off], body[off + 1]]) as usize;
-        let kind = u16::from_ne_bytes([body[off + 2], body[off + 3]]) & 0x3fff;
-        if len < NLA_HDR || off + len > body.len() {
-            break;
-        }
-        out.push((kind, &body[off + NLA_HDR..off + len]));
-        off += (len + 3) & !3;
-    }
-    out
+    netlink_wire::attrs(body.get(fixed..).unwrap_or_default()).collect()
 }
 
 fn attr_u32(attrs: &[(u16, &[u8])], kind: u16) -> Option<u32> {
@@ -274,8 +229,8 @@ fn add_address_v6(sock: &mnl::Socket, ifindex: u32, addr: std::net::Ipv6Addr) ->
         libc::RT_SCOPE_HOST,
     ];
     body.extend_from_slice(&ifindex.to_ne_bytes());
-    nla(&mut body, libc::IFA_LOCAL, &addr.octets());
-    nla(&mut body, libc::IFA_ADDRESS, &addr.octets());
+    put_attr(&mut body, libc::IFA_LOCAL, &addr.octets());
+    put_attr(&mut body, libc::IFA_ADDRESS, &addr.octets());
     request(
         sock,
         libc::RTM_NEWADDR,
@@ -298,14 +253,14 @@ fn rule_body(family: u8, r: &capture::TproxyRoutes) -> Vec<u8> {
     // struct fib_rule_hdr { family, dst_len, src_len, tos, table, res1, res2, action, flags }
     let mut body = vec![family, 0, 0, 0, 0, 0, 0, FR_ACT_TO_TBL];
     body.extend_from_slice(&0u32.to_ne_bytes());
-    nla(&mut body, FRA_FWMARK, &r.mark.to_ne_bytes());
+    put_attr(&mut body, FRA_FWMARK, &r.mark.to_ne_bytes());
     if let Some(mask) = r.mask {
-        nla(&mut body, FRA_FWMASK, &mask.to_ne_bytes());
+        put_attr(&mut body, FRA_FWMASK, &mask.to_ne_bytes());
     }
     if let Some(pref) = r.priority {
-        nla(&mut body, FRA_PRIORITY, &pref.to_ne_bytes());
+        put_attr(&mut body, FRA_PRIORITY, &pref.to_ne_bytes());
     }
-    nla(&mut body, FRA_TABLE, &r.table.to_ne_bytes());
+    put_attr(&mut body, FRA_TABLE, &r.table.to_ne_bytes());
     body
 }
 
@@ -331,8 +286,8 @@ fn local_default_body(family: u8, ifindex: u32, table: u32) -> Vec<u8> {
         libc::RTN_LOCAL,
     ];
     body.extend_from_slice(&0u32.to_ne_bytes());
-    nla(&mut body, libc::RTA_TABLE, &table.to_ne_bytes());
-    nla(&mut body, libc::RTA_OIF, &ifindex.to_ne_bytes());
+    put_attr(&mut body, libc::RTA_TABLE, &table.to_ne_bytes());
+    put_attr(&mut body, libc::RTA_OIF, &ifindex.to_ne_bytes());
     body
 }
 

@@ -34,23 +34,6 @@ pub struct LogLine {
     pub payload: Vec<u8>,
 }
 
-/// The netlink attributes after a 4-byte `nfgenmsg`: `(type without flags, value)`.
-fn attrs(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if b.len() < 4 {
-            return None;
-        }
-        let len = u16::from_ne_bytes([b[0], b[1]]) as usize;
-        let kind = u16::from_ne_bytes([b[2], b[3]]) & 0x3fff;
-        if len < 4 || len > b.len() {
-            return None;
-        }
-        let value = &b[4..len];
-        b = &b[((len + 3) & !3).min(b.len())..];
-        Some((kind, value))
-    })
-}
-
 impl LogLine {
     /// An `NFULNL_MSG_PACKET` message's payload (after the netlink header).
     pub fn decode(msg: &[u8]) -> Option<LogLine> {
@@ -62,7 +45,7 @@ impl LogLine {
             indev: None,
             payload: Vec::new(),
         };
-        for (kind, v) in attrs(msg.get(4..)?) {
+        for (kind, v) in netlink_wire::attrs(msg.get(4..)?) {
             match kind {
                 NFULA_PACKET_HDR => line.hook = *v.get(2)?,
                 NFULA_IFINDEX_INDEV => line.indev = Some(u32::from_be_bytes(v.try_into().ok()?)),
@@ -383,10 +366,8 @@ mod tests {
     }
 
     fn nla(kind: u16, v: &[u8]) -> Vec<u8> {
-        let mut b = ((4 + v.len()) as u16).to_ne_bytes().to_vec();
-        b.extend(kind.to_ne_bytes());
-        b.extend(v);
-        b.resize((b.len() + 3) & !3, 0);
+        let mut b = Vec::new();
+        netlink_wire::put_attr(&mut b, kind, v);
         b
     }
 

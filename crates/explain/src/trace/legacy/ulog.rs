@@ -52,19 +52,10 @@ pub fn config_msg(family: u8, group: u16, seq: u32, attrs: &[(u16, Vec<u8>)]) ->
     let mut body = vec![family, 0];
     body.extend(group.to_be_bytes());
     for (kind, v) in attrs {
-        let len = 4 + v.len();
-        body.extend((len as u16).to_ne_bytes());
-        body.extend(kind.to_ne_bytes());
-        body.extend(v);
-        body.resize((body.len() + 3) & !3, 0);
+        netlink_wire::put_attr(&mut body, *kind, v);
     }
-    let mut msg = ((16 + body.len()) as u32).to_ne_bytes().to_vec();
-    msg.extend(((NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_CONFIG).to_ne_bytes());
-    msg.extend(((libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16).to_ne_bytes());
-    msg.extend(seq.to_ne_bytes());
-    msg.extend(0u32.to_ne_bytes());
-    msg.extend(body);
-    msg
+    let msg_type = (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_CONFIG;
+    netlink_wire::message(msg_type, libc::NLM_F_ACK as u16, seq, &body)
 }
 
 /// The logger bound to `pf` in `/proc/net/netfilter/nf_log` (`None`: `NONE`). Pure.
