@@ -456,3 +456,59 @@ fn an_agent_restart_keeps_a_pod_whose_netns_it_cannot_find() {
     std::thread::sleep(Duration::from_millis(500));
     assert!(n.not_served(&pa), "{}", n.logs());
 }
+
+/// The host probe rule is kept true like the pods' rules: someone deletes the node's
+/// `inet istio-ambient-nat` (a firewall reload, `nft flush ruleset`) or takes a pod's address
+/// out of the probe set, and the agent's next reconcile pass writes the rule again and puts
+/// the address back; kubelet's probe arrives SNATed again.
+#[test]
+fn a_host_probe_rule_deleted_on_the_node_is_written_again() {
+    let Some(bin) = prerequisites() else { return };
+    let a = PodPlan::new("a", [10, 88, 6, 10], Mode::Ambient);
+    let opts = AmbientOptions {
+        env: vec![("RECONCILE_INTERVAL".into(), "1s".into())],
+        ..AmbientOptions::default()
+    };
+    let n = AmbientNode::start(&bin, &opts, std::slice::from_ref(&a)).unwrap();
+    let pa = n.start_pod(&a);
+    assert!(n.served(&pa), "{}", n.logs());
+    let snat = IpAddr::V4(HOST_PROBE_SNAT_V4);
+    let node = &n.node.ns;
+    // Without counters: the rule is the same, its packets are not.
+    let stateless = || {
+        node.exec_ok("nft", &["-s", "list", "table", "inet", "istio-ambient-nat"])
+            .unwrap_or_default()
+    };
+    let table = stateless();
+
+    node.exec_ok("nft", &["delete", "table", "inet", "istio-ambient-nat"])
+        .unwrap();
+    n.eventually("the host table written again", || {
+        n.probe_set() == [pa.ip()]
+    });
+    assert_eq!(stateless(), table);
+    lands(&n, &n.from_node(KUBELET_UID, pa.ip(), APP), "a", APP);
+    assert_eq!(last_peer(&pa), snat);
+
+    let element = format!("{{ {} }}", pa.ip());
+    let set = [
+        "delete",
+        "element",
+        "inet",
+        "istio-ambient-nat",
+        "istio-inpod-probes-v4",
+    ];
+    node.exec_ok("nft", &[&set[..], &[element.as_str()]].concat())
+        .unwrap();
+    assert!(n.probe_set().is_empty());
+    n.eventually("the address back in the probe set", || {
+        n.probe_set() == [pa.ip()]
+    });
+    lands(&n, &n.from_node(KUBELET_UID, pa.ip(), APP), "a", APP);
+    assert_eq!(last_peer(&pa), snat);
+    assert!(
+        n.logs().contains("host probe rule drifted; written again"),
+        "{}",
+        n.logs()
+    );
+}

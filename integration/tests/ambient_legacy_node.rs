@@ -111,3 +111,40 @@ fn a_legacy_node_gets_istios_legacy_host_rule_and_no_nftables() {
     );
     no_nft(&n, node, "the node");
 }
+
+/// On a legacy node the host rule is kept true too: someone flushes the node's nat table,
+/// deletes `ISTIO_POSTRT` and destroys the ipsets (or flushes a set), and the agent's next
+/// reconcile pass writes Istio's rule again with the pods' addresses; kubelet's probe arrives
+/// from the probe address again.
+#[test]
+fn a_legacy_host_rule_and_ipset_removed_on_the_node_come_back() {
+    let Some(bin) = prerequisites() else { return };
+    let mut opts = legacy_node();
+    opts.env.push(("RECONCILE_INTERVAL".into(), "1s".into()));
+    let n = AmbientNode::start(&bin, &opts, &[a()]).unwrap();
+    let node = &n.node.ns;
+    let pa = n.start_pod(&a());
+    assert!(n.served(&pa), "{}", n.logs());
+    let whole = || {
+        legacy_save(node.path(), false).contains(LEGACY_HOST_RULE)
+            && members(&n) == [(pa.ip(), pa.uid())]
+    };
+    assert!(whole(), "{}", legacy_save(node.path(), false));
+
+    let wipe =
+        "iptables-legacy -t nat -F && iptables-legacy -t nat -X ISTIO_POSTRT && ipset destroy";
+    node.exec_ok("sh", &["-c", wipe]).unwrap();
+    assert!(n.ipsets().is_empty());
+    n.eventually("rule, jump and set written again", whole);
+    let host = legacy_save(node.path(), false);
+    let first = host.lines().find(|l| l.starts_with("-A POSTROUTING"));
+    assert_eq!(first, Some("-A POSTROUTING -j ISTIO_POSTRT"), "{host}");
+    lands(&n, &n.from_node(KUBELET_UID, pa.ip(), APP), "a", APP);
+    assert_eq!(last_peer(&pa), IpAddr::V4(HOST_PROBE_SNAT_V4));
+
+    node.exec_ok("ipset", &["flush", PROBE_SET_V4]).unwrap();
+    n.eventually("the address back in the ipset", whole);
+    lands(&n, &n.from_node(KUBELET_UID, pa.ip(), APP), "a", APP);
+    assert_eq!(last_peer(&pa), IpAddr::V4(HOST_PROBE_SNAT_V4));
+    no_nft(&n, node, "the node");
+}

@@ -65,6 +65,8 @@ pub enum AgentError {
         pod: String,
         source: redirect::RedirectError,
     },
+    #[error("checking the host probe rule: {0}")]
+    HostCheck(String),
     #[error("pod {pod}: {source}")]
     Ztunnel { pod: String, source: zds::ZdsError },
     #[error("pod {pod}: the agent's worker failed: {reason}")]
@@ -423,6 +425,47 @@ impl Agent {
         blocking(move || host.remove_pod_ips(&plan, &ips))
             .await?
             .map_err(|e| e.to_string())
+    }
+
+    /// Keeps the host probe rule true while it should be there (someone may flush the node's
+    /// nat table or delete our table): checks it, writes it again on drift, then re-adds every
+    /// served or enrolling pod's addresses (idempotent: an element taken out comes back).
+    /// Under the map's lock, as probe-set removals are, so a released pod is never put back.
+    /// Returns the differences found (empty: in sync, or no host rule is due).
+    pub async fn reconcile_host(&self) -> Result<Vec<String>, AgentError> {
+        let g = self.inner.lock().await;
+        if !g.host_installed {
+            return Ok(Vec::new());
+        }
+        let held: Vec<(String, Vec<IpAddr>)> = g
+            .pods
+            .iter()
+            .map(|(uid, e)| (uid.clone(), e.pod.ips.clone()))
+            .chain(
+                g.in_flight
+                    .iter()
+                    .map(|(uid, ips)| (uid.clone(), ips.clone())),
+            )
+            .collect();
+        let (plan, host) = (self.settings.host_plan.clone(), self.settings.host);
+        let repair = move || {
+            let drift = host.check(&plan)?;
+            if !drift.is_empty() {
+                host.ensure(&plan)?;
+            }
+            let pods: Vec<(&str, &[IpAddr])> = held
+                .iter()
+                .map(|(uid, ips)| (uid.as_str(), ips.as_slice()))
+                .collect();
+            host.add_pods_ips(&plan, &pods)?;
+            Ok::<_, redirect::RedirectError>(drift)
+        };
+        let drift = blocking(repair)
+            .await
+            .map_err(AgentError::HostCheck)?
+            .map_err(|e| AgentError::HostCheck(e.to_string()))?;
+        drop(g);
+        Ok(drift)
     }
 
     /// Checks an enrolled pod's rules against its plan; re-applies on drift. Returns the

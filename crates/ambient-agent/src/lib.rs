@@ -490,5 +490,17 @@ impl Runner {
                 }
             }
         }
+        match agent.reconcile_host().await {
+            Ok(drift) if drift.is_empty() => {}
+            Ok(drift) => {
+                self.checks.inc(&["drift"]);
+                self.checks.inc(&["repaired"]);
+                tracing::warn!(rule = self.host.describe(), differences = ?drift, "host probe rule drifted; written again");
+            }
+            Err(e) => {
+                self.checks.inc(&["failed"]);
+                tracing::warn!(error = %e, "checking the host probe rule failed");
+            }
+        }
     }
 }

@@ -18,8 +18,8 @@
 use crate::save::{Owns, SavedTable};
 use crate::tools::{Fam, IPSET};
 use crate::{
-    LegacyError, Tools, live_tables, removal_owned, render_payload, tables_instantiated,
-    with_removal,
+    LegacyError, Tools, check_owned, live_tables, removal_owned, render_payload,
+    tables_instantiated, with_removal,
 };
 use capture::ambient_constants::{PROBE_SET_V4, PROBE_SET_V6};
 use capture::{ChainId, NamedSet, Plan};
@@ -95,17 +95,32 @@ pub fn add_pod_ips_with(
     pod_uid: &str,
     tools: &Tools,
 ) -> Result<(), LegacyError> {
-    check_uid(pod_uid)?;
-    let elements = elements(plan, ips);
-    if elements.is_empty() {
+    add_pods_ips_with(plan, &[(pod_uid, ips)], tools)
+}
+
+/// [`add_pod_ips`] of many pods (`(pod UID, its IPs)`) in one `ipset restore`.
+pub fn add_pods_ips(plan: &Plan, pods: &[(&str, &[IpAddr])]) -> Result<(), LegacyError> {
+    add_pods_ips_with(plan, pods, &Tools::default())
+}
+
+/// [`add_pods_ips`] with explicit binary lookup.
+pub fn add_pods_ips_with(
+    plan: &Plan,
+    pods: &[(&str, &[IpAddr])],
+    tools: &Tools,
+) -> Result<(), LegacyError> {
+    let mut input = String::new();
+    for (uid, ips) in pods {
+        check_uid(uid)?;
+        for (set, ip) in elements(plan, ips) {
+            input += &format!("add {set} {ip} comment \"{uid}\" -exist\n");
+        }
+    }
+    if input.is_empty() {
         return Ok(());
     }
     tools.find(IPSET)?;
     let _held = lock()?;
-    let input: String = elements
-        .iter()
-        .map(|(set, ip)| format!("add {set} {ip} comment \"{pod_uid}\" -exist\n"))
-        .collect();
     tools.ipset(&["restore"], Some(&input)).map(drop)
 }
 
@@ -133,6 +148,31 @@ pub fn remove_pod_ips_with(plan: &Plan, ips: &[IpAddr], tools: &Tools) -> Result
         return Ok(());
     }
     tools.ipset(&["restore"], Some(&input)).map(drop)
+}
+
+/// Differences between the node's host rule and `plan` (empty: in sync), as readable lines:
+/// `ISTIO_POSTRT`, the jump to it and the plan's sets (their elements are the agent's to
+/// keep, not compared). Other chains, `ISTIO_*` or not, are not looked at.
+pub fn check(plan: &Plan) -> Result<Vec<String>, LegacyError> {
+    check_with(plan, &Tools::default())
+}
+
+/// [`check`] with explicit binary lookup.
+pub fn check_with(plan: &Plan, tools: &Tools) -> Result<Vec<String>, LegacyError> {
+    tools.find(IPSET)?;
+    let _held = lock()?;
+    let existing = existing_sets(tools)?;
+    let mut drift: Vec<String> = plan
+        .sets
+        .iter()
+        .filter(|s| !existing.contains(&s.name))
+        .map(|s| format!("ipset {}: missing set", s.name))
+        .collect();
+    // The plan's rule names the sets: they must exist where its canonical form is made.
+    let create = create_sets(&plan.sets);
+    let prepare = || tools.ipset(&["restore"], Some(&create)).map(drop);
+    drift.extend(check_owned(plan, tools, HOST, &prepare)?);
+    Ok(drift)
 }
 
 /// Removes the rule and the jump to it (both families), then destroys both sets. Returns

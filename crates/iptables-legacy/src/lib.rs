@@ -134,7 +134,7 @@ pub fn apply_with(plan: &Plan, held: &NsLock, tools: &Tools) -> Result<(), Legac
         let input = if live.iter().any(SavedTable::has_ours) {
             // Only a rerun pays for the scratch namespace: the plan's built-in-chain rules
             // must be recognised in canonical form to be removed before being re-added.
-            let expected = canonical(tools, fam, &payload)?;
+            let expected = canonical(tools, fam, &payload, &|| Ok(()))?;
             with_removal(&payload, &removal(&live, &expected))
         } else {
             payload
@@ -174,6 +174,18 @@ pub fn check(plan: &Plan) -> Result<Vec<String>, LegacyError> {
 
 /// [`check`] with explicit binary lookup.
 pub fn check_with(plan: &Plan, tools: &Tools) -> Result<Vec<String>, LegacyError> {
+    check_owned(plan, tools, is_ours, &|| Ok(()))
+}
+
+/// [`check_with`] of the chains `owns` accepts (and jumps to them) only; `prepare` runs in
+/// the scratch namespace before the plan is restored there (e.g. creating the ipsets its
+/// rules name: iptables refuses a rule naming a missing set).
+fn check_owned(
+    plan: &Plan,
+    tools: &Tools,
+    owns: save::Owns,
+    prepare: &Prepare<'_>,
+) -> Result<Vec<String>, LegacyError> {
     let mut drift = Vec::new();
     for fam in [Fam::V4, Fam::V6] {
         let payload = render_payload(plan, fam == Fam::V6);
@@ -181,8 +193,8 @@ pub fn check_with(plan: &Plan, tools: &Tools) -> Result<Vec<String>, LegacyError
             continue;
         }
         let live = live_tables(tools, fam)?;
-        let expected = canonical(tools, fam, &payload)?;
-        diff(fam, &expected, &live, &mut drift);
+        let expected = canonical(tools, fam, &payload, prepare)?;
+        diff(fam, &expected, &live, owns, &mut drift);
     }
     Ok(drift)
 }
@@ -220,7 +232,12 @@ pub fn cleanup_plan_with(plan: &Plan, held: &NsLock, tools: &Tools) -> Result<bo
         if !live.iter().any(SavedTable::has_ours) {
             continue;
         }
-        let expected = canonical(tools, fam, &render_payload(plan, fam == Fam::V6))?;
+        let expected = canonical(
+            tools,
+            fam,
+            &render_payload(plan, fam == Fam::V6),
+            &|| Ok(()),
+        )?;
         tools.restore(
             fam,
             &with_removal("", &removal(&live, &expected)),
@@ -412,7 +429,15 @@ fn live_tables(tools: &Tools, fam: Fam) -> Result<Vec<SavedTable>, LegacyError> 
 
 /// The plan's rules in iptables-save's canonical form: restored into a fresh, private network
 /// namespace (on a short-lived thread; it disappears with the thread) and saved back.
-fn canonical(tools: &Tools, fam: Fam, payload: &str) -> Result<Vec<SavedTable>, LegacyError> {
+/// What must exist in the scratch namespace before a plan can be restored there.
+type Prepare<'a> = dyn Fn() -> Result<(), LegacyError> + Sync + 'a;
+
+fn canonical(
+    tools: &Tools,
+    fam: Fam,
+    payload: &str,
+    prepare: &Prepare<'_>,
+) -> Result<Vec<SavedTable>, LegacyError> {
     if payload.is_empty() {
         return Ok(Vec::new());
     }
@@ -422,6 +447,7 @@ fn canonical(tools: &Tools, fam: Fam, payload: &str) -> Result<Vec<SavedTable>, 
             if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
                 return Err(LegacyError::Scratch(io::Error::last_os_error()));
             }
+            prepare()?;
             // Private to this thread: no lock to hold.
             tools.restore(fam, payload, None, false)?;
             live_tables(tools, fam)
@@ -511,13 +537,19 @@ fn with_removal(payload: &str, removal: &BTreeMap<String, Vec<String>>) -> Strin
     out
 }
 
-/// Appends readable drift lines for one family.
-fn diff(fam: Fam, expected: &[SavedTable], live: &[SavedTable], out: &mut Vec<String>) {
+/// Appends readable drift lines for one family, of the chains `owns` accepts.
+fn diff(
+    fam: Fam,
+    expected: &[SavedTable],
+    live: &[SavedTable],
+    owns: save::Owns,
+    out: &mut Vec<String>,
+) {
     let empty = SavedTable::default();
     let mut names: Vec<&str> = expected.iter().map(|t| t.name.as_str()).collect();
     names.extend(
         live.iter()
-            .filter(|t| t.has_ours())
+            .filter(|t| t.has_owned(owns))
             .map(|t| t.name.as_str()),
     );
     names.sort();
@@ -526,12 +558,12 @@ fn diff(fam: Fam, expected: &[SavedTable], live: &[SavedTable], out: &mut Vec<St
         let exp = expected.iter().find(|t| t.name == name).unwrap_or(&empty);
         let liv = live.iter().find(|t| t.name == name).unwrap_or(&empty);
         let at = |chain: &str| format!("{} {name} {chain}", fam.label());
-        for c in exp.our_chains() {
+        for c in exp.owned_chains(owns) {
             if !liv.chains.iter().any(|l| l == c) {
                 out.push(format!("{}: missing chain", at(c)));
             }
         }
-        for c in liv.our_chains() {
+        for c in liv.owned_chains(owns) {
             if !exp.chains.iter().any(|e| e == c) {
                 out.push(format!("{}: unexpected chain", at(c)));
             }
@@ -541,7 +573,7 @@ fn diff(fam: Fam, expected: &[SavedTable], live: &[SavedTable], out: &mut Vec<St
         let mut chains: Vec<&str> = Vec::new();
         for c in exp.chains.iter().chain(&liv.chains).map(String::as_str) {
             let both = exp.chains.iter().any(|e| e == c) && liv.chains.iter().any(|l| l == c);
-            if (!is_ours(c) || both) && !chains.contains(&c) {
+            if (!owns(c) || both) && !chains.contains(&c) {
                 chains.push(c);
             }
         }
@@ -551,7 +583,7 @@ fn diff(fam: Fam, expected: &[SavedTable], live: &[SavedTable], out: &mut Vec<St
                 .rules_of(chain)
                 .filter(|r| {
                     // In shared built-in chains only what we own counts.
-                    is_ours(chain) || want.contains(r) || jump_target(r).is_some_and(is_ours)
+                    owns(chain) || want.contains(r) || jump_target(r).is_some_and(owns)
                 })
                 .collect();
             diff_rules(&at(chain), chain, &want, &have, out);
@@ -618,7 +650,7 @@ mod tests {
             "*nat\n:OUTPUT ACCEPT [0:0]\n:ISTIO_X - [0:0]\n:ISTIO_Y - [0:0]\n-A OUTPUT -j FOREIGN\n-A ISTIO_X -p udp -j RETURN\n-A ISTIO_X -p tcp -j RETURN\nCOMMIT\n",
         );
         let mut out = Vec::new();
-        diff(Fam::V4, &exp, &live, &mut out);
+        diff(Fam::V4, &exp, &live, is_ours, &mut out);
         assert_eq!(
             out,
             [
@@ -629,7 +661,7 @@ mod tests {
             ]
         );
         let mut none = Vec::new();
-        diff(Fam::V4, &exp, &exp, &mut none);
+        diff(Fam::V4, &exp, &exp, is_ours, &mut none);
         assert!(none.is_empty(), "{none:?}");
     }
 }

@@ -112,7 +112,7 @@ fn normalise(text: &str) -> String {
         } else {
             l.to_string()
         };
-        let mut l = strip_set_suffix(&l);
+        let mut l = nat_defaults(&strip_set_suffix(&l));
         // The kernel reports a lookup's flags even when zero; libnftnl omits them when unset.
         if l.starts_with("[ lookup") && l.ends_with(" 0x0 ]") {
             l = format!("{} ]", &l[..l.len() - 6]);
@@ -121,6 +121,42 @@ fn normalise(text: &str) -> String {
         out.push_str(&l);
     }
     out
+}
+
+/// A nat expression as the kernel reports what it filled in itself: `addr_max` defaults to
+/// `addr_min`'s register and `flags` gains `NF_NAT_RANGE_MAP_IPS` (0x1) when an address is
+/// given. Both dropped, so a rule written with `addr_min` only compares equal.
+fn nat_defaults(l: &str) -> String {
+    if !l.starts_with("[ nat ") {
+        return l.to_string();
+    }
+    let words: Vec<&str> = l.split(' ').collect();
+    let reg_after = |key: &str| {
+        let i = words.iter().position(|w| *w == key)?;
+        Some(words.get(i + 2)?.to_string())
+    };
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < words.len() {
+        let w = words[i];
+        if w == "addr_max" && reg_after("addr_max") == reg_after("addr_min") {
+            i += 3;
+            continue;
+        }
+        if w == "flags"
+            && let Some(v) = words.get(i + 1).and_then(|v| v.strip_prefix("0x"))
+            && let Ok(flags) = u32::from_str_radix(v, 16)
+        {
+            if flags & !1 != 0 {
+                out.push(format!("flags 0x{:x}", flags & !1));
+            }
+            i += 2;
+            continue;
+        }
+        out.push(w.to_string());
+        i += 1;
+    }
+    out.join(" ")
 }
 
 /// `__set0`, `__set12`, `__set%d` → `__set`: anonymous set names are chosen by the kernel.
@@ -315,4 +351,23 @@ pub fn diff(sock: &Socket, plan: &Plan) -> Result<Vec<String>, NftError> {
         out.push(format!("unexpected chain {chain} in table inet {table}"));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nat_defaults_the_kernel_fills_in_compare_equal() {
+        let kernel = "[ nat snat ip addr_min reg 1 addr_max reg 1 flags 0x1 ]";
+        let written = "[ nat snat ip addr_min reg 1 ]";
+        assert_eq!(nat_defaults(kernel), nat_defaults(written));
+        assert_eq!(nat_defaults(written), written);
+        // A real range and other flags stay.
+        let range = "[ nat snat ip addr_min reg 1 addr_max reg 2 flags 0x5 ]";
+        assert_eq!(
+            nat_defaults(range),
+            "[ nat snat ip addr_min reg 1 addr_max reg 2 flags 0x4 ]"
+        );
+    }
 }

@@ -87,6 +87,24 @@ impl HostProbeRule {
         Ok(())
     }
 
+    /// [`HostProbeRule::add_pod_ips`] of many pods (`(pod UID, its IPs)`), e.g. to re-assert
+    /// every served pod's addresses (one `ipset restore` on iptables-legacy).
+    pub fn add_pods_ips(
+        &self,
+        plan: &Plan,
+        pods: &[(&str, &[IpAddr])],
+    ) -> Result<(), RedirectError> {
+        match self.backend {
+            Backend::Nft => {
+                for (uid, ips) in pods {
+                    nft_backend::ambient_host::add_pod_ips(plan, ips, uid)?;
+                }
+            }
+            Backend::IptablesLegacy => iptables_legacy::ambient_host::add_pods_ips(plan, pods)?,
+        }
+        Ok(())
+    }
+
     /// Removes IPs from the sets; IPs that are not there are ignored.
     pub fn remove_pod_ips(&self, plan: &Plan, ips: &[IpAddr]) -> Result<(), RedirectError> {
         match self.backend {
@@ -94,6 +112,16 @@ impl HostProbeRule {
             Backend::IptablesLegacy => iptables_legacy::ambient_host::remove_pod_ips(plan, ips)?,
         }
         Ok(())
+    }
+
+    /// Differences between the node's host rule and `plan` (empty: in sync): the rule, the
+    /// jump to it and the sets; their elements are not compared (the agent re-adds its pods'
+    /// addresses, which is idempotent).
+    pub fn check(&self, plan: &Plan) -> Result<Vec<String>, RedirectError> {
+        Ok(match self.backend {
+            Backend::Nft => nft_backend::check(plan)?,
+            Backend::IptablesLegacy => iptables_legacy::ambient_host::check(plan)?,
+        })
     }
 
     /// Removes the rule and its sets. Returns whether they existed.

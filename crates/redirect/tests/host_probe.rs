@@ -102,3 +102,163 @@ fn nft_host_rule_snats_probes_and_leaves_no_legacy_rule() {
 fn legacy_host_rule_snats_probes_and_leaves_no_nft_table() {
     probes_are_snatted_on(Backend::IptablesLegacy);
 }
+
+/// What someone else may do to the host rule on the node, per backend: (what, command).
+fn damage(backend: Backend) -> Vec<(&'static str, Vec<&'static str>)> {
+    match backend {
+        Backend::Nft => vec![
+            (
+                "the table deleted",
+                vec!["nft", "delete", "table", "inet", "istio-ambient-nat"],
+            ),
+            (
+                "the nat chain flushed",
+                vec![
+                    "nft",
+                    "flush",
+                    "chain",
+                    "inet",
+                    "istio-ambient-nat",
+                    "postrouting",
+                ],
+            ),
+        ],
+        Backend::IptablesLegacy => vec![
+            (
+                "the node's nat table flushed",
+                vec!["iptables-legacy", "-t", "nat", "-F"],
+            ),
+            (
+                "the jump deleted",
+                vec![
+                    "iptables-legacy",
+                    "-t",
+                    "nat",
+                    "-D",
+                    "POSTROUTING",
+                    "-j",
+                    "ISTIO_POSTRT",
+                ],
+            ),
+            (
+                "the rule, jump and sets removed",
+                vec![
+                    "sh",
+                    "-c",
+                    "iptables-legacy -t nat -F && iptables-legacy -t nat -X ISTIO_POSTRT && ipset destroy",
+                ],
+            ),
+        ],
+    }
+}
+
+/// Someone else's rules on the node, which the check must not count as ours.
+fn foreign_rules(node: &TestNetns, backend: Backend) {
+    match backend {
+        Backend::Nft => {
+            for cmd in [
+                "add table ip kube-proxy",
+                "add chain ip kube-proxy postrouting { type nat hook postrouting priority srcnat; }",
+                "add rule ip kube-proxy postrouting meta mark 0x4000 masquerade",
+            ] {
+                node.exec_ok("nft", &[cmd]).unwrap();
+            }
+        }
+        Backend::IptablesLegacy => {
+            for args in [
+                vec!["-t", "nat", "-N", "KUBE-POSTROUTING"],
+                vec!["-t", "nat", "-A", "POSTROUTING", "-j", "KUBE-POSTROUTING"],
+                vec!["-t", "nat", "-N", "ISTIO_OTHER"],
+                vec!["-t", "nat", "-A", "ISTIO_OTHER", "-j", "RETURN"],
+            ] {
+                node.exec_ok("iptables-legacy", &args).unwrap();
+            }
+        }
+    }
+}
+
+/// `HostProbeRule::check` sees each kind of damage an admin or another agent can do to the
+/// rule, ignores other rules on the node (kube-proxy's, another `ISTIO_*` chain), and
+/// `ensure` after it brings back a rule that SNATs kubelet's probes again.
+fn check_sees_damage_and_ensure_repairs(backend: Backend) {
+    require_root();
+    let w = PodWorld::ipv4_only().unwrap();
+    let (node, pod) = (w.world.path(), IpAddr::V4(w.pod_v4));
+    let inpod = Plan::ambient(&AmbientConfig::default()).unwrap();
+    redirect::apply(&inpod, Some(w.pod.path()), BackendChoice::Fixed(backend)).unwrap();
+    let ztunnel = Probe::start(w.pod.path(), "pod", &ZTUNNEL).unwrap();
+    let rule = HostProbeRule::new(backend);
+    let plan = host_plan(rule.probe_source(Some(KUBELET_UID)), false);
+    let kubelet = ConnectSpec::new(pod, 8080).uid(KUBELET_UID);
+    let snatted = (8080, IpAddr::V4(HOST_PROBE_SNAT_V4));
+    foreign_rules(&w.world, backend);
+    for (what, cmd) in damage(backend) {
+        in_ns(node, || {
+            rule.ensure(&plan)?;
+            rule.add_pod_ips(&plan, &[pod], "uid-a")
+        })
+        .unwrap();
+        assert_eq!(
+            in_ns(node, || rule.check(&plan)).unwrap(),
+            Vec::<String>::new(),
+            "before: {what}"
+        );
+        assert_eq!(
+            seen_from(&ztunnel, node, &kubelet),
+            snatted,
+            "before: {what}"
+        );
+        w.world.exec_ok(cmd[0], &cmd[1..]).unwrap();
+        let drift = in_ns(node, || rule.check(&plan)).unwrap();
+        assert!(!drift.is_empty(), "{what}: not seen");
+        assert_ne!(
+            seen_from(&ztunnel, node, &kubelet),
+            snatted,
+            "{what}: no damage done"
+        );
+        in_ns(node, || {
+            rule.ensure(&plan)?;
+            rule.add_pods_ips(&plan, &[("uid-a", &[pod])])
+        })
+        .unwrap();
+        assert_eq!(
+            in_ns(node, || rule.check(&plan)).unwrap(),
+            Vec::<String>::new(),
+            "after: {what} ({drift:?})"
+        );
+        assert_eq!(
+            seen_from(&ztunnel, node, &kubelet),
+            snatted,
+            "after: {what}"
+        );
+    }
+    // Nobody else's rule went with ours.
+    match backend {
+        Backend::Nft => assert!(
+            w.world
+                .exec_ok("nft", &["list", "table", "ip", "kube-proxy"])
+                .is_ok()
+        ),
+        Backend::IptablesLegacy => {
+            let save = w
+                .world
+                .exec_ok("iptables-legacy-save", &["-t", "nat"])
+                .unwrap();
+            assert!(
+                save.contains(":ISTIO_OTHER") && save.contains(":KUBE-POSTROUTING"),
+                "{save}"
+            );
+        }
+    }
+    in_ns(node, remove_all_backends).unwrap();
+}
+
+#[test]
+fn nft_host_rule_damage_is_seen_and_repaired() {
+    check_sees_damage_and_ensure_repairs(Backend::Nft);
+}
+
+#[test]
+fn legacy_host_rule_damage_is_seen_and_repaired() {
+    check_sees_damage_and_ensure_repairs(Backend::IptablesLegacy);
+}
