@@ -241,3 +241,67 @@ fn opted_in_pods_are_programmed_at_first_sight_and_annotated_others_are_not() {
         d.log()
     );
 }
+
+/// The `initialized` PATCH is written in the background: an API server that never answers it
+/// holds up no other pod's programming (before: the reconcile loop awaited the PATCH, bounded
+/// only by the client's read timeout, minutes), and once it answers again the pod is
+/// annotated at a later check.
+#[test]
+fn a_hung_initialized_patch_holds_up_no_other_pod() {
+    integration::require_root();
+    let env = Env::new();
+    let kube = FakeKube::start();
+    kube.put_namespace("shop", json!({}));
+    let (first, second) = (RunningPod::new(), RunningPod::new());
+    let _probes: Vec<Probe> = [&first, &second]
+        .into_iter()
+        .flat_map(|r| {
+            [
+                Probe::sidecar(r.world.pod.path()).unwrap(),
+                Probe::world(r.world.world.path()).unwrap(),
+            ]
+        })
+        .collect();
+    let kc = kube.kubeconfig(env.tmp.path());
+    let proc = proc_root(&env);
+    let d = env.start(&[
+        ("KUBECONFIG", kc.to_str().unwrap()),
+        ("REPAIR_NODE_NAME", NODE),
+        ("REPAIR_PROC_ROOT", proc.to_str().unwrap()),
+        ("REDIRECT_BACKEND", "nft"),
+        // The retry of a PATCH that timed out comes with the pod's next check.
+        ("RECONCILE_INTERVAL", "1s"),
+        ("CONTROLLER_MODE", "true"),
+    ]);
+    assert!(wait_until(T, || kube.watchers() > 0), "{}", d.log());
+    kube.hang_next_pod_patches(1);
+    let opt_in = || json!({INITIALIZE: "true"});
+    let first_pod = kube.add(mesh_pod("shop", "first", &first.ip.to_string(), opt_in()));
+    let first_plan = plan_for(&first_pod, &first);
+    assert!(
+        wait_until(BOUND, || drift(&first_plan, &first).is_empty()),
+        "{}",
+        d.log()
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!annotated(&kube, "shop", "first"), "its PATCH hangs");
+    let t0 = Instant::now();
+    let second_pod = kube.add(mesh_pod("shop", "second", &second.ip.to_string(), opt_in()));
+    let took = programmed(&d, &kube, &second_pod, &second, t0);
+    assert!(
+        !annotated(&kube, "shop", "first"),
+        "the first PATCH still hangs"
+    );
+    eprintln!("second pod programmed {took:?} after its ADDED, the first pod's PATCH hanging");
+    // The hung PATCH gives up after its bound; the next check annotates the first pod.
+    assert!(
+        wait_until(T, || annotated(&kube, "shop", "first")),
+        "{}",
+        d.log()
+    );
+    assert!(
+        d.log().contains("no answer from the API server"),
+        "{}",
+        d.log()
+    );
+}

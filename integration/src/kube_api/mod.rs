@@ -82,6 +82,8 @@ struct Inner {
     hang_pod_gets: AtomicU64,
     /// How many more Event POSTs are read and never answered.
     hang_event_posts: AtomicU64,
+    /// How many more pod annotation PATCHes are read and never answered.
+    hang_pod_patches: AtomicU64,
     /// Method → how many more requests of it get a 500.
     fail: Mutex<HashMap<String, u32>>,
     /// Nodes by name.
@@ -244,6 +246,11 @@ impl FakeKube {
     /// The next `n` Event POSTs are read (and recorded) and never answered.
     pub fn hang_next_event_posts(&self, n: u64) {
         self.inner.hang_event_posts.store(n, Ordering::SeqCst);
+    }
+
+    /// The next `n` PATCHes of a pod's annotations are read (not applied) and never answered.
+    pub fn hang_next_pod_patches(&self, n: u64) {
+        self.inner.hang_pod_patches.store(n, Ordering::SeqCst);
     }
 
     /// Every open watch connection is cut mid-stream (no terminating chunk).

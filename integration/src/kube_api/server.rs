@@ -139,6 +139,9 @@ pub(super) fn serve(mut conn: TcpStream, inner: &Inner) {
                 None => not_found(&mut conn, "namespace not found"),
             }
         }
+        ("PATCH", ["api", "v1", "namespaces", _, "pods", _]) if take(&inner.hang_pod_patches) => {
+            inner.hung.lock().unwrap().push(conn)
+        }
         ("PATCH", ["api", "v1", "namespaces", ns, "pods", name]) => {
             patch_pod_annotations(&mut conn, inner, ns, name, body)
         }

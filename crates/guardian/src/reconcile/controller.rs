@@ -15,6 +15,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use node_view::cache::NamespaceCache;
+use std::collections::HashSet;
+use std::time::Duration;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 pub const INITIALIZE: &str = "istio-pod-network-controller/initialize";
 pub const INITIALIZED: &str = "istio-pod-network-controller/initialized";
@@ -60,7 +63,7 @@ impl Namespaces {
 
 /// Adds `initialized: "true"` to the pod (a merge patch: other annotations untouched).
 /// `true` when patched.
-pub async fn mark_initialized(client: &Client, pod: &Pod, key: &str) -> bool {
+async fn mark_initialized(client: &Client, pod: &Pod, key: &str) -> bool {
     let ns = pod.metadata.namespace.as_deref().unwrap_or("");
     let name = pod.metadata.name.as_deref().unwrap_or("");
     let patch = serde_json::json!({"metadata": {"annotations": {INITIALIZED: "true"}}});
@@ -76,6 +79,72 @@ pub async fn mark_initialized(client: &Client, pod: &Pod, key: &str) -> bool {
             tracing::warn!(pod = %key, error = %e, "could not annotate the pod {INITIALIZED}; retrying at its next check");
             false
         }
+    }
+}
+
+/// Annotation PATCHes waiting for the API server at most; a pod over it is marked at a later
+/// check.
+pub const MARKS_IN_FLIGHT: usize = 16;
+/// Longest wait for one PATCH (the client's read timeout is the watch's, minutes).
+pub const MARK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The `initialized` PATCHes in flight, written in the background so a slow or hung API server
+/// never holds up the checks: at most [`MARKS_IN_FLIGHT`], one per pod, each at most
+/// [`MARK_TIMEOUT`]. The reconcile loop takes their outcomes from [`Marks::finished`].
+pub struct Marks {
+    in_flight: HashSet<String>,
+    done_tx: UnboundedSender<(String, bool)>,
+    done_rx: UnboundedReceiver<(String, bool)>,
+}
+
+impl Default for Marks {
+    fn default() -> Self {
+        let (done_tx, done_rx) = unbounded_channel();
+        Marks {
+            in_flight: HashSet::new(),
+            done_tx,
+            done_rx,
+        }
+    }
+}
+
+impl Marks {
+    /// Starts annotating `pod` unless its PATCH is already in flight or too many are.
+    pub fn start(&mut self, client: &Client, pod: &Pod, key: &str) {
+        if self.in_flight.contains(key) {
+            return;
+        }
+        if self.in_flight.len() >= MARKS_IN_FLIGHT {
+            tracing::warn!(pod = %key, pending = MARKS_IN_FLIGHT, "not annotating {INITIALIZED} yet: the API server has not answered the earlier ones; retrying at its next check");
+            return;
+        }
+        self.in_flight.insert(key.to_string());
+        let (client, pod, key, done) = (
+            client.clone(),
+            pod.clone(),
+            key.to_string(),
+            self.done_tx.clone(),
+        );
+        tokio::spawn(async move {
+            let marked = tokio::time::timeout(MARK_TIMEOUT, mark_initialized(&client, &pod, &key))
+                .await
+                .unwrap_or_else(|_| {
+                    tracing::warn!(pod = %key, timeout_s = MARK_TIMEOUT.as_secs(), "could not annotate the pod {INITIALIZED}: no answer from the API server; retrying at its next check");
+                    false
+                });
+            let _ = done.send((key, marked));
+        });
+    }
+
+    /// The next PATCH that finished: the pod's key and whether it was annotated.
+    pub async fn finished(&mut self) -> (String, bool) {
+        let (key, marked) = self
+            .done_rx
+            .recv()
+            .await
+            .expect("Marks holds a sender itself");
+        self.in_flight.remove(&key);
+        (key, marked)
     }
 }
 

@@ -156,9 +156,15 @@ pub async fn run(settings: Arc<Settings>, metrics: Arc<Metrics>, client: Client,
         // Controller mode programs pods the plugin never saw: at once, even from the first list.
         tracker.check_on_first_sight();
     }
+    let mut marks = controller::Marks::default();
     loop {
         let wake = tracker.next_wake();
         tokio::select! {
+            (key, marked) = marks.finished() => {
+                if marked {
+                    tracker.set_marked(&key);
+                }
+            }
             ev = pods.recv() => match ev {
                 Some(ev) => {
                     tracker.on_event(ev);
@@ -182,12 +188,8 @@ pub async fn run(settings: Arc<Settings>, metrics: Arc<Metrics>, client: Client,
             let (target, outcome) = check_blocking(&settings, due.target).await;
             let made = !matches!(outcome, Outcome::Failed(_));
             let failures = tracker.record(&due.key, target, made, Instant::now());
-            if made
-                && settings.controller.is_some()
-                && tracker.needs_mark(&due.key)
-                && controller::mark_initialized(&client, &due.pod, &due.key).await
-            {
-                tracker.set_marked(&due.key);
+            if made && settings.controller.is_some() && tracker.needs_mark(&due.key) {
+                marks.start(&client, &due.pod, &due.key);
             }
             report(
                 &settings,
