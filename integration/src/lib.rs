@@ -38,6 +38,7 @@
 //! ```
 
 pub mod ambient;
+pub mod cgroup;
 pub mod cni;
 pub mod cri;
 pub mod dns;

@@ -361,9 +361,10 @@ impl Runner {
         let Some(ip) = r.ips.first().copied() else {
             return Err("no pod IP yet".into());
         };
-        let proc_root = self.proc_root.clone();
+        let (proc_root, uid) = (self.proc_root.clone(), r.uid.clone());
         let fd = tokio::task::spawn_blocking(move || -> Result<OwnedFd, String> {
-            let path = node_view::running::locate(&proc_root, ip)?;
+            let uid = Some(uid.as_str()).filter(|u| !u.is_empty());
+            let path = node_view::running::locate(&proc_root, ip, uid)?;
             std::fs::File::open(&path)
                 .map(OwnedFd::from)
                 .map_err(|e| format!("opening {}: {e}", path.display()))

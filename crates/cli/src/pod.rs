@@ -78,7 +78,7 @@ pub fn netns_of(
     let pod = get(&api, &ns, &name, spec)?;
     let ip = pod_ip(&pod, spec)?;
     tracing::debug!(pod = spec, %ip, "looking for the pod's network namespace");
-    node_view::running::locate(proc_root, ip).map_err(|e| {
+    node_view::running::locate(proc_root, ip, pod.metadata.uid.as_deref()).map_err(|e| {
         bad(
             spec,
             format!("pod IP {ip}: {e} (is the pod running on this node?)"),

@@ -462,6 +462,7 @@ fn bench_check_cost() {
     let fresh = Target {
         key: "shop/web".into(),
         ip: mesh.ip,
+        uid: pod.metadata.uid.clone(),
         config: Box::new(pc.config),
         netns: None,
         lost: false,
@@ -868,4 +869,55 @@ fn hung_event_writes_are_capped() {
     assert!(d.wait_log("event not written", T), "{}", d.log());
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(kube.events().len(), 16, "{}", d.log());
+}
+
+/// The reconciler's FIRST search for a pod's namespace (after a daemon restart, or a pod never
+/// found before) tells pods apart by their processes' cgroups, as Istio's agent does: a
+/// namespace holding the pod IP whose processes kubelet put in ANOTHER pod's cgroup is never
+/// the pod's, and of two namespaces holding the IP the one in the pod's own cgroup is. Real
+/// cgroups (`integration::cgroup`), real `/proc/PID/cgroup`.
+#[test]
+fn a_namespace_in_another_pods_cgroup_is_never_programmed() {
+    integration::require_root();
+    const WEB: &str = "0b7d9a4e-5f3c-4d21-9e8a-1c2b3d4e5f60";
+    const OTHER: &str = "7f6e5d4c-3b2a-4190-8877-665544332211";
+    const GHOST: &str = "a1b2c3d4-e5f6-4711-8899-aabbccddeeff";
+    let env = Env::new();
+    let kube = FakeKube::start();
+    let (web, other) = (RunningPod::new(), RunningPod::new());
+    let web_cg = integration::cgroup::PodCgroup::new(WEB, "pause-web").unwrap();
+    let other_cg = integration::cgroup::PodCgroup::new(OTHER, "pause-other").unwrap();
+    web_cg.add(web.pid()).unwrap();
+    other_cg.add(other.pid()).unwrap();
+    // The other pod's namespace holds web's IP too (a stale address, a misbehaving IPAM).
+    other
+        .world
+        .pod
+        .ip_batch(&[format!("addr add {}/32 dev eth0", web.ip)])
+        .unwrap();
+    let d = start(&env, &kube);
+    kube.add(mesh_pod("web", WEB, &web.ip.to_string()));
+    assert!(
+        wait_until(T, || checks(&d, "repaired") == 1.0),
+        "the namespace in web's own cgroup was not picked\n{}",
+        d.log()
+    );
+    assert!(!nft(&web, "list ruleset").trim().is_empty());
+    // A pod the API lists Running with the other pod's IP, whose own sandbox is gone: the
+    // namespace holding the IP belongs to the other pod and is never programmed.
+    kube.add(mesh_pod("ghost", GHOST, &other.ip.to_string()));
+    assert!(
+        d.wait_log(&format!("belong to pod {OTHER}"), T),
+        "{}",
+        d.log()
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let rules = nft(&other, "list ruleset");
+    assert!(
+        rules.trim().is_empty(),
+        "a pod's plan was programmed into another pod's namespace:\n{rules}\n{}",
+        d.log()
+    );
+    assert_eq!(checks(&d, "repaired"), 1.0, "{}", d.log());
+    drop((web_cg, other_cg));
 }

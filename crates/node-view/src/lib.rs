@@ -5,9 +5,11 @@
 //! - [`cache`]: ONE list + watch of this node's pods (and one of namespaces), with client-go's
 //!   fault handling, fanned out to subscribers (repair, reconcile, the ambient agent);
 //! - [`lookup`]: the plugin's pod lookup (`pods.sock`) answered from those caches;
-//! - [`running`]: a running pod's network namespace, found through the host's /proc by its IP.
+//! - [`running`]: a running pod's network namespace, found through the host's /proc by its IP
+//!   (and its UID, from [`cgroup`], where kubelet's cgroups name it).
 
 pub mod cache;
+pub mod cgroup;
 pub mod client;
 pub mod lookup;
 pub mod running;

@@ -2,6 +2,11 @@
 //! the namespace with an interface holding the pod IP, reached through its oldest process
 //! (the pause container; an init container may exit while we work).
 //!
+//! With the pod's UID, a namespace whose process kubelet's cgroups put in ANOTHER pod is never
+//! the pod's, even when it holds the IP (a dead sandbox's address reused while the API still
+//! lists the pod): Istio's agent pairs namespaces to pods the same way ([`crate::cgroup`]).
+//! Namespaces whose processes name no pod (cgroups outside kubepods) are matched by IP alone.
+//!
 //! Processes are grouped by namespace inode first, so each namespace is entered once however
 //! many processes share it. The host's namespace (`<proc>/1/ns/net`) and our own are never
 //! candidates: a host-network pod's IP is the node's, and programming the node would redirect
@@ -28,12 +33,22 @@ pub enum FindError {
     },
     #[error("{ip} is on interfaces in {} different network namespaces ({}); refusing to guess", .paths.len(), .paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))]
     Ambiguous { ip: IpAddr, paths: Vec<PathBuf> },
+    #[error(
+        "{ip} is held by {path}, whose processes belong to pod {owner} (their cgroups), not to pod {uid}"
+    )]
+    OtherPod {
+        ip: IpAddr,
+        path: PathBuf,
+        owner: String,
+        uid: String,
+    },
 }
 
-/// The network namespace of the running pod with `ip` under the host's /proc, as a message
-/// for logs and Events on failure. Blocking.
-pub fn locate(proc_root: &Path, ip: IpAddr) -> Result<PathBuf, String> {
-    find_pod_netns(proc_root, ip).map_err(|e| format!("finding the pod's network namespace: {e}"))
+/// The network namespace of the running pod with `ip` (and UID `uid`, when known) under the
+/// host's /proc, as a message for logs and Events on failure. Blocking.
+pub fn locate(proc_root: &Path, ip: IpAddr, uid: Option<&str>) -> Result<PathBuf, String> {
+    find_pod_netns(proc_root, ip, uid)
+        .map_err(|e| format!("finding the pod's network namespace: {e}"))
 }
 
 /// One namespace and the process that represents it.
@@ -56,8 +71,13 @@ fn ns_inode(p: &Path) -> io::Result<u64> {
     netns::inode(p)
 }
 
-/// `<proc_root>/<pid>/ns/net` of the oldest process in the namespace holding `ip`.
-pub fn find_pod_netns(proc_root: &Path, ip: IpAddr) -> Result<PathBuf, FindError> {
+/// `<proc_root>/<pid>/ns/net` of the oldest process in the namespace holding `ip` (and
+/// belonging to pod `uid`, see the module doc).
+pub fn find_pod_netns(
+    proc_root: &Path,
+    ip: IpAddr,
+    uid: Option<&str>,
+) -> Result<PathBuf, FindError> {
     let host_path = proc_root.join("1/ns/net");
     let own = ns_inode(Path::new("/proc/thread-self/ns/net")).ok();
     // Some sandboxes make PID 1's namespace unreadable even to root; the daemon runs on the
@@ -104,25 +124,65 @@ pub fn find_pod_netns(proc_root: &Path, ip: IpAddr) -> Result<PathBuf, FindError
             .or_insert(c);
     }
     let namespaces = by_ns.len();
-    let mut found: Vec<PathBuf> = Vec::new();
+    let mut found: Vec<Holder> = Vec::new();
     let mut cands: Vec<Candidate> = by_ns.into_values().collect();
     cands.sort_by_key(|c| (c.start, c.pid));
     for c in cands {
-        let path = proc_root.join(c.pid.to_string()).join("ns/net");
+        let dir = proc_root.join(c.pid.to_string());
+        let path = dir.join("ns/net");
         // A namespace that vanished or cannot be entered is not the pod's.
         if let Ok(true) = netns::run_in(Some(&path), || has_address(ip)) {
-            found.push(path);
+            let cgroups = std::fs::read_to_string(dir.join("cgroup")).unwrap_or_default();
+            let pod = crate::cgroup::pod_uid(&cgroups);
+            found.push(Holder { path, pod });
         }
     }
-    match found.len() {
-        0 => Err(FindError::NotFound {
+    pick(found, ip, uid).unwrap_or_else(|| {
+        Err(FindError::NotFound {
             proc_root: proc_root.to_path_buf(),
             ip,
             namespaces,
-        }),
-        1 => Ok(found.remove(0)),
-        _ => Err(FindError::Ambiguous { ip, paths: found }),
+        })
+    })
+}
+
+/// A namespace holding the IP, and the pod its oldest process's cgroups name.
+#[derive(Debug)]
+struct Holder {
+    path: PathBuf,
+    pod: Option<String>,
+}
+
+/// The pod's namespace among those holding its IP: the one its UID's cgroups name, else the
+/// only one naming no pod; one naming another pod never. `None`: not found.
+fn pick(found: Vec<Holder>, ip: IpAddr, uid: Option<&str>) -> Option<Result<PathBuf, FindError>> {
+    let paths = |hs: Vec<Holder>| hs.into_iter().map(|h| h.path).collect::<Vec<_>>();
+    let one_of = |mut paths: Vec<PathBuf>| match paths.len() {
+        0 => None,
+        1 => Some(Ok(paths.remove(0))),
+        _ => Some(Err(FindError::Ambiguous { ip, paths })),
+    };
+    let Some(uid) = uid else {
+        return one_of(paths(found));
+    };
+    let (mine, rest): (Vec<Holder>, Vec<Holder>) = found
+        .into_iter()
+        .partition(|h| h.pod.as_deref() == Some(uid));
+    if !mine.is_empty() {
+        return one_of(paths(mine));
     }
+    let (unknown, others): (Vec<Holder>, Vec<Holder>) =
+        rest.into_iter().partition(|h| h.pod.is_none());
+    if let Some(r) = one_of(paths(unknown)) {
+        return Some(r);
+    }
+    let other = others.into_iter().next()?;
+    Some(Err(FindError::OtherPod {
+        ip,
+        path: other.path,
+        owner: other.pod.unwrap_or_default(),
+        uid: uid.to_string(),
+    }))
 }
 
 /// Whether an interface in the calling thread's namespace holds `ip`.
@@ -142,6 +202,35 @@ fn has_address(ip: IpAddr) -> bool {
 mod tests {
     use super::*;
 
+    fn holder(path: &str, pod: Option<&str>) -> Holder {
+        Holder {
+            path: PathBuf::from(path),
+            pod: pod.map(String::from),
+        }
+    }
+
+    #[test]
+    fn the_pods_own_cgroup_wins_and_another_pods_never_does() {
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let picked = |found, uid| pick(found, ip, uid).map(|r| r.map_err(|e| e.to_string()));
+        let ok = |p: &str| Some(Ok(PathBuf::from(p)));
+        // Two namespaces hold the IP: the one in the pod's cgroup is the pod's.
+        let two = || vec![holder("/a", Some("uid-b")), holder("/b", Some("uid-a"))];
+        assert_eq!(picked(two(), Some("uid-a")), ok("/b"));
+        // Without the UID that is ambiguous, as before.
+        assert!(matches!(picked(two(), None), Some(Err(e)) if e.contains("refusing to guess")));
+        // Only another pod's namespace holds it: refused, naming that pod.
+        let e = picked(vec![holder("/a", Some("uid-b"))], Some("uid-a"));
+        assert!(
+            matches!(&e, Some(Err(e)) if e.contains("pod uid-b") && e.contains("not to pod uid-a")),
+            "{e:?}"
+        );
+        // A namespace naming no pod (no kubepods cgroup) is matched by IP alone.
+        let found = vec![holder("/a", Some("uid-b")), holder("/c", None)];
+        assert_eq!(picked(found, Some("uid-a")), ok("/c"));
+        assert_eq!(picked(vec![], Some("uid-a")), None);
+    }
+
     #[test]
     fn start_time_after_comm() {
         let stat = "4242 (pau se) (x)) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1024 10";
@@ -158,8 +247,12 @@ mod tests {
 
     #[test]
     fn missing_proc_root_names_the_host_path() {
-        let e = find_pod_netns(Path::new("/nonexistent/proc"), "10.0.0.1".parse().unwrap())
-            .unwrap_err();
+        let e = find_pod_netns(
+            Path::new("/nonexistent/proc"),
+            "10.0.0.1".parse().unwrap(),
+            None,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("/nonexistent/proc/1/ns/net"), "{e}");
     }
 
@@ -168,7 +261,7 @@ mod tests {
         // 127.0.0.1 lives in the host namespace (skipped) and in every other namespace's lo
         // only once it is up; either way the host itself must not be returned.
         // The host is PID 1's namespace, or ours where PID 1's cannot be read (as above).
-        if let Ok(p) = find_pod_netns(Path::new("/proc"), "127.0.0.1".parse().unwrap()) {
+        if let Ok(p) = find_pod_netns(Path::new("/proc"), "127.0.0.1".parse().unwrap(), None) {
             let host = netns::inode(Path::new("/proc/1/ns/net"))
                 .or_else(|_| netns::inode(Path::new("/proc/thread-self/ns/net")))
                 .unwrap();

@@ -17,6 +17,8 @@ pub struct Target {
     /// `namespace/name`, for messages.
     pub key: String,
     pub ip: IpAddr,
+    /// The pod's UID: a namespace kubelet's cgroups give to another pod is never this one's.
+    pub uid: Option<String>,
     /// What the plugin programs for this pod.
     pub config: Box<Config>,
     /// The namespace found last time, if any.
@@ -145,7 +147,7 @@ fn prepare(t: &mut Target, proc_root: &Path) -> Result<(PathBuf, Plan), String> 
             t.ip, t.ip
         ));
     }
-    let ns = podplan::locate(proc_root, t.ip)?;
+    let ns = podplan::locate(proc_root, t.ip, t.uid.as_deref())?;
     let id = NsId::of_path(&ns).map_err(|e| format!("reading {}: {e}", ns.display()))?;
     let (plan, _) = podplan::plan_in(&t.config, &ns)?;
     t.netns = Some(Found {

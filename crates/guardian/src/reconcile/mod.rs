@@ -94,6 +94,7 @@ impl Settings {
         Ok(Target {
             key: node_view::cache::key(pod),
             ip: podplan::pod_ip(pod)?,
+            uid: pod.metadata.uid.clone(),
             config: Box::new(config),
             netns: None,
             lost: false,

@@ -269,6 +269,7 @@ mod tests {
             Ok(Target {
                 key: node_view::cache::key(p),
                 ip: crate::podplan::pod_ip(p)?,
+                uid: p.metadata.uid.clone(),
                 config: Box::new(redirect::capture::Config::cni_default()),
                 netns: None,
                 lost: false,

@@ -91,7 +91,8 @@ pub fn repair_pod(s: &Settings, pod: &Pod) -> Result<Done, Failure> {
         tracing::warn!(pod = %filter::key(pod), warning = %w, "pod configuration");
     }
     let ip = podplan::pod_ip(pod).map_err(Failure::retry)?;
-    let netns = podplan::locate(&s.node.proc_root, ip).map_err(Failure::retry)?;
+    let netns = podplan::locate(&s.node.proc_root, ip, pod.metadata.uid.as_deref())
+        .map_err(Failure::retry)?;
     let (plan, _) = podplan::plan_in(&pc.config, &netns).map_err(Failure::retry)?;
     let d = redirect::apply(&plan, Some(&netns), BackendChoice::Fixed(s.node.backend))
         .map_err(|e| Failure::retry(format!("programming {}: {e}", netns.display())))?;
