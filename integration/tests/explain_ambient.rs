@@ -319,8 +319,10 @@ fn host_probe_rule_is_explained_from_the_node_and_confirmed() {
 
 /// On an iptables-legacy node: Istio's legacy host rule (`nat ISTIO_POSTRT`, any local socket,
 /// the ipset `istio-inpod-probes-v4`) read back as the plan rendered it, explained from the
-/// node for kubelet's uid and another one (both SNATed: `--socket-exists`), and the pod's
-/// legacy rules let the SNATed probe through to the app, as the real probe shows.
+/// node for kubelet's uid and another one (both SNATed: `--socket-exists`), confirmed by the
+/// kernel's record of a real connection (its conntrack entry SNATed to the probe address, the
+/// rule's counter moved), and the pod's legacy rules let the SNATed probe through to the app,
+/// as the real probe shows.
 #[test]
 fn legacy_host_probe_rule_is_explained_from_the_node_and_matches_the_real_probe() {
     require_root();
@@ -349,6 +351,11 @@ fn legacy_host_probe_rule_is_explained_from_the_node_and_matches_the_real_probe(
             "uid {uid}: {}",
             ex::render_text(&e)
         );
+        let rec = trace::record_host(Some(node), &conn).unwrap();
+        let ag = ex::compare::compare_record(&e, &rec);
+        assert!(ag.agree && ag.not_traced.is_empty(), "uid {uid}: {ag:?}");
+        assert_eq!(rec.conntrack.and_then(|c| c.snat()), Some(snat));
+        assert_eq!(ag.record.and_then(|r| r.corroborated), Some(true));
         let inbound = Connection::new(Direction::Inbound, Protocol::Tcp, conn.dst).src(snat);
         let pe = explained(&pod_rs, w.pod.path(), &inbound);
         assert_eq!(pe.outcome.landing(), Landing::Pod(8080), "{}", pe.summary);

@@ -25,13 +25,17 @@ JSON output (--json), one object; field names are stable:
   summary            the outcome in one line
   notes[]            facts the explanation relied on
   trace              (--trace only) {agree, kernel_steps[] (as steps), kernel_outcome,
-                      attempt, differences[], not_traced[]}
+                      attempt, differences[], not_traced[], record?}
+                     record (Istio's legacy host rule, kernel_steps then empty): the kernel's
+                     record, not a path: {method: \"kernel's record (conntrack + rule
+                      counters)\", looked_up?, conntrack?, counters[], corroborated?}
 
 Exit status: 0 explained (and, with --trace, the kernel agrees); 1 failure, or a rule
 uses an expression the evaluator does not know (outcome cannot-evaluate); 2 bad input
 (the message names the argument and value); 3 --trace disagrees with the static explanation;
 4 --trace is not confirmed: the kernel reported nothing at a hook the static path crosses
-(e.g. the connection never reached the pod: an inbound trace runs from the caller's namespace).";
+(e.g. the connection never reached the pod: an inbound trace runs from the caller's namespace;
+Istio's legacy host rule: conntrack holds no entry for the connection).";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -47,7 +51,9 @@ uses an expression the evaluator does not know (outcome cannot-evaluate); 2 bad 
                   connection through them hook by hook, and prints each chain entered, the \
                   rule that decided (comment and text) and the outcome. --trace confirms it \
                   with the kernel (nft: a temporary nftrace chain; iptables-legacy: TRACE \
-                  rules in the raw table; not for the legacy host rule).",
+                  rules in the raw table; Istio's legacy host rule: not traced, which would \
+                  rebind the node's packet logger, but the kernel's record of the connection \
+                  (conntrack + rule counters), not a rule-by-rule path).",
     after_help = JSON_HELP
 )]
 pub struct ExplainArgs {
@@ -106,7 +112,9 @@ pub struct ExplainArgs {
     #[arg(long, value_enum, default_value = "auto")]
     backend: Which,
     /// Confirm with the kernel: trace the connection (made by this command, as --uid/--gid,
-    /// inside the namespace) and compare. Both backends (not the legacy host rule).
+    /// inside the namespace) and compare. Both backends; Istio's legacy host rule is
+    /// confirmed from the kernel's record instead (conntrack entry + rule counters, not a
+    /// rule-by-rule path; no --wait).
     #[arg(long)]
     trace: bool,
     /// With --trace: wait up to SECONDS for a real connection instead of making one.
@@ -239,44 +247,30 @@ fn run(a: &ExplainArgs) -> Result<ExitCode, ExplainError> {
     } else {
         ruleset(netns, a.backend)?
     };
-    if a.trace && a.host && rs.backend != ex::ir::Backend::Nft {
-        // ip_tables' TRACE would rebind the node's own packet logger.
+    let legacy_host = a.host && rs.backend == ex::ir::Backend::IptablesLegacy;
+    if a.trace && legacy_host && a.wait.is_some() {
         return Err(ExplainError::BadInput {
-            arg: "--trace",
-            value: "".into(),
+            arg: "--wait",
+            value: a.wait.map(|w| w.to_string()).unwrap_or_default(),
             why: format!(
-                "the kernel trace of the host probe rule is nft's; this node's rule is {backend}"
+                "this node's host probe rule is {backend}: it is confirmed from the kernel's \
+                 record of a connection this command makes, not by waiting for one"
             ),
         });
     }
     let facts = ex::namespace_facts(netns, &conn)?;
     let explanation = ex::explain_with(&rs, &conn, &facts)?;
-    let agreement = if a.trace {
-        let how = match a.wait {
-            Some(s) if s > 0.0 && s.is_finite() => TraceHow::Wait(Duration::from_secs_f64(s)),
-            Some(s) => {
-                return Err(ExplainError::BadInput {
-                    arg: "--wait",
-                    value: s.to_string(),
-                    why: "must be a positive number of seconds".into(),
-                });
-            }
-            None => TraceHow::Connect,
-        };
-        let kp = match trace::trace_with(netns, &conn, how, rs.backend) {
-            Ok(kp) => kp,
-            // The temporary chain is already gone; exit as the signal asked.
-            Err(trace::TraceError::Interrupted { signal }) => {
-                eprintln!(
-                    "istio-nftables explain: interrupted (signal {signal}); nothing left behind"
-                );
-                return Ok(ExitCode::from(128u8.saturating_add(signal as u8)));
-            }
-            Err(e) => return Err(trace_err(e)),
-        };
-        Some(ex::compare::compare(&rs, &explanation, &kp))
-    } else {
-        None
+    let agreement = match a.trace {
+        false => None,
+        // Not traced (TRACE would rebind the node's own packet logger): the kernel's record.
+        true if legacy_host => {
+            let rec = trace::record_host(netns, &conn).map_err(trace_err)?;
+            Some(ex::compare::compare_record(&explanation, &rec))
+        }
+        true => match traced(a, netns, &conn, &rs, &explanation)? {
+            Ok(ag) => Some(ag),
+            Err(code) => return Ok(code),
+        },
     };
     if a.json {
         let mut v = serde_json::to_value(&explanation).expect("serialisable");
@@ -303,6 +297,36 @@ fn run(a: &ExplainArgs) -> Result<ExitCode, ExplainError> {
     })
 }
 
+/// The kernel trace of `conn`, compared; `Err(code)`: interrupted, exit with `code`.
+fn traced(
+    a: &ExplainArgs,
+    netns: Option<&Path>,
+    conn: &Connection,
+    rs: &ex::ir::Ruleset,
+    explanation: &ex::Explanation,
+) -> Result<Result<Agreement, ExitCode>, ExplainError> {
+    let how = match a.wait {
+        Some(s) if s > 0.0 && s.is_finite() => TraceHow::Wait(Duration::from_secs_f64(s)),
+        Some(s) => {
+            return Err(ExplainError::BadInput {
+                arg: "--wait",
+                value: s.to_string(),
+                why: "must be a positive number of seconds".into(),
+            });
+        }
+        None => TraceHow::Connect,
+    };
+    match trace::trace_with(netns, conn, how, rs.backend) {
+        Ok(kp) => Ok(Ok(ex::compare::compare(rs, explanation, &kp))),
+        // The temporary chain is already gone; exit as the signal asked.
+        Err(trace::TraceError::Interrupted { signal }) => {
+            eprintln!("istio-nftables explain: interrupted (signal {signal}); nothing left behind");
+            Ok(Err(ExitCode::from(128u8.saturating_add(signal as u8))))
+        }
+        Err(e) => Err(trace_err(e)),
+    }
+}
+
 fn trace_err(e: trace::TraceError) -> ExplainError {
     match e {
         trace::TraceError::InvalidConnection(why) => ExplainError::BadInput {
@@ -317,9 +341,41 @@ fn trace_err(e: trace::TraceError) -> ExplainError {
     }
 }
 
+/// The kernel's record (legacy host probe rule) in place of a trace's path.
+fn render_record(r: &ex::compare::RecordShown) -> String {
+    let mut o = format!("{}; not a rule-by-rule path:\n", r.method);
+    let none = |what: &str| format!("none ({what})");
+    let entry = r.conntrack.clone().unwrap_or_else(|| {
+        none(match r.looked_up {
+            Some(_) => "the kernel holds no entry for it",
+            None => "no packet was sent",
+        })
+    });
+    if let Some(l) = &r.looked_up {
+        o.push_str(&format!("  looked up: {l}\n"));
+    }
+    o.push_str(&format!("  conntrack: {entry}\n"));
+    for c in &r.counters {
+        o.push_str(&format!("  counter: {c}\n"));
+    }
+    o.push_str(match r.corroborated {
+        Some(true) => "  counters corroborate the conntrack entry\n",
+        Some(false) => {
+            "  counters do not corroborate it (other connections move them too; conntrack decides)\n"
+        }
+        None => "",
+    });
+    o
+}
+
 fn render_agreement(ag: &Agreement) -> String {
-    let mut o = String::from("kernel trace:\n");
-    o.push_str(&ex::render::render_steps(&ag.kernel_steps));
+    let mut o = match &ag.record {
+        Some(r) => render_record(r),
+        None => format!(
+            "kernel trace:\n{}",
+            ex::render::render_steps(&ag.kernel_steps)
+        ),
+    };
     o.push_str(&format!(
         "kernel: {} (attempt: {})\n",
         ag.kernel_outcome, ag.attempt
@@ -332,6 +388,8 @@ fn render_agreement(ag: &Agreement) -> String {
     }
     if ag.agree && !ag.not_traced.is_empty() {
         o.push_str("agree: not confirmed (nothing the kernel reported disagrees, but it did not report every hook)\n");
+    } else if ag.agree && ag.record.is_some() {
+        o.push_str("agree: yes (conntrack confirms the same outcome)\n");
     } else if ag.agree {
         o.push_str("agree: yes (same deciding rule in every table, same outcome)\n");
     } else {

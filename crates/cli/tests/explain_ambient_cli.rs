@@ -368,19 +368,67 @@ fn legacy_host_probe_rule_is_explained_from_the_node() {
     }
     let t = text(&with(&["--uid", "4242"]));
     assert!(t.contains("--match-set istio-inpod-probes-v4 dst"), "{t}");
-    // Asked for nft's rule, which this node does not have; the host rule's trace is nft's.
+    // --trace: confirmed from the kernel's record (conntrack + counters), nothing traced.
+    let o = with(&["--uid", "4242", "--trace"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    for needle in [
+        "kernel's record (conntrack + rule counters); not a rule-by-rule path",
+        "conntrack: tcp",
+        "169.254.7.127",
+        "agree: yes (conntrack confirms the same outcome)",
+    ] {
+        assert!(t.contains(needle), "{needle}: {t}");
+    }
+    let v = json_of(&with(&["--uid", "1000", "--trace", "--json"]));
+    assert_eq!(v["trace"]["agree"], true, "{v}");
+    assert_eq!(v["trace"]["kernel_steps"], json!([]), "{v}");
+    assert_eq!(
+        v["trace"]["kernel_outcome"], "source NATed to 169.254.7.127",
+        "{v}"
+    );
+    let record = &v["trace"]["record"];
+    assert_eq!(
+        record["method"], "kernel's record (conntrack + rule counters)",
+        "{v}"
+    );
+    assert!(
+        record["conntrack"]
+            .as_str()
+            .is_some_and(|c| c.ends_with(&format!("-> 169.254.7.127:{}", c_port(c)))),
+        "{v}"
+    );
+    assert_eq!(record["corroborated"], true, "{v}");
+    // An address of the pod that is not in the set: not SNATed, and the kernel agrees.
+    let v4 = w.pod_v4.octets();
+    let other = format!("{}.{}.{}.3", v4[0], v4[1], v4[2]);
+    w.pod
+        .sh(&format!("ip addr add {other}/24 dev eth0"))
+        .unwrap();
+    let o = explain_host(&w, &format!("{other}:8080"), &["--trace", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v = json_of(&o);
+    assert_eq!(v["trace"]["kernel_outcome"], "not captured", "{v}");
+    assert_eq!(v["trace"]["agree"], true, "{v}");
+    // Asked for nft's rule, which this node does not have; the record is of a connection
+    // this command makes, so there is nothing to wait for.
     for (extra, needle) in [
         (
             &["--backend", "nft"][..],
             "no host probe rule (inet istio-ambient-nat",
         ),
-        (
-            &["--trace"][..],
-            "the kernel trace of the host probe rule is nft's",
-        ),
+        (&["--trace", "--wait", "1"][..], "--wait 1"),
     ] {
         let o = with(extra);
         assert_eq!(o.status.code(), Some(2), "{}", text(&o));
         assert!(text(&o).contains(needle), "{}", text(&o));
     }
+}
+
+/// The source port of a conntrack line's original tuple (`tcp A:P -> B:Q, reply ...`).
+fn c_port(c: &str) -> &str {
+    c.split_whitespace()
+        .nth(1)
+        .and_then(|src| src.rsplit(':').next())
+        .unwrap_or("")
 }

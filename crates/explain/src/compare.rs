@@ -4,10 +4,13 @@
 //! the two must agree on the
 //! deciding rule of every table the kernel reported, on the whole path through every hook it
 //! reported (each rule matched, each end of chain, each policy), and on the outcome.
+//! Istio's legacy host probe rule is not traced: [`compare_record`] sets the kernel's record
+//! of the connection (its conntrack entry, the verdict; the rule counters, corroboration)
+//! beside the static outcome.
 
 use super::ir::{Expr, Hook, Rule, Ruleset, TableFamily, Verdict};
 use super::{Explanation, Outcome, RuleRef, Step, StepKind};
-use crate::trace::{self, EventKind, KernelPath, TraceEvent};
+use crate::trace::{self, CtEntry, EventKind, KernelPath, KernelRecord, TraceEvent};
 use serde::Serialize;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -23,7 +26,29 @@ pub struct Agreement {
     pub differences: Vec<String>,
     /// Hooks the static path crosses that the kernel trace did not report.
     pub not_traced: Vec<String>,
+    /// Instead of a trace (`kernel_steps` then empty): the kernel's record of the connection.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub record: Option<RecordShown>,
 }
+
+/// The kernel's record of a connection, as shown beside the static explanation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RecordShown {
+    /// Always [`RECORD_METHOD`]: what was read, and that it is not a rule-by-rule path.
+    pub method: &'static str,
+    /// The original tuple looked up (`tcp SRC -> DST`); `None`: nothing was sent.
+    pub looked_up: Option<String>,
+    /// The conntrack entry (`tcp SRC -> DST, reply SRC -> DST`); `None`: none.
+    pub conntrack: Option<String>,
+    /// Each counted rule: `nat CHAIN #N: +P packets (B -> A): RULE`.
+    pub counters: Vec<String>,
+    /// Whether the counters agree with the conntrack entry (an SNAT rule's counter moved iff
+    /// the entry is SNATed); `None` without an entry. Other connections move counters too.
+    pub corroborated: Option<bool>,
+}
+
+/// How the legacy host probe rule is confirmed.
+pub const RECORD_METHOD: &str = "kernel's record (conntrack + rule counters)";
 
 /// The kernel's events as steps. The hook of an event in a regular chain is the hook of the
 /// base chain that led there.
@@ -276,5 +301,73 @@ pub fn compare(rs: &Ruleset, ex: &Explanation, kp: &KernelPath) -> Agreement {
         attempt: format!("{:?}", kp.attempt),
         differences,
         not_traced,
+        record: None,
     }
+}
+
+/// What a conntrack entry says the kernel did, in [`static_class`]'s terms.
+fn record_class(e: &CtEntry) -> String {
+    match (e.snat(), e.dnat()) {
+        (Some(a), _) => format!("source NATed to {a}"),
+        (None, Some(d)) => format!("redirected to port {}", d.port()),
+        (None, None) => "not captured".into(),
+    }
+}
+
+/// Compares the kernel's record of a connection (`trace::record_host`: Istio's legacy host
+/// probe rule) with the static explanation: the conntrack entry decides, the counters
+/// corroborate. No entry: nothing disagrees, but nothing is confirmed (`not_traced`).
+pub fn compare_record(ex: &Explanation, rec: &KernelRecord) -> Agreement {
+    let mine = static_class(&ex.outcome);
+    let mut differences = Vec::new();
+    let mut not_traced = Vec::new();
+    let kernel_outcome = match &rec.conntrack {
+        Some(e) => record_class(e),
+        None => {
+            let mut hooks: Vec<String> = ex.steps.iter().map(|s| s.hook.name().into()).collect();
+            hooks.dedup();
+            not_traced = hooks;
+            "no conntrack entry".into()
+        }
+    };
+    if let Some(e) = &rec.conntrack
+        && kernel_outcome != mine
+    {
+        differences.push(format!(
+            "outcome: static path says {mine}, the kernel's conntrack entry says {kernel_outcome} ({e})"
+        ));
+    }
+    let snat_moved = rec.counters.iter().any(|c| c.is_snat() && c.moved() > 0);
+    Agreement {
+        agree: differences.is_empty(),
+        kernel_steps: Vec::new(),
+        kernel_outcome,
+        attempt: format!("{:?}", rec.attempt),
+        differences,
+        not_traced,
+        record: Some(RecordShown {
+            method: RECORD_METHOD,
+            looked_up: rec
+                .original
+                .map(|t| format!("{} {t}", ex.connection.protocol)),
+            conntrack: rec.conntrack.as_ref().map(ToString::to_string),
+            counters: rec.counters.iter().map(counter_line).collect(),
+            corroborated: rec
+                .conntrack
+                .as_ref()
+                .map(|e| e.snat().is_some() == snat_moved),
+        }),
+    }
+}
+
+fn counter_line(c: &trace::RuleCounter) -> String {
+    format!(
+        "nat {} #{}: +{} packets ({} -> {}): {}",
+        c.chain,
+        c.position,
+        c.moved(),
+        c.before,
+        c.after,
+        c.text
+    )
 }

@@ -10,7 +10,9 @@
 //! stops the walk with "cannot evaluate" instead of a guess. [`trace`] asks the kernel (nft: a
 //! temporary nftrace chain; iptables-legacy: TRACE rules in the raw table, read over
 //! nfnetlink_log; the connection made for real) and [`compare`] sets its path beside the static
-//! one, for both backends.
+//! one, for both backends. Istio's legacy host probe rule, in the node's own namespace, is
+//! confirmed from the kernel's record instead (the connection's conntrack entry and the rule
+//! counters, `trace::record_host`): nothing there may rebind the node's packet logger.
 //!
 //! This crate only reads rules (the tracer's temporary chain or TRACE rules excepted, removed
 //! also after a kill); programming them is the backends' job.

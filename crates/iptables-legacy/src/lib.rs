@@ -332,6 +332,21 @@ pub mod live {
             .then_some(text))
     }
 
+    /// The family's table `table` as `*-legacy-save -c -t TABLE` prints it (every rule with
+    /// its `[packets:bytes]` counters) in the calling thread's namespace; `None` when that
+    /// table does not exist there (asking for a missing table would instantiate it).
+    pub fn table_with_counters(
+        tools: &Tools,
+        v6: bool,
+        table: &str,
+    ) -> Result<Option<String>, LegacyError> {
+        let fam = if v6 { Fam::V6 } else { Fam::V4 };
+        if !crate::table_instantiated(fam, table)? {
+            return Ok(None);
+        }
+        tools.save_with(fam, &["-c", "-t", table]).map(Some)
+    }
+
     /// The members of the ipset `name` in the calling thread's namespace (`ipset save`).
     pub fn ipset_members(tools: &Tools, name: &str) -> Result<Vec<IpsetMember>, LegacyError> {
         Ok(parse_ipset_save(&tools.ipset(&["save", name], None)?, name))
@@ -412,10 +427,19 @@ fn cleanup_family(tools: &Tools, fam: Fam, held: &NsLock) -> Result<bool, Legacy
 /// Whether the kernel has instantiated any legacy table of this family in this namespace.
 /// Tables appear on first use, so an empty list means nobody ever used legacy iptables here.
 fn tables_instantiated(fam: Fam) -> Result<bool, LegacyError> {
+    Ok(!instantiated_tables(fam)?.is_empty())
+}
+
+/// Whether the family's table `table` exists in the calling thread's namespace.
+fn table_instantiated(fam: Fam, table: &str) -> Result<bool, LegacyError> {
+    Ok(instantiated_tables(fam)?.iter().any(|t| t == table))
+}
+
+/// The family's instantiated legacy tables (none when its module is not even loaded).
+fn instantiated_tables(fam: Fam) -> Result<Vec<String>, LegacyError> {
     match std::fs::read_to_string(fam.names_file()) {
-        Ok(s) => Ok(!s.trim().is_empty()),
-        // The family's module is not even loaded.
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Ok(s) => Ok(s.split_whitespace().map(str::to_string).collect()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
         Err(source) => Err(LegacyError::Read {
             path: fam.names_file().into(),
             source,

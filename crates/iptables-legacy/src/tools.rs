@@ -131,8 +131,13 @@ impl Tools {
 
     /// `X-save` output for the current namespace.
     pub(crate) fn save(&self, fam: Fam) -> Result<String, LegacyError> {
+        self.save_with(fam, &[])
+    }
+
+    /// `X-save ARGS` output for the current namespace (e.g. `-c -t nat`).
+    pub(crate) fn save_with(&self, fam: Fam, args: &[&str]) -> Result<String, LegacyError> {
         let bin = self.find(fam.save())?;
-        run(&bin, &[], None, None, None)
+        run(&bin, args, None, None, None)
     }
 
     /// `X-restore --noflush -w 30 [--test]` with `input` on stdin. With `held`, the child

@@ -1,5 +1,6 @@
 //! Netlink's wire format in safe Rust, for the messages the project builds and reads by hand
-//! (rtnetlink policy routes in `pod-routes`, nfnetlink_log in `explain`'s legacy tracer): a
+//! (rtnetlink policy routes in `pod-routes`, nfnetlink_log in `explain`'s legacy tracer,
+//! ctnetlink in its record of the legacy host probe rule): a
 //! request's header, and attributes (type-length-value, each padded to 4 bytes). The nftables
 //! batches go through libnftnl/libmnl instead. Pure.
 

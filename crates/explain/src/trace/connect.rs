@@ -10,7 +10,7 @@ use nix::sys::socket::{
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::mpsc;
+use std::sync::{Arc, OnceLock, mpsc};
 use std::time::Duration;
 
 /// A prepared, bound socket on its own thread, waiting for [`Prober::go`].
@@ -18,6 +18,9 @@ pub struct Prober {
     pub local: SocketAddr,
     go: mpsc::Sender<()>,
     done: mpsc::Receiver<Attempt>,
+    /// The socket's address once the first packet left (the source the kernel chose), even
+    /// when the attempt then failed: what conntrack's original tuple holds.
+    sent: Arc<OnceLock<SocketAddr>>,
 }
 
 fn conn_err(what: &str) -> impl FnOnce(io::Error) -> TraceError + '_ {
@@ -34,6 +37,8 @@ impl Prober {
         let (done_tx, done_rx) = mpsc::channel::<Attempt>();
         let netns = netns.clone();
         let conn = conn.clone();
+        let sent = Arc::new(OnceLock::new());
+        let sent_by_thread = Arc::clone(&sent);
         std::thread::Builder::new()
             .name("trace-connect".into())
             .spawn(move || {
@@ -48,7 +53,7 @@ impl Prober {
                 if ready_tx.send(local).is_err() || go_rx.recv().is_err() {
                     return; // the trace was abandoned before the rule existed
                 }
-                let _ = done_tx.send(fire(&sock, &conn, scope));
+                let _ = done_tx.send(fire(&sock, &conn, scope, &sent_by_thread));
             })
             .map_err(conn_err("starting the connecting thread"))?;
         let local = ready_rx
@@ -58,6 +63,7 @@ impl Prober {
             local,
             go: go_tx,
             done: done_rx,
+            sent,
         })
     }
 
@@ -69,6 +75,16 @@ impl Prober {
     /// The attempt's result, if it has finished.
     pub fn poll(&self) -> Option<Attempt> {
         self.done.try_recv().ok()
+    }
+
+    /// The attempt's result, waiting up to `timeout` for it (`None`: not finished by then).
+    pub fn wait(&self, timeout: Duration) -> Option<Attempt> {
+        self.done.recv_timeout(timeout).ok()
+    }
+
+    /// The socket's address once its first packet left (`None`: nothing was sent).
+    pub fn sent_from(&self) -> Option<SocketAddr> {
+        self.sent.get().copied()
     }
 }
 
@@ -222,8 +238,15 @@ fn take_credentials(uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
     Ok(())
 }
 
-fn fire(fd: &OwnedFd, conn: &Connection, scope: u32) -> Attempt {
+fn fire(fd: &OwnedFd, conn: &Connection, scope: u32, sent: &OnceLock<SocketAddr>) -> Attempt {
     let dst = SockaddrStorage::from(scoped(conn.dst, scope));
+    // The local address right after the first packet left (the SYN is out once connect
+    // says EINPROGRESS), before a reset or timeout could clear it.
+    let mark_sent = || {
+        if let Ok(local) = local_addr(fd) {
+            let _ = sent.set(local);
+        }
+    };
     match conn.protocol {
         // Connected first, so the local address reported is the one the kernel chose.
         Protocol::Udp => match connect(fd.as_raw_fd(), &dst).and_then(|()| {
@@ -233,15 +256,24 @@ fn fire(fd: &OwnedFd, conn: &Connection, scope: u32) -> Attempt {
                 nix::sys::socket::MsgFlags::empty(),
             )
         }) {
-            Ok(_) => match local_addr(fd) {
-                Ok(local) => Attempt::Sent { local },
-                Err(e) => Attempt::Failed(e.to_string()),
-            },
+            Ok(_) => {
+                mark_sent();
+                match local_addr(fd) {
+                    Ok(local) => Attempt::Sent { local },
+                    Err(e) => Attempt::Failed(e.to_string()),
+                }
+            }
             Err(e) => Attempt::Failed(io::Error::from(e).to_string()),
         },
         Protocol::Tcp => match connect(fd.as_raw_fd(), &dst) {
-            Ok(()) => connected(fd),
-            Err(nix::errno::Errno::EINPROGRESS) => wait_connected(fd, CONNECT_TIMEOUT),
+            Ok(()) => {
+                mark_sent();
+                connected(fd)
+            }
+            Err(nix::errno::Errno::EINPROGRESS) => {
+                mark_sent();
+                wait_connected(fd, CONNECT_TIMEOUT)
+            }
             Err(e) => failed(e),
         },
     }

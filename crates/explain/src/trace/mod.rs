@@ -4,7 +4,10 @@
 //! through the pod's own backend: on iptables-legacy pods with ip_tables' TRACE target (see
 //! the `legacy` module: TRACE rules in the raw table, lines over nfnetlink_log, nothing of
 //! nft's added), on nft pods as follows. Both share the connecting thread, the signal
-//! handling and the wait (`watch`), and give the same [`KernelPath`].
+//! handling and the wait (`watch`), and give the same [`KernelPath`]. Istio's legacy host
+//! probe rule, in the node's own namespace, is not traced (that would rebind the node's packet
+//! logger): [`record_host`] makes the connection and reads the kernel's record of it instead
+//! (its conntrack entry and the rule counters: a [`KernelRecord`], not a path).
 //!
 //! On nft pods [`trace`] adds a temporary base chain to one of our tables in the pod's namespace (hook
 //! `output` for outbound, `prerouting` for inbound, priority [`TRACE_PRIORITY`], below every
@@ -45,6 +48,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 mod connect;
+mod conntrack;
 mod hook;
 mod legacy;
 mod listen;
@@ -53,6 +57,9 @@ mod signals;
 mod watch;
 
 use ns::Netns;
+
+pub use conntrack::{CtEntry, CtTuple};
+pub use legacy::host::{KernelRecord, RuleCounter};
 
 /// Name prefix of the temporary chains: `istio-explain-<pid>-<n>`.
 pub const TRACE_CHAIN_PREFIX: &str = "istio-explain-";
@@ -422,6 +429,20 @@ pub fn trace_with(
         Host::Nft(table) => trace_nft(&ns, table, conn, how),
         Host::Legacy => legacy::trace(&ns, conn, how),
     }
+}
+
+/// The kernel's record (conntrack entry + rule counters, NOT a rule-by-rule path) of `conn`
+/// made from the node namespace at `netns` (`None`: the caller's) through Istio's legacy host
+/// probe rule: the connection is made for real, nothing is added or rebound (see
+/// `legacy::host`). Outbound only (a connection the node makes).
+pub fn record_host(netns: Option<&Path>, conn: &Connection) -> Result<KernelRecord, TraceError> {
+    validate(conn)?;
+    if conn.direction != Direction::Outbound {
+        return Err(TraceError::InvalidConnection(
+            "the host probe rule sees connections the node makes (outbound)".into(),
+        ));
+    }
+    legacy::host::record(&Netns::open(netns)?, conn)
 }
 
 fn refuse_inbound_from_inside(

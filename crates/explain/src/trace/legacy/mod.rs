@@ -35,6 +35,7 @@
 //! - There is no trace id: the traced packet's lines are told from others by its headers and
 //!   by their order (`lines::Collector`).
 
+pub mod host;
 mod lines;
 mod ulog;
 
