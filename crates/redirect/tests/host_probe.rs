@@ -192,22 +192,19 @@ fn check_sees_damage_and_ensure_repairs(backend: Backend) {
     let kubelet = ConnectSpec::new(pod, 8080).uid(KUBELET_UID);
     let snatted = (8080, IpAddr::V4(HOST_PROBE_SNAT_V4));
     foreign_rules(&w.world, backend);
+    // In sync, and kubelet's probe SNATed.
+    let whole = |when: &str| {
+        let drift = in_ns(node, || rule.check(&plan)).unwrap();
+        assert_eq!(drift, Vec::<String>::new(), "{when}");
+        assert_eq!(seen_from(&ztunnel, node, &kubelet), snatted, "{when}");
+    };
     for (what, cmd) in damage(backend) {
         in_ns(node, || {
             rule.ensure(&plan)?;
             rule.add_pod_ips(&plan, &[pod], "uid-a")
         })
         .unwrap();
-        assert_eq!(
-            in_ns(node, || rule.check(&plan)).unwrap(),
-            Vec::<String>::new(),
-            "before: {what}"
-        );
-        assert_eq!(
-            seen_from(&ztunnel, node, &kubelet),
-            snatted,
-            "before: {what}"
-        );
+        whole(&format!("before: {what}"));
         w.world.exec_ok(cmd[0], &cmd[1..]).unwrap();
         let drift = in_ns(node, || rule.check(&plan)).unwrap();
         assert!(!drift.is_empty(), "{what}: not seen");
@@ -221,16 +218,7 @@ fn check_sees_damage_and_ensure_repairs(backend: Backend) {
             rule.add_pods_ips(&plan, &[("uid-a", &[pod])])
         })
         .unwrap();
-        assert_eq!(
-            in_ns(node, || rule.check(&plan)).unwrap(),
-            Vec::<String>::new(),
-            "after: {what} ({drift:?})"
-        );
-        assert_eq!(
-            seen_from(&ztunnel, node, &kubelet),
-            snatted,
-            "after: {what}"
-        );
+        whole(&format!("after: {what} ({drift:?})"));
     }
     // Nobody else's rule went with ours.
     match backend {

@@ -4,12 +4,11 @@
 //! destination is the address an SNAT gave the connection, its source the one a DNAT gave it.
 //! Reading changes nothing (no logger, no rule, no event subscription).
 
+use super::nfnl::{self, nl_err};
 use super::{Protocol, TraceError};
 use netlink_wire::{attrs, message, put_attr};
 use nft_backend::netlink;
-use nix::sys::socket::{
-    AddressFamily, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, socket,
-};
+use nix::sys::socket::SockFlag;
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -199,29 +198,9 @@ pub fn decode_entry(protocol: Protocol, payload: &[u8]) -> Option<CtEntry> {
     })
 }
 
-fn nl_err(what: &str) -> impl FnOnce(io::Error) -> TraceError + '_ {
-    move |source| TraceError::Netlink {
-        what: what.into(),
-        source,
-    }
-}
-
 fn open() -> Result<OwnedFd, TraceError> {
-    let fd = socket(
-        AddressFamily::Netlink,
-        SockType::Raw,
-        SockFlag::SOCK_CLOEXEC,
-        SockProtocol::NetlinkNetFilter,
-    )
-    .map_err(|e| nl_err("opening the ctnetlink socket")(e.into()))?;
-    bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))
-        .map_err(|e| nl_err("binding the ctnetlink socket")(e.into()))?;
-    let timeout = libc::timeval {
-        tv_sec: ANSWER_TIMEOUT_SECS,
-        tv_usec: 0,
-    };
-    netlink::setsockopt(fd.as_fd(), libc::SO_RCVTIMEO, &timeout)
-        .map_err(nl_err("setting the ctnetlink socket's timeout"))?;
+    let fd = nfnl::open("the ctnetlink socket", SockFlag::empty())?;
+    nfnl::recv_timeout(&fd, ANSWER_TIMEOUT_SECS, "the ctnetlink socket")?;
     Ok(fd)
 }
 

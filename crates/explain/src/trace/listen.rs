@@ -1,12 +1,11 @@
 //! The kernel's trace events: a NETLINK_NETFILTER socket in the namespace subscribed to
 //! NFNLGRP_NFTRACE, and the decoding of NFT_MSG_TRACE messages (what `nft monitor trace` reads).
 
+use super::nfnl::{self, nl_err};
 use super::{EventKind, TraceError, TraceEvent, Verdict};
 use nft_backend::netlink;
 use nftnl::nftnl_sys as sys;
-use nix::sys::socket::{
-    AddressFamily, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, socket,
-};
+use nix::sys::socket::SockFlag;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
@@ -21,25 +20,10 @@ pub struct TraceSocket {
     buf: Vec<u64>,
 }
 
-fn nl_err(what: &str) -> impl FnOnce(io::Error) -> TraceError + '_ {
-    move |source| TraceError::Netlink {
-        what: what.into(),
-        source,
-    }
-}
-
 impl TraceSocket {
     /// Opens and subscribes a socket in the CURRENT namespace (call inside it).
     pub fn open() -> Result<TraceSocket, TraceError> {
-        let fd = socket(
-            AddressFamily::Netlink,
-            SockType::Raw,
-            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
-            SockProtocol::NetlinkNetFilter,
-        )
-        .map_err(|e| nl_err("opening the trace socket")(e.into()))?;
-        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))
-            .map_err(|e| nl_err("binding the trace socket")(e.into()))?;
+        let fd = nfnl::open("the trace socket", SockFlag::SOCK_NONBLOCK)?;
         let group = libc::NFNLGRP_NFTRACE;
         setsockopt(&fd, SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, &group)
             .map_err(nl_err("subscribing to nftables trace events"))?;

@@ -52,6 +52,7 @@ mod conntrack;
 mod hook;
 mod legacy;
 mod listen;
+mod nfnl;
 mod ns;
 mod signals;
 mod watch;

@@ -14,10 +14,9 @@
 
 use super::lines::LogLine;
 use crate::trace::TraceError;
+use crate::trace::nfnl::{self, nl_err};
 use nft_backend::netlink;
-use nix::sys::socket::{
-    AddressFamily, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, socket,
-};
+use nix::sys::socket::SockFlag;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
@@ -39,13 +38,6 @@ pub const COPY_RANGE: u32 = 128;
 const RCVBUF: libc::c_int = 4 << 20;
 /// The group TRACE lines are logged to.
 const GROUP: u16 = 0;
-
-fn nl_err(what: &str) -> impl FnOnce(io::Error) -> TraceError + '_ {
-    move |source| TraceError::Netlink {
-        what: what.into(),
-        source,
-    }
-}
 
 /// An `NFULNL_MSG_CONFIG` request for `family` and `group` with `attrs`. Pure.
 pub fn config_msg(family: u8, group: u16, seq: u32, attrs: &[(u16, Vec<u8>)]) -> Vec<u8> {
@@ -85,21 +77,8 @@ impl LogSocket {
     /// Binds nfnetlink_log to `pf` (`NFPROTO_IPV4`/`IPV6`) and group 0 in the CURRENT
     /// namespace (call inside it).
     pub fn open(pf: u8) -> Result<LogSocket, TraceError> {
-        let fd = socket(
-            AddressFamily::Netlink,
-            SockType::Raw,
-            SockFlag::SOCK_CLOEXEC,
-            SockProtocol::NetlinkNetFilter,
-        )
-        .map_err(|e| nl_err("opening the nfnetlink_log socket")(e.into()))?;
-        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))
-            .map_err(|e| nl_err("binding the nfnetlink_log socket")(e.into()))?;
-        let timeout = libc::timeval {
-            tv_sec: 2,
-            tv_usec: 0,
-        };
-        netlink::setsockopt(fd.as_fd(), libc::SO_RCVTIMEO, &timeout)
-            .map_err(nl_err("setting the nfnetlink_log socket's timeout"))?;
+        let fd = nfnl::open("the nfnetlink_log socket", SockFlag::empty())?;
+        nfnl::recv_timeout(&fd, 2, "the nfnetlink_log socket")?;
         if netlink::setsockopt(fd.as_fd(), libc::SO_RCVBUFFORCE, &RCVBUF).is_err() {
             let _ = netlink::setsockopt(fd.as_fd(), libc::SO_RCVBUF, &RCVBUF);
         }

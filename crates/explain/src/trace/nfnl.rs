@@ -1,0 +1,43 @@
+//! The netfilter netlink socket every kernel reader here opens (nftables trace events,
+//! nfnetlink_log, ctnetlink), in the current namespace.
+
+use super::TraceError;
+use nft_backend::netlink;
+use nix::sys::socket::{
+    AddressFamily, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, socket,
+};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+
+/// A netlink error naming what was being done.
+pub(super) fn nl_err(what: &str) -> impl FnOnce(io::Error) -> TraceError + '_ {
+    move |source| TraceError::Netlink {
+        what: what.into(),
+        source,
+    }
+}
+
+/// A bound `NETLINK_NETFILTER` socket (close-on-exec, plus `flags`); `name` names it in
+/// errors ("the trace socket").
+pub(super) fn open(name: &str, flags: SockFlag) -> Result<OwnedFd, TraceError> {
+    let fd = socket(
+        AddressFamily::Netlink,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC | flags,
+        SockProtocol::NetlinkNetFilter,
+    )
+    .map_err(|e| nl_err(&format!("opening {name}"))(e.into()))?;
+    bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))
+        .map_err(|e| nl_err(&format!("binding {name}"))(e.into()))?;
+    Ok(fd)
+}
+
+/// Receives on `fd` block at most `secs` seconds.
+pub(super) fn recv_timeout(fd: &OwnedFd, secs: libc::time_t, name: &str) -> Result<(), TraceError> {
+    let timeout = libc::timeval {
+        tv_sec: secs,
+        tv_usec: 0,
+    };
+    netlink::setsockopt(fd.as_fd(), libc::SO_RCVTIMEO, &timeout)
+        .map_err(|e| nl_err(&format!("setting {name}'s timeout"))(e))
+}
