@@ -4,7 +4,10 @@
 //! real probe landed. Nothing may be left behind: not after a trace, not after SIGINT, and a
 //! chain left by a SIGKILLed run is removed by the next one.
 
+mod common;
+
 use capture::*;
+use common::wait_for_trace_rules;
 use explain::trace::*;
 use integration::*;
 use serde_json::Value;
@@ -416,7 +419,7 @@ fn wait_follows_a_nat_redirected_datagram_through_its_second_pass() {
             )
         });
         assert!(
-            wait_for_chain(&w.pod, None),
+            wait_for_trace_rules(w.pod.path(), None),
             "the trace chain never appeared"
         );
         let sent = integration::send_udp(
@@ -488,7 +491,7 @@ fn wait_traces_a_connection_made_by_someone_else() {
             )
         });
         assert!(
-            wait_for_chain(&w.pod, None),
+            wait_for_trace_rules(w.pod.path(), None),
             "the trace chain never appeared"
         );
         // Another uid first: must not be the traced connection.
@@ -626,16 +629,6 @@ fn bad_input_is_a_clear_error() {
     );
 }
 
-/// Waits until a trace chain exists (of process `pid`, if given).
-fn wait_for_chain(pod: &TestNetns, pid: Option<u32>) -> bool {
-    integration::node::wait_until(Duration::from_secs(20), || {
-        list_trace_chains(Some(pod.path()))
-            .unwrap()
-            .iter()
-            .any(|c| pid.is_none_or(|p| c.starts_with(&format!("{TRACE_CHAIN_PREFIX}{p}-"))))
-    })
-}
-
 /// A child process (this test binary, running only [`child_waits_for_a_connection`]) that
 /// waits for a connection that never comes.
 fn spawn_waiting_child(pod: &TestNetns) -> Child {
@@ -684,7 +677,7 @@ fn sigint_or_sigterm_during_wait_removes_the_chain() {
     for signal in [nix::sys::signal::SIGINT, nix::sys::signal::SIGTERM] {
         let child = spawn_waiting_child(&w.pod);
         assert!(
-            wait_for_chain(&w.pod, Some(child.id())),
+            wait_for_trace_rules(w.pod.path(), Some(child.id())),
             "no chain of the child"
         );
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
@@ -719,7 +712,10 @@ fn a_chain_left_by_a_killed_run_is_removed_by_the_next_run() {
     let _sidecar = Probe::sidecar(w.pod.path()).unwrap();
     let mut child = spawn_waiting_child(&w.pod);
     let pid = child.id();
-    assert!(wait_for_chain(&w.pod, Some(pid)), "no chain of the child");
+    assert!(
+        wait_for_trace_rules(w.pod.path(), Some(pid)),
+        "no chain of the child"
+    );
     child.kill().unwrap(); // SIGKILL: no chance to clean up
     child.wait().unwrap();
     // The output chain and its companion at prerouting (the second pass over lo).

@@ -7,7 +7,10 @@
 //! nfnetlink_log unbound; also not after SIGINT/SIGTERM, and the rules of a SIGKILLed run are
 //! deleted by the next run.
 
+mod common;
+
 use capture::*;
+use common::wait_for_trace_rules;
 use explain::trace::*;
 use explain::{self as ex, ir::TableFamily};
 use integration::legacy_trace::{NftMonitor, apply_legacy, left_in_legacy_pod, loggers};
@@ -241,7 +244,7 @@ fn wait_traces_someone_elses_connection_and_one_trace_per_pod_at_a_time() {
             )
         });
         assert!(
-            wait_for_rules(pod.path(), None),
+            wait_for_trace_rules(pod.path(), None),
             "the TRACE rules never appeared"
         );
         // A second trace of the same pod meanwhile: refused by name, nothing left of it.
@@ -305,7 +308,7 @@ fn wait_follows_a_nat_redirected_datagram_through_its_second_pass() {
             )
         });
         assert!(
-            wait_for_rules(pod.path(), None),
+            wait_for_trace_rules(pod.path(), None),
             "the TRACE rules never appeared"
         );
         send_udp(
@@ -321,16 +324,6 @@ fn wait_follows_a_nat_redirected_datagram_through_its_second_pass() {
         agent.accepted().iter().filter(|a| a.port == 15053).count(),
         2
     );
-}
-
-/// Waits until TRACE rules exist (of process `pid`, if given).
-fn wait_for_rules(pod: &Path, pid: Option<u32>) -> bool {
-    integration::node::wait_until(Duration::from_secs(20), || {
-        list_trace_chains(Some(pod))
-            .unwrap()
-            .iter()
-            .any(|c| pid.is_none_or(|p| c.starts_with(&format!("{TRACE_CHAIN_PREFIX}{p}-"))))
-    })
 }
 
 /// A child process (this test binary, running only [`child_waits_for_a_connection`]).
@@ -374,7 +367,7 @@ fn sigint_or_sigterm_during_wait_deletes_the_rules() {
     for signal in [nix::sys::signal::SIGINT, nix::sys::signal::SIGTERM] {
         let child = spawn_waiting_child(pod.path());
         assert!(
-            wait_for_rules(pod.path(), Some(child.id())),
+            wait_for_trace_rules(pod.path(), Some(child.id())),
             "no rules of the child"
         );
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
@@ -396,7 +389,7 @@ fn rules_left_by_a_killed_run_are_deleted_by_the_next_run() {
     let mut child = spawn_waiting_child(pod.path());
     let pid = child.id();
     assert!(
-        wait_for_rules(pod.path(), Some(pid)),
+        wait_for_trace_rules(pod.path(), Some(pid)),
         "no rules of the child"
     );
     child.kill().unwrap(); // SIGKILL: no chance to clean up
