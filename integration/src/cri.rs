@@ -157,12 +157,30 @@ impl Cri {
             .map(drop)
     }
 
+    /// RemovePodSandbox, then the pod's cgroup parents kubelet would remove (see
+    /// [`pod_config`]; containerd removes only the sandbox's own cgroup).
     pub fn remove_pod(&self, id: &str) -> CriResult<()> {
+        let uid = self.sandbox_uid(id);
         let req = api::RemovePodSandboxRequest {
             pod_sandbox_id: id.into(),
         };
-        self.call(|mut c| async move { c.remove_pod_sandbox(req).await })
-            .map(drop)
+        self.call(|mut c| async move { c.remove_pod_sandbox(req).await })?;
+        if let Some(uid) = uid {
+            remove_pod_cgroups(&uid);
+        }
+        Ok(())
+    }
+
+    /// The pod UID a sandbox was run with, if containerd still knows it.
+    fn sandbox_uid(&self, id: &str) -> Option<String> {
+        let req = api::PodSandboxStatusRequest {
+            pod_sandbox_id: id.into(),
+            verbose: false,
+        };
+        let r = self
+            .call(|mut c| async move { c.pod_sandbox_status(req).await })
+            .ok()?;
+        Some(r.status?.metadata?.uid)
     }
 
     pub fn list_pods(&self) -> CriResult<Vec<api::PodSandbox>> {
@@ -273,17 +291,72 @@ fn netns_of(info: &str) -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
-/// A pod sandbox config as kubelet sends it for a pod with its own network namespace.
+/// The UID of the test pod `namespace/name`, shaped as Kubernetes' (a UUID), the same for
+/// every call: the sandbox config, its cgroup and the API server's Pod agree on it.
+pub fn pod_uid(namespace: &str, name: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let half = |salt: u8| {
+        let mut h = std::hash::DefaultHasher::new();
+        (salt, namespace, name).hash(&mut h);
+        h.finish()
+    };
+    let n = (u128::from(half(0)) << 64) | u128::from(half(1));
+    let hex = format!("{n:032x}");
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+}
+
+/// kubelet's pod cgroup for the cgroupfs driver (what containerd's own config uses here):
+/// the sandbox's processes land in `<hierarchy>/kubepods/besteffort/pod<UID>/<sandbox id>`,
+/// so `/proc/PID/cgroup` names the pod as on a real node.
+fn pod_cgroup_parent(uid: &str) -> String {
+    format!("/kubepods/besteffort/pod{uid}")
+}
+
+/// Removes the pod's cgroup directory (and the kubepods parents when empty) from every
+/// hierarchy, as kubelet does once a pod is gone. Best effort.
+fn remove_pod_cgroups(uid: &str) {
+    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return;
+    };
+    let roots: Vec<PathBuf> = std::iter::once(PathBuf::from("/sys/fs/cgroup"))
+        .chain(hierarchies.flatten().map(|e| e.path()))
+        .collect();
+    for root in roots {
+        let pod = root.join(pod_cgroup_parent(uid).trim_start_matches('/'));
+        // Parents shared with other pods stay while they hold any (rmdir refuses).
+        for dir in [
+            pod.as_path(),
+            pod.parent().unwrap(),
+            pod.parent().unwrap().parent().unwrap(),
+        ] {
+            if std::fs::remove_dir(dir).is_err() {
+                break;
+            }
+        }
+    }
+}
+
+/// A pod sandbox config as kubelet sends it for a pod with its own network namespace, in its
+/// pod cgroup ([`pod_uid`]).
 pub fn pod_config(namespace: &str, name: &str) -> api::PodSandboxConfig {
+    let uid = pod_uid(namespace, name);
     api::PodSandboxConfig {
         metadata: Some(api::PodSandboxMetadata {
             name: name.into(),
-            uid: format!("{namespace}-{name}-uid"),
+            uid: uid.clone(),
             namespace: namespace.into(),
             attempt: 0,
         }),
         hostname: name.into(),
         linux: Some(api::LinuxPodSandboxConfig {
+            cgroup_parent: pod_cgroup_parent(&uid),
             security_context: Some(api::LinuxSandboxSecurityContext {
                 namespace_options: Some(api::NamespaceOption {
                     network: api::NamespaceMode::Pod as i32,

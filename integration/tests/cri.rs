@@ -276,7 +276,7 @@ fn containerd_runs_install_cni_whose_reconcile_repairs_a_legacy_pod_with_the_ima
     ];
     rn.start_install_cni(&env).unwrap();
     // Scheduled on this node: the daemon's pod cache watches spec.nodeName.
-    let uid = "default-drifting-uid";
+    let uid = &integration::cri::pod_uid("default", "drifting");
     let pod = DemoPod::scheduled(
         PodKind::Sidecar,
         "drifting",

@@ -33,6 +33,30 @@ use std::time::{Duration, Instant};
 
 const APP: u16 = integration::cri::ambient::APP_PORT;
 
+/// The pod each process in the namespace `netns` belongs to by its cgroups
+/// (`node_view::cgroup`), one entry per distinct answer.
+fn cgroup_pods(netns: &std::path::Path) -> Vec<Option<String>> {
+    let ino = |p: &std::path::Path| {
+        std::fs::metadata(p)
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+            .ok()
+    };
+    let want = ino(netns);
+    let mut pods: Vec<Option<String>> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter(|e| want.is_some() && ino(&e.path().join("ns/net")) == want)
+        .map(|e| {
+            let text = std::fs::read_to_string(e.path().join("cgroup")).unwrap_or_default();
+            node_view::cgroup::pod_uid(&text)
+        })
+        .collect();
+    pods.sort();
+    pods.dedup();
+    pods
+}
+
 /// A -> B lands on B's app from A's own address, and B's ztunnel counts one more mutual-TLS
 /// (HBONE) connection from A.
 #[track_caller]
@@ -115,6 +139,12 @@ fn containerd_runs_the_ambient_agent_and_ambient_pods_talk_hbone_through_restart
     );
     assert_served(&n, &sa, &tables);
     assert_served(&n, &sb, &tables);
+    // containerd put each sandbox in its pod's cgroup, as kubelet asks: the agent pairs
+    // namespaces to pods by it (after its restart below, finding A and B again).
+    for (s, plan) in [(&sa, &a), (&sb, &b)] {
+        let uid = integration::cri::pod_uid(plan.namespace(), &plan.name);
+        assert_eq!(cgroup_pods(s.netns()), [Some(uid)], "{}", plan.name);
+    }
     assert!(not_served(sp.netns()), "the plain pod is served");
     assert!(
         istio_tables(sp.netns()).is_empty(),

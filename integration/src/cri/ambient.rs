@@ -91,7 +91,7 @@ impl PodPlan {
     /// The Pod the API server returns (Pending, no IP yet; uid as [`pod_config`] sends it).
     pub fn demo_pod(&self) -> DemoPod {
         let ns = self.namespace();
-        let uid = format!("{ns}-{}-uid", self.name);
+        let uid = crate::cri::pod_uid(ns, &self.name);
         let label = self.enroll == Enroll::PodLabel;
         DemoPod::scheduled(
             PodKind::NoSidecar,
