@@ -410,6 +410,16 @@ fn legacy_host_probe_rule_is_explained_from_the_node() {
     let v = json_of(&o);
     assert_eq!(v["trace"]["kernel_outcome"], "not captured", "{v}");
     assert_eq!(v["trace"]["agree"], true, "{v}");
+    // The node's admin exempts a destination from conntrack (raw NOTRACK): the kernel keeps
+    // no record of the connection, so nothing confirms the explanation.
+    w.world
+        .sh("iptables-legacy -t raw -A OUTPUT -d 198.51.100.7/32 -j CT --notrack")
+        .unwrap();
+    let o = explain_host(&w, "198.51.100.7:8080", &["--trace"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(4), "{t}");
+    assert!(t.contains("not confirmed"), "{t}");
+    assert!(t.contains("conntrack: none"), "{t}");
     // Asked for nft's rule, which this node does not have; the record is of a connection
     // this command makes, so there is nothing to wait for.
     for (extra, needle) in [
