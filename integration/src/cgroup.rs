@@ -20,7 +20,8 @@ fn hierarchy() -> io::Result<PathBuf> {
 }
 
 /// A pod's container cgroup; the processes moved in go back to the root cgroup on drop and the
-/// cgroup is removed (its parents too when empty).
+/// cgroup and its pod directory are removed (the shared `kubepods/besteffort` stay, as on a
+/// node: removing them could race another test creating a pod under them).
 pub struct PodCgroup {
     root: PathBuf,
     dir: PathBuf,
@@ -54,13 +55,10 @@ impl Drop for PodCgroup {
         for pid in procs.lines() {
             let _ = std::fs::write(self.root.join("cgroup.procs"), pid);
         }
-        // Parents shared with other tests stay while they hold cgroups (rmdir refuses).
-        let mut dir = Some(self.dir.as_path());
-        while let Some(d) = dir.filter(|d| *d != self.root) {
-            if std::fs::remove_dir(d).is_err() {
-                break;
-            }
-            dir = d.parent();
+        if std::fs::remove_dir(&self.dir).is_ok()
+            && let Some(pod) = self.dir.parent()
+        {
+            let _ = std::fs::remove_dir(pod);
         }
     }
 }

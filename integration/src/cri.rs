@@ -292,12 +292,20 @@ fn netns_of(info: &str) -> Option<PathBuf> {
 }
 
 /// The UID of the test pod `namespace/name`, shaped as Kubernetes' (a UUID), the same for
-/// every call: the sandbox config, its cgroup and the API server's Pod agree on it.
+/// every call on one thread (one test): the sandbox config, its cgroup and the API server's Pod
+/// agree on it, while tests running side by side with the same pod names get other UIDs, so
+/// their pod cgroups never meet.
 pub fn pod_uid(namespace: &str, name: &str) -> String {
     use std::hash::{Hash, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static THREADS: AtomicU64 = AtomicU64::new(0);
+    thread_local! {
+        static TEST: u64 = THREADS.fetch_add(1, Ordering::Relaxed);
+    }
+    let test = (std::process::id(), TEST.with(|t| *t));
     let half = |salt: u8| {
         let mut h = std::hash::DefaultHasher::new();
-        (salt, namespace, name).hash(&mut h);
+        (salt, test, namespace, name).hash(&mut h);
         h.finish()
     };
     let n = (u128::from(half(0)) << 64) | u128::from(half(1));
@@ -319,8 +327,9 @@ fn pod_cgroup_parent(uid: &str) -> String {
     format!("/kubepods/besteffort/pod{uid}")
 }
 
-/// Removes the pod's cgroup directory (and the kubepods parents when empty) from every
-/// hierarchy, as kubelet does once a pod is gone. Best effort.
+/// Removes the pod's cgroup directory from every hierarchy, as kubelet does once a pod is
+/// gone. Best effort. The shared `kubepods/besteffort` parents stay (as on a node): removing
+/// them could race another test's runtime creating a pod under them.
 fn remove_pod_cgroups(uid: &str) {
     let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
         return;
@@ -329,17 +338,7 @@ fn remove_pod_cgroups(uid: &str) {
         .chain(hierarchies.flatten().map(|e| e.path()))
         .collect();
     for root in roots {
-        let pod = root.join(pod_cgroup_parent(uid).trim_start_matches('/'));
-        // Parents shared with other pods stay while they hold any (rmdir refuses).
-        for dir in [
-            pod.as_path(),
-            pod.parent().unwrap(),
-            pod.parent().unwrap().parent().unwrap(),
-        ] {
-            if std::fs::remove_dir(dir).is_err() {
-                break;
-            }
-        }
+        let _ = std::fs::remove_dir(root.join(pod_cgroup_parent(uid).trim_start_matches('/')));
     }
 }
 

@@ -410,8 +410,9 @@ fn legacy_host_probe_rule_is_explained_from_the_node() {
     let v = json_of(&o);
     assert_eq!(v["trace"]["kernel_outcome"], "not captured", "{v}");
     assert_eq!(v["trace"]["agree"], true, "{v}");
-    // The node's admin exempts a destination from conntrack (raw NOTRACK): the kernel keeps
-    // no record of the connection, so nothing confirms the explanation.
+    // The node's admin exempts a destination from conntrack (raw NOTRACK, outbound only: the
+    // answer may start an entry the other way round, which is no record of this connection):
+    // nothing confirms the explanation.
     w.world
         .sh("iptables-legacy -t raw -A OUTPUT -d 198.51.100.7/32 -j CT --notrack")
         .unwrap();

@@ -230,7 +230,7 @@ pub fn get(protocol: Protocol, t: &CtTuple) -> Result<Option<CtEntry>, TraceErro
                 entry = decode_entry(protocol, payload);
             } else if hdr.nlmsg_type as i32 == libc::NLMSG_ERROR {
                 return match errno_of(payload) {
-                    0 => Ok(entry),
+                    0 => Ok(made_by(entry, t)),
                     libc::ENOENT => Ok(None),
                     e => Err(TraceError::Refused {
                         what,
@@ -239,6 +239,21 @@ pub fn get(protocol: Protocol, t: &CtTuple) -> Result<Option<CtEntry>, TraceErro
                 };
             }
         }
+    }
+}
+
+/// `entry` if the kernel tracked it from `t`'s side: the lookup also matches an entry whose
+/// REPLY tuple is `t`, i.e. one the kernel started from the answer because it did not track
+/// the connection's own first packet (a `NOTRACK` rule). That is no record of this
+/// connection's NAT.
+fn made_by(entry: Option<CtEntry>, t: &CtTuple) -> Option<CtEntry> {
+    match entry {
+        Some(e) if e.original == *t => Some(e),
+        Some(e) => {
+            tracing::debug!(entry = %e, "conntrack holds the connection the other way round only: no record of it");
+            None
+        }
+        None => None,
     }
 }
 
@@ -252,6 +267,28 @@ fn errno_of(payload: &[u8]) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_entry_the_kernel_started_from_the_answer_is_no_record() {
+        let ours = CtTuple {
+            src: "10.1.2.1:58533".parse().unwrap(),
+            dst: "198.51.100.7:8080".parse().unwrap(),
+        };
+        let back = CtTuple {
+            src: ours.dst,
+            dst: ours.src,
+        };
+        let entry = |original, reply| CtEntry {
+            protocol: Protocol::Tcp,
+            original,
+            reply,
+            status: 0,
+        };
+        assert_eq!(made_by(Some(entry(back, ours)), &ours), None);
+        let tracked = entry(ours, back);
+        assert_eq!(made_by(Some(tracked.clone()), &ours), Some(tracked));
+        assert_eq!(made_by(None, &ours), None);
+    }
 
     fn t(src: &str, dst: &str) -> CtTuple {
         CtTuple {
