@@ -102,6 +102,39 @@ fn programmed(
     took
 }
 
+/// Envoy's listeners in each pod, a server in each world.
+fn envoy_and_server(pods: &[&RunningPod]) -> Vec<Probe> {
+    pods.iter()
+        .flat_map(|r| {
+            [
+                Probe::sidecar(r.world.pod.path()).unwrap(),
+                Probe::world(r.world.world.path()).unwrap(),
+            ]
+        })
+        .collect()
+}
+
+/// install-cni in controller mode against `kube` (nft, the pods of this process's /proc as
+/// they are now), reconciling every `interval`; returns once its pod watch is open.
+fn start_controller(env: &Env, kube: &FakeKube, interval: &str) -> Daemon {
+    let kc = kube.kubeconfig(env.tmp.path());
+    let proc = proc_root(env);
+    let d = env.start(&[
+        ("KUBECONFIG", kc.to_str().unwrap()),
+        ("REPAIR_NODE_NAME", NODE),
+        ("REPAIR_PROC_ROOT", proc.to_str().unwrap()),
+        ("REDIRECT_BACKEND", "nft"),
+        ("RECONCILE_INTERVAL", interval),
+        ("CONTROLLER_MODE", "true"),
+    ]);
+    assert!(
+        wait_until(T, || kube.watchers() > 0),
+        "no pod watch\n{}",
+        d.log()
+    );
+    d
+}
+
 #[test]
 fn opted_in_pods_are_programmed_at_first_sight_and_annotated_others_are_not() {
     integration::require_root();
@@ -119,16 +152,7 @@ fn opted_in_pods_are_programmed_at_first_sight_and_annotated_others_are_not() {
     // processes that exist when it starts).
     let late = RunningPod::new();
     let ip = |r: &RunningPod| r.ip.to_string();
-    // Envoy's listeners in each pod, a server in each world.
-    let _probes: Vec<Probe> = [&early, &by_pod, &by_ns, &plain]
-        .into_iter()
-        .flat_map(|r| {
-            [
-                Probe::sidecar(r.world.pod.path()).unwrap(),
-                Probe::world(r.world.world.path()).unwrap(),
-            ]
-        })
-        .collect();
+    let _probes = envoy_and_server(&[&early, &by_pod, &by_ns, &plain]);
     assert_eq!(
         early.outbound(),
         Some(80),
@@ -141,23 +165,9 @@ fn opted_in_pods_are_programmed_at_first_sight_and_annotated_others_are_not() {
         &ip(&early),
         json!({INITIALIZE: "true"}),
     ));
-    let kc = kube.kubeconfig(env.tmp.path());
-    let proc = proc_root(&env);
     let t_start = Instant::now();
-    let d = env.start(&[
-        ("KUBECONFIG", kc.to_str().unwrap()),
-        ("REPAIR_NODE_NAME", NODE),
-        ("REPAIR_PROC_ROOT", proc.to_str().unwrap()),
-        ("REDIRECT_BACKEND", "nft"),
-        // Far longer than the test: programming must not wait for the periodic check.
-        ("RECONCILE_INTERVAL", "5m"),
-        ("CONTROLLER_MODE", "true"),
-    ]);
-    assert!(
-        wait_until(T, || kube.watchers() > 0),
-        "no pod watch\n{}",
-        d.log()
-    );
+    // Far longer than the test: programming must not wait for the periodic check.
+    let d = start_controller(&env, &kube, "5m");
     let early_took = programmed(&d, &kube, &early_pod, &early, t_start);
 
     // Pods started later, without the opt-in first (the others are added after it).
@@ -222,10 +232,7 @@ fn opted_in_pods_are_programmed_at_first_sight_and_annotated_others_are_not() {
 
     // A namespace opted in while its pod already runs: the pod is programmed at once, with no
     // event of its own (the namespace watch re-evaluates the namespace's pods).
-    let _late_probes = [
-        Probe::sidecar(late.world.pod.path()).unwrap(),
-        Probe::world(late.world.world.path()).unwrap(),
-    ];
+    let _late_probes = envoy_and_server(&[&late]);
     kube.put_namespace("later", json!({}));
     let late_pod = kube.add(mesh_pod("later", "late", &ip(&late), json!({})));
     std::thread::sleep(Duration::from_millis(1500));
@@ -253,27 +260,9 @@ fn a_hung_initialized_patch_holds_up_no_other_pod() {
     let kube = FakeKube::start();
     kube.put_namespace("shop", json!({}));
     let (first, second) = (RunningPod::new(), RunningPod::new());
-    let _probes: Vec<Probe> = [&first, &second]
-        .into_iter()
-        .flat_map(|r| {
-            [
-                Probe::sidecar(r.world.pod.path()).unwrap(),
-                Probe::world(r.world.world.path()).unwrap(),
-            ]
-        })
-        .collect();
-    let kc = kube.kubeconfig(env.tmp.path());
-    let proc = proc_root(&env);
-    let d = env.start(&[
-        ("KUBECONFIG", kc.to_str().unwrap()),
-        ("REPAIR_NODE_NAME", NODE),
-        ("REPAIR_PROC_ROOT", proc.to_str().unwrap()),
-        ("REDIRECT_BACKEND", "nft"),
-        // The retry of a PATCH that timed out comes with the pod's next check.
-        ("RECONCILE_INTERVAL", "1s"),
-        ("CONTROLLER_MODE", "true"),
-    ]);
-    assert!(wait_until(T, || kube.watchers() > 0), "{}", d.log());
+    let _probes = envoy_and_server(&[&first, &second]);
+    // The retry of a PATCH that timed out comes with the pod's next check.
+    let d = start_controller(&env, &kube, "1s");
     kube.hang_next_pod_patches(1);
     let opt_in = || json!({INITIALIZE: "true"});
     let first_pod = kube.add(mesh_pod("shop", "first", &first.ip.to_string(), opt_in()));

@@ -65,6 +65,24 @@ fn nft(p: &RunningPod, args: &str) -> String {
     p.world.pod.exec_ok("nft", &args).unwrap()
 }
 
+/// Waits until `other` is programmed or the daemon failed two more checks than `failed`
+/// (the pod it must not get retried), then 2 s more: `other`'s ruleset stayed empty (`what`
+/// happened otherwise), the daemon repaired nothing after its first repair, and it retried.
+#[track_caller]
+fn never_programmed(d: &Daemon, other: &RunningPod, failed: f64, what: &str) {
+    let programmed = || !nft(other, "list ruleset").trim().is_empty();
+    wait_until(T, || programmed() || checks(d, "failed") >= failed + 2.0);
+    std::thread::sleep(Duration::from_secs(2));
+    let rules = nft(other, "list ruleset");
+    assert!(rules.trim().is_empty(), "{what}:\n{rules}\n{}", d.log());
+    assert_eq!(checks(d, "repaired"), 1.0, "{}", d.log());
+    assert!(
+        checks(d, "failed") >= failed + 2.0,
+        "not retried\n{}",
+        d.log()
+    );
+}
+
 fn drift(plan: &Plan, p: &RunningPod, backend: Backend) -> Vec<String> {
     redirect::check(
         plan,
@@ -641,26 +659,13 @@ fn a_dead_pods_ip_taken_by_another_pod_is_never_programmed() {
     // The sandbox dies (its process and namespace gone); the API still lists the pod as
     // Running; the IP is handed to the other pod.
     drop(dead);
-    other
-        .world
-        .pod
-        .ip_batch(&[format!("addr add {ip}/32 dev eth0")])
-        .unwrap();
+    other.add_ip(ip);
     let failed = checks(&d, "failed");
-    let programmed = || !nft(&other, "list ruleset").trim().is_empty();
-    wait_until(T, || programmed() || checks(&d, "failed") >= failed + 2.0);
-    std::thread::sleep(Duration::from_secs(2));
-    let rules = nft(&other, "list ruleset");
-    assert!(
-        rules.trim().is_empty(),
-        "the dead pod's plan was programmed into the pod that took its IP:\n{rules}\n{}",
-        d.log()
-    );
-    assert_eq!(checks(&d, "repaired"), 1.0, "{}", d.log());
-    assert!(
-        checks(&d, "failed") >= failed + 2.0,
-        "not retried\n{}",
-        d.log()
+    never_programmed(
+        &d,
+        &other,
+        failed,
+        "the dead pod's plan was programmed into the pod that took its IP",
     );
     // Kubelet reports a recreated sandbox (a pod update): the namespace holding the IP is
     // searched for again and programmed.
@@ -695,31 +700,18 @@ fn a_reused_pid_in_another_pods_namespace_is_not_the_pod() {
     );
     // The other pod takes the IP, the dead pod's PID comes back as a process of the other
     // pod (its /proc entry swapped in one rename), and the dead pod's process exits.
-    other
-        .world
-        .pod
-        .ip_batch(&[format!("addr add {ip}/32 dev eth0")])
-        .unwrap();
+    other.add_ip(ip);
     let proc = env.tmp.path().join("host-proc");
     let swap = proc.join("swap");
     std::os::unix::fs::symlink(format!("/proc/{}", other.pid()), &swap).unwrap();
     std::fs::rename(&swap, proc.join(dead.pid().to_string())).unwrap();
     drop(dead);
     let failed = checks(&d, "failed");
-    let programmed = || !nft(&other, "list ruleset").trim().is_empty();
-    wait_until(T, || programmed() || checks(&d, "failed") >= failed + 2.0);
-    std::thread::sleep(Duration::from_secs(2));
-    let rules = nft(&other, "list ruleset");
-    assert!(
-        rules.trim().is_empty(),
-        "the dead pod's plan was programmed through its reused PID:\n{rules}\n{}",
-        d.log()
-    );
-    assert_eq!(checks(&d, "repaired"), 1.0, "{}", d.log());
-    assert!(
-        checks(&d, "failed") >= failed + 2.0,
-        "not retried\n{}",
-        d.log()
+    never_programmed(
+        &d,
+        &other,
+        failed,
+        "the dead pod's plan was programmed through its reused PID",
     );
 }
 
@@ -890,11 +882,7 @@ fn a_namespace_in_another_pods_cgroup_is_never_programmed() {
     web_cg.add(web.pid()).unwrap();
     other_cg.add(other.pid()).unwrap();
     // The other pod's namespace holds web's IP too (a stale address, a misbehaving IPAM).
-    other
-        .world
-        .pod
-        .ip_batch(&[format!("addr add {}/32 dev eth0", web.ip)])
-        .unwrap();
+    other.add_ip(web.ip);
     let d = start(&env, &kube);
     kube.add(mesh_pod("web", WEB, &web.ip.to_string()));
     assert!(
@@ -905,19 +893,18 @@ fn a_namespace_in_another_pods_cgroup_is_never_programmed() {
     assert!(!nft(&web, "list ruleset").trim().is_empty());
     // A pod the API lists Running with the other pod's IP, whose own sandbox is gone: the
     // namespace holding the IP belongs to the other pod and is never programmed.
+    let failed = checks(&d, "failed");
     kube.add(mesh_pod("ghost", GHOST, &other.ip.to_string()));
     assert!(
         d.wait_log(&format!("belong to pod {OTHER}"), T),
         "{}",
         d.log()
     );
-    std::thread::sleep(Duration::from_secs(2));
-    let rules = nft(&other, "list ruleset");
-    assert!(
-        rules.trim().is_empty(),
-        "a pod's plan was programmed into another pod's namespace:\n{rules}\n{}",
-        d.log()
+    never_programmed(
+        &d,
+        &other,
+        failed,
+        "a pod's plan was programmed into another pod's namespace",
     );
-    assert_eq!(checks(&d, "repaired"), 1.0, "{}", d.log());
     drop((web_cg, other_cg));
 }

@@ -45,15 +45,22 @@ fn only(node: &TestNetns, backend: Backend) {
     }
 }
 
-fn probes_are_snatted_on(backend: Backend) {
+/// A pod with ambient's in-pod rules of `backend` and a stand-in ztunnel, on its node (the
+/// world side); the host rule of `backend` and its plan, not written yet.
+fn pod_on_node(backend: Backend) -> (PodWorld, Probe, HostProbeRule, Plan) {
     require_root();
     let w = PodWorld::ipv4_only().unwrap();
-    let (node, pod) = (w.world.path(), IpAddr::V4(w.pod_v4));
     let inpod = Plan::ambient(&AmbientConfig::default()).unwrap();
     redirect::apply(&inpod, Some(w.pod.path()), BackendChoice::Fixed(backend)).unwrap();
     let ztunnel = Probe::start(w.pod.path(), "pod", &ZTUNNEL).unwrap();
     let rule = HostProbeRule::new(backend);
     let plan = host_plan(rule.probe_source(Some(KUBELET_UID)), false);
+    (w, ztunnel, rule, plan)
+}
+
+fn probes_are_snatted_on(backend: Backend) {
+    let (w, ztunnel, rule, plan) = pod_on_node(backend);
+    let (node, pod) = (w.world.path(), IpAddr::V4(w.pod_v4));
     in_ns(node, || {
         rule.ensure(&plan)?;
         rule.add_pod_ips(&plan, &[pod], "uid-a")
@@ -181,14 +188,8 @@ fn foreign_rules(node: &TestNetns, backend: Backend) {
 /// rule, ignores other rules on the node (kube-proxy's, another `ISTIO_*` chain), and
 /// `ensure` after it brings back a rule that SNATs kubelet's probes again.
 fn check_sees_damage_and_ensure_repairs(backend: Backend) {
-    require_root();
-    let w = PodWorld::ipv4_only().unwrap();
+    let (w, ztunnel, rule, plan) = pod_on_node(backend);
     let (node, pod) = (w.world.path(), IpAddr::V4(w.pod_v4));
-    let inpod = Plan::ambient(&AmbientConfig::default()).unwrap();
-    redirect::apply(&inpod, Some(w.pod.path()), BackendChoice::Fixed(backend)).unwrap();
-    let ztunnel = Probe::start(w.pod.path(), "pod", &ZTUNNEL).unwrap();
-    let rule = HostProbeRule::new(backend);
-    let plan = host_plan(rule.probe_source(Some(KUBELET_UID)), false);
     let kubelet = ConnectSpec::new(pod, 8080).uid(KUBELET_UID);
     let snatted = (8080, IpAddr::V4(HOST_PROBE_SNAT_V4));
     foreign_rules(&w.world, backend);

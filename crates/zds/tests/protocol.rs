@@ -472,24 +472,53 @@ async fn an_extra_ack_is_never_taken_as_the_answer_to_the_next_request() {
     }
 }
 
-/// A ztunnel that takes its time over a snapshot (each Ack inside the ack timeout) keeps the
-/// connection busy for pods x ack_timeout. An add queued behind it gets its answer within its
-/// own bound, and is never sent after its caller gave up.
-#[tokio::test]
-async fn an_add_queued_behind_a_slow_snapshot_is_bounded_and_never_sent_late() {
-    let (_dir, path) = socket_dir();
+/// A server (ack timeout 600 ms, queue timeout 300 ms) whose snapshot holds `uids`, and a
+/// ztunnel connected to it, with the snapshot's first request.
+async fn slow_snapshot(
+    uids: impl Iterator<Item = String>,
+) -> (
+    tempfile::TempDir,
+    std::sync::Arc<ZdsServer>,
+    FakeZtunnel,
+    Request,
+) {
+    let (dir, path) = socket_dir();
     let config = ZdsConfig {
         ack_timeout: Duration::from_millis(600),
         queue_timeout: Duration::from_millis(300),
         ..quick()
     };
     let mut builder = ZdsServer::builder(&path).config(config);
-    for i in 0..23 {
-        builder = builder.workload(format!("uid-old-{i:02}"), info("old"), own_netns());
+    for uid in uids {
+        builder = builder.workload(uid, info("old"), own_netns());
     }
     let server = std::sync::Arc::new(builder.bind().unwrap());
     let zt = FakeZtunnel::connect(&path).await;
-    let (mut req, _) = zt.recv().await;
+    let first = zt.recv().await.0;
+    (dir, server, zt, first)
+}
+
+/// Acks the snapshot from `req` on, each after 250 ms (well inside the 600 ms ack timeout),
+/// through `SnapshotSent`; `each` sees every request after `req`.
+async fn ack_slowly(zt: &FakeZtunnel, mut req: Request, mut each: impl FnMut(&Request)) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        zt.ack().await;
+        if req == Request::SnapshotSent {
+            return;
+        }
+        req = zt.recv().await.0;
+        each(&req);
+    }
+}
+
+/// A ztunnel that takes its time over a snapshot (each Ack inside the ack timeout) keeps the
+/// connection busy for pods x ack_timeout. An add queued behind it gets its answer within its
+/// own bound, and is never sent after its caller gave up.
+#[tokio::test]
+async fn an_add_queued_behind_a_slow_snapshot_is_bounded_and_never_sent_late() {
+    let uids = (0..23).map(|i| format!("uid-old-{i:02}"));
+    let (_dir, server, zt, req) = slow_snapshot(uids).await;
     assert!(matches!(req, Request::Add { .. }));
     let start = Instant::now();
     let late = tokio::spawn({
@@ -501,20 +530,14 @@ async fn an_add_queued_behind_a_slow_snapshot_is_bounded_and_never_sent_late() {
             (res, start.elapsed())
         }
     });
-    // 24 slow Acks (250 ms, well inside the 600 ms ack timeout): about 6 s of snapshot; the
-    // add's bound is 300 ms + 3 x 600 ms = 2.1 s.
-    loop {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        zt.ack().await;
-        if req == Request::SnapshotSent {
-            break;
-        }
-        req = zt.recv().await.0;
+    // 24 slow Acks: about 6 s of snapshot; the add's bound is 300 ms + 3 x 600 ms = 2.1 s.
+    ack_slowly(&zt, req, |req| {
         assert!(
-            !matches!(&req, Request::Add { uid, .. } if uid == "uid-new"),
+            !matches!(req, Request::Add { uid, .. } if uid == "uid-new"),
             "uid-new sent in the middle of the snapshot"
         );
-    }
+    })
+    .await;
     let (res, waited) = tokio::time::timeout(WAIT, late).await.unwrap().unwrap();
     assert!(waited < Duration::from_millis(3000), "{waited:?}");
     let err = res.unwrap_err();
@@ -535,31 +558,12 @@ async fn an_add_queued_behind_a_slow_snapshot_is_bounded_and_never_sent_late() {
 /// (`DelWorkload`), not left serving a pod the agent rolls back.
 #[tokio::test]
 async fn an_expired_re_add_of_a_served_pod_withdraws_it_from_ztunnel() {
-    let (_dir, path) = socket_dir();
-    let config = ZdsConfig {
-        ack_timeout: Duration::from_millis(600),
-        queue_timeout: Duration::from_millis(300),
-        ..quick()
-    };
-    let mut builder = ZdsServer::builder(&path).config(config);
-    for i in 0..8 {
-        builder = builder.workload(format!("uid-{i}"), info("old"), own_netns());
-    }
-    let server = std::sync::Arc::new(builder.bind().unwrap());
-    let zt = FakeZtunnel::connect(&path).await;
-    let mut req = zt.recv().await.0;
+    let (_dir, server, zt, req) = slow_snapshot((0..8).map(|i| format!("uid-{i}"))).await;
     let again = tokio::spawn({
         let server = server.clone();
         async move { server.add_workload("uid-3", info("old"), own_netns()).await }
     });
-    loop {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        zt.ack().await;
-        if req == Request::SnapshotSent {
-            break;
-        }
-        req = zt.recv().await.0;
-    }
+    ack_slowly(&zt, req, |_| {}).await;
     let err = tokio::time::timeout(WAIT, again)
         .await
         .unwrap()

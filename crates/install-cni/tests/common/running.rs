@@ -39,6 +39,14 @@ impl RunningPod {
         RunningPod { world, ip, sleeper }
     }
 
+    /// Puts `ip` on the pod's interface too (an address reused, or handed out twice).
+    pub fn add_ip(&self, ip: IpAddr) {
+        self.world
+            .pod
+            .ip_batch(&[format!("addr add {ip}/32 dev eth0")])
+            .unwrap();
+    }
+
     /// The PID of the process in the pod's namespace (its `/proc/PID/ns/net`).
     pub fn pid(&self) -> u32 {
         self.sleeper.id()
