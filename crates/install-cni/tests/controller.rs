@@ -294,3 +294,45 @@ fn a_hung_initialized_patch_holds_up_no_other_pod() {
         d.log()
     );
 }
+
+/// The background PATCHes are bounded: with the API server answering none, 20 programmed
+/// pods leave at most 16 PATCHes waiting (`MARKS_IN_FLIGHT`); the others are logged and left
+/// for their next check, and every pod is still programmed.
+#[test]
+fn hung_initialized_patches_are_capped() {
+    integration::require_root();
+    let env = Env::new();
+    let kube = FakeKube::start();
+    kube.put_namespace("shop", json!({INITIALIZE: "true"}));
+    let pods: Vec<RunningPod> = (0..20).map(|_| RunningPod::new()).collect();
+    let d = start_controller(&env, &kube, "5m");
+    kube.hang_next_pod_patches(1000);
+    let jsons: Vec<Value> = pods
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            kube.add(mesh_pod(
+                "shop",
+                &format!("p{i}"),
+                &p.ip.to_string(),
+                json!({}),
+            ))
+        })
+        .collect();
+    for (json, p) in jsons.iter().zip(&pods) {
+        let plan = plan_for(json, p);
+        assert!(
+            wait_until(BOUND, || drift(&plan, p).is_empty()),
+            "{}",
+            d.log()
+        );
+    }
+    assert!(d.wait_log("not annotating", T), "{}", d.log());
+    std::thread::sleep(Duration::from_millis(500));
+    let patches = kube
+        .requests()
+        .iter()
+        .filter(|r| r.method == "PATCH")
+        .count();
+    assert_eq!(patches, 16, "{}", d.log());
+}
