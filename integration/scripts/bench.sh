@@ -2,14 +2,14 @@
 # Every benchmark in one command (run as root on Debian 12; ~5 minutes). Each table is measured
 # side by side in the same run; results go to integration/results/bench.md and into README.md
 # between the `bench:begin` / `bench:end` markers, with the machine and the date.
-#   rule programming      integration/src/bin/bench-apply.rs   (CLI vs nft -f vs iptables-*-restore, in-process, CIDR scaling)
-#   per-connection cost   integration/src/bin/bench-conn.rs    (10,000 excluded CIDRs: interval set vs linear rules)
-#   live migration        integration/src/bin/bench-migrate.rs (redirect::migrate legacy -> nft -> legacy, per pod)
-#   CNI ADD               integration/src/bin/bench-cni.rs     (cnitool through the full chain on an install-cni node)
-#   RunPodSandbox         integration/src/bin/bench-cri.rs     (containerd 1.6 over the CRI, with/without istio-cni)
-#   ambient ADD, RSS      integration/src/bin/bench-ambient.rs (chain -> agent -> rules -> real ztunnel Ack; agent RSS)
-#   plugin size/RSS       crates/cni-plugin/tests/bench.rs     (-> integration/results/cni-plugin.txt)
-#   daemon RSS/repair     crates/install-cni/tests/bench.rs    (-> integration/results/install-cni.txt)
+#   rule programming      integration/bench/src/bin/bench-apply.rs   (CLI vs nft -f vs iptables-*-restore, in-process, CIDR scaling)
+#   per-connection cost   integration/bench/src/bin/bench-conn.rs    (10,000 excluded CIDRs: interval set vs linear rules)
+#   live migration        integration/bench/src/bin/bench-migrate.rs (redirect::migrate legacy -> nft -> legacy, per pod)
+#   CNI ADD               integration/bench/src/bin/bench-cni.rs     (cnitool through the full chain on an install-cni node)
+#   RunPodSandbox         integration/bench/src/bin/bench-cri.rs     (containerd 1.6 over the CRI, with/without istio-cni)
+#   ambient ADD, RSS      integration/bench/src/bin/bench-ambient.rs (chain -> agent -> rules -> real ztunnel Ack; agent RSS)
+#   plugin size/RSS       crates/cni-plugin/tests/bench.rs           (-> integration/results/cni-plugin.txt)
+#   daemon RSS/repair     crates/install-cni/tests/bench.rs          (-> integration/results/install-cni.txt)
 # Env: SAMPLES (apply, default 30), CONNS (default 3000), MIGRATE_PODS (default 50), PODS (200),
 #      PAR (100), SANDBOXES (30), ROUNDS (3), AMBIENT_PODS (500), SKIP_CRATE_BENCHES=1.
 set -euo pipefail

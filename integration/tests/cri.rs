@@ -32,7 +32,7 @@ const CONCURRENT: usize = 20;
 
 fn runtime_node(backend: Option<&str>) -> RuntimeNode {
     integration::require_root();
-    let mut rn = RuntimeNode::new(env!("CARGO_BIN_EXE_pause").as_ref()).unwrap();
+    let mut rn = RuntimeNode::new(&integration::cri::images::pause_binary()).unwrap();
     // info: the plugin logs every ADD and DEL (the chart's warn would not show the DELs).
     let mut env = vec![("PLUGIN_LOG_LEVEL", "info")];
     env.extend(backend.map(|b| ("REDIRECT_BACKEND", b)));
@@ -268,7 +268,7 @@ fn containerd_runs_install_cni_whose_reconcile_repairs_a_legacy_pod_with_the_ima
     integration::require_root();
     let mut opts = NodeOptions::new(PathBuf::new());
     opts.full_api = true;
-    let mut rn = RuntimeNode::with_node(env!("CARGO_BIN_EXE_pause").as_ref(), opts).unwrap();
+    let mut rn = RuntimeNode::with_node(&integration::cri::images::pause_binary(), opts).unwrap();
     let env = [
         ("REDIRECT_BACKEND", "iptables-legacy"),
         ("RECONCILE_INTERVAL", "1s"),

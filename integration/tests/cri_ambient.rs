@@ -113,7 +113,8 @@ fn containerd_runs_the_ambient_agent_and_ambient_pods_talk_hbone_through_restart
     let plain = plans.pod("plain", Enroll::None);
     let refused = plans.pod("refused", Enroll::PodLabel);
     let late = plans.pod("late", Enroll::PodLabel);
-    let pause = env!("CARGO_BIN_EXE_pause").as_ref();
+    let pause = integration::cri::images::pause_binary();
+    let pause = pause.as_path();
     let workloads = [a.clone(), b.clone(), late.clone()];
     let mut n = AmbientRuntime::start(pause, &zt_bin, plans.range(), &workloads).unwrap();
     let started = t0.elapsed();
@@ -317,7 +318,8 @@ fn containerd_runs_the_ambient_agent_on_an_iptables_legacy_node_with_the_images_
     let mut plans = Plans::new();
     let a = plans.pod("a", Enroll::PodLabel);
     let b = plans.pod("b", Enroll::NamespaceLabel);
-    let pause = env!("CARGO_BIN_EXE_pause").as_ref();
+    let pause = integration::cri::images::pause_binary();
+    let pause = pause.as_path();
     let legacy = vec![("REDIRECT_BACKEND", "iptables-legacy")];
     let n = AmbientRuntime::start_with(
         pause,

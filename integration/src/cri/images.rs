@@ -1,5 +1,6 @@
 //! Images for the private containerd, made locally (no registry is reachable):
-//! * the pause image: the static `pause` binary of this crate packed as a one-layer OCI image;
+//! * the pause image: the static `pause` binary (the `pause` package, [`pause_binary`]) packed as
+//!   a one-layer OCI image;
 //! * the install-cni image: `deploy/scripts/build-image.sh`'s OCI archive (or `$ISTIO_CNI_IMAGE`).
 
 use serde_json::json;
@@ -7,6 +8,25 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// The `pause` package's binary in the cargo profile directory of the running executable
+/// (`target/<triple>/<profile>/pause`, also for test binaries in `deps/`): `cargo test
+/// --workspace` builds it (its own test runs it), as do `cargo build --bins` and
+/// `cargo build -p pause`. Panics naming the command when it is missing.
+pub fn pause_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the running executable");
+    let mut dir = exe.parent().unwrap_or(Path::new(".")).to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let pause = dir.join("pause");
+    assert!(
+        pause.is_file(),
+        "{} missing: build it first (`cargo build -p pause`, or `cargo test --workspace`)",
+        pause.display()
+    );
+    pause
+}
 
 /// Packs `pause_bin` as `/pause` into an OCI image archive named `name`, written to `out`.
 pub fn pause_archive(pause_bin: &Path, name: &str, out: &Path) -> io::Result<()> {

@@ -51,8 +51,8 @@ pub struct RuntimeNode {
 }
 
 impl RuntimeNode {
-    /// Node, containerd, the pause and install-cni images imported. `pause_bin`: this crate's
-    /// static `pause` binary. `install_cni_env`: overrides of the chart's env (e.g.
+    /// Node, containerd, the pause and install-cni images imported. `pause_bin`: the
+    /// `pause` package's static binary ([`super::images::pause_binary`]). `install_cni_env`: overrides of the chart's env (e.g.
     /// `REDIRECT_BACKEND`).
     pub fn new(pause_bin: &Path) -> io::Result<RuntimeNode> {
         RuntimeNode::with_node(pause_bin, NodeOptions::new(PathBuf::new()))

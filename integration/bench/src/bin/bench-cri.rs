@@ -9,7 +9,8 @@
 //! machine it is the steadier measure of our share.
 //!
 //! Usage: bench-cri [sequential] [concurrent] [rounds] — prints a Markdown table.
-//! Needs the `pause` binary next to itself (`cargo build --release -p integration --bins`) and
+//! Needs the `pause` binary next to itself (the `pause` package: `cargo build --release
+//! --workspace --bins`, as bench.sh does) and
 //! the image (`$ISTIO_CNI_IMAGE`, else deploy/scripts/build-image.sh builds it).
 
 use integration::cni::percentile;
