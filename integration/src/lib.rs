@@ -1,104 +1,141 @@
-//! Real-kernel test harness shared by every crate's integration tests.
+//! The whole product on one node, for `integration/tests`, the demo and the benchmarks:
+//! everything of [`testbed`] (re-exported: namespaces, probes, the fake API server, the node,
+//! ztunnel, the ambient node), plus the rigs that need the product's own types, which testbed
+//! (below every product crate) cannot have:
 //!
-//! * [`TestNetns`]: a uniquely named network namespace (`ip netns add`), loopback up, deleted
-//!   on drop — also when the test panics.
-//! * [`PodWorld`]: a "pod" and a "world" namespace joined by a veth pair, dual stack or
-//!   IPv4 only, with default routes both ways. Extra links (e.g. a KubeVirt-style `eth1`)
-//!   can be added with [`PodWorld::add_link`].
-//! * [`Probe`]: TCP/UDP listeners inside a namespace that record every connection, with the
-//!   port it landed on and its original destination (`SO_ORIGINAL_DST`, or the local address
-//!   for TPROXY), and answer the client with the same facts.
-//! * [`connect`] / [`send_udp`]: a client that runs inside a namespace as a given uid/gid
-//!   (only its own thread changes identity) and reports where the connection landed.
-//!
-//! * [`ambient`]: an ambient node (the agent, a real ztunnel, the full fake API, a fake
-//!   kubelet) and pods ADDed through the chain.
-//! * [`cni`]: the CNI client side (`cnitool`, a local Kubernetes API server serving Pod JSON).
-//! * [`install_fixtures`]: Istio's install-cni fixtures and how our install is compared.
-//! * [`kube_api`]: the fake Kubernetes API (pods, namespaces, nodes, events; get, list, watch).
-//! * [`dns`]: one DNS A query from inside a namespace (who answers: ztunnel's DNS proxy?).
-//! * [`ztunnel`]: a real ztunnel (built by `scripts/build-ztunnel.sh`) in its own namespace,
-//!   the peer of the ambient node agent's ZDS socket.
-//! * [`node`]: the whole product on one machine — a node namespace with a host layout,
-//!   the real `install-cni` daemon, and the [`pods`] a node sees.
+//! * [`OpenConnection`]: an `explain::Connection` opened for real in a [`PodWorld`];
+//! * [`host_probe`]: a pod on a node with the host probe rule, through `redirect`;
+//! * [`legacy_trace`]: a plan programmed with the iptables-legacy backend, through `redirect`;
+//! * [`ambient`]: the node's legacy probe ipset as `iptables_legacy::live` reads it;
+//! * [`golden`]: Istio's goldens as capture's types (the `golden` crate);
 //! * [`cri`]: the same node under a real container runtime — a private containerd driven over
 //!   the CRI, running the install-cni image with the chart's DaemonSet spec.
-//!
-//! Everything runs in-process (no python, no `ip netns exec` per connection), with bounded
-//! timeouts, so a test can afford hundreds of namespaces and connections. All of it needs
-//! root (CAP_SYS_ADMIN, CAP_NET_ADMIN).
-//!
-//! ```no_run
-//! use integration::*;
-//! let w = PodWorld::new().unwrap();
-//! let _sidecar = Probe::sidecar(w.pod.path()).unwrap();
-//! let _server = Probe::world(w.world.path()).unwrap();
-//! let out = connect(w.pod.path(), &ConnectSpec::new(w.world_v4.into(), 80));
-//! assert_eq!(out.landed_port(), Some(80)); // nothing redirects yet
-//! ```
 
-pub mod ambient;
-pub mod cgroup;
-pub mod cni;
 pub mod cri;
-pub mod dns;
-pub mod golden;
-pub mod host_probe;
-pub mod install_fixtures;
-pub mod kube_api;
-pub mod legacy_trace;
-pub mod node;
-mod ns;
-pub mod pods;
-mod probe;
-pub mod proc_stats;
-pub mod uds_flood;
-pub mod ztunnel;
 
-pub use ns::{Link, PodWorld, TestNetns, exec_at};
+pub use golden;
+pub use testbed::*;
 
-/// istio-iptables flags of the CNI plugin's default sidecar pod (istio-reference §1.6 b).
-pub const CNI_DEFAULT_FLAGS: [&str; 16] = [
-    "-p",
-    "15001",
-    "-z",
-    "15006",
-    "-u",
-    "1337",
-    "-m",
-    "REDIRECT",
-    "-i",
-    "*",
-    "-b",
-    "*",
-    "-d",
-    "15090,15021,15020",
-    "-o",
-    "15020",
-];
-
-/// [`CNI_DEFAULT_FLAGS`] with `--ipv6 on|off|auto` (e.g. IPv6 rules whatever the addresses).
-pub fn cni_default_flags_with_ipv6(ipv6: &'static str) -> Vec<&'static str> {
-    let mut flags = CNI_DEFAULT_FLAGS.to_vec();
-    flags.extend(["--ipv6", ipv6]);
-    flags
-}
-pub use probe::{
-    Accepted, ConnectSpec, Landed, Listen, ListenKind, Outcome, Probe, SHORT_TIMEOUT, Transport,
-    connect, send_udp,
-};
-
-/// True when the process may create namespaces (root). Tests that need the kernel call
-/// [`require_root`] so a non-root run fails with one clear message instead of many.
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+/// An `explain::Connection` opened for real.
+pub trait OpenConnection {
+    /// Opens `c` for real: outbound from the pod, inbound from the world, with its source,
+    /// uid, gid and mark, through `zone` when given (link-local addresses); where it landed.
+    /// What `explain`'s answers are compared with.
+    fn open(&self, c: &explain::Connection, zone: Option<&str>) -> Outcome;
 }
 
-/// Panics with a clear message when not running as root.
-pub fn require_root() {
-    assert!(
-        is_root(),
-        "this test needs root (network namespaces, netfilter); run it as root"
-    );
+impl OpenConnection for PodWorld {
+    fn open(&self, c: &explain::Connection, zone: Option<&str>) -> Outcome {
+        let mut spec = ConnectSpec::new(c.dst.ip(), c.dst.port());
+        if let Some(z) = zone {
+            spec = spec.zone(z);
+        }
+        if let Some(s) = c.src {
+            spec = spec.src(s);
+        }
+        if let Some(u) = c.uid {
+            spec = spec.uid(u);
+        }
+        if let Some(g) = c.gid {
+            spec = spec.gid(g);
+        }
+        if let Some(m) = c.mark {
+            spec = spec.mark(m);
+        }
+        let ns = match c.direction {
+            explain::Direction::Outbound => self.pod.path(),
+            explain::Direction::Inbound => self.world.path(),
+        };
+        match c.protocol {
+            explain::Protocol::Tcp => connect(ns, &spec),
+            explain::Protocol::Udp => send_udp(ns, &spec),
+        }
+    }
+}
+
+/// [`testbed::ambient`] and the node's legacy probe ipset as the product reads it.
+pub mod ambient {
+    use std::net::IpAddr;
+    use testbed::TestNetns;
+    pub use testbed::ambient::*;
+
+    /// The node's legacy probe ipset of an [`AmbientNode`].
+    pub trait ProbeIpset {
+        /// The members of the node's legacy probe ipset `set` (see [`probe_ipset`]).
+        fn probe_ipset(&self, set: &str) -> Vec<(IpAddr, String)>;
+    }
+
+    impl ProbeIpset for AmbientNode {
+        fn probe_ipset(&self, set: &str) -> Vec<(IpAddr, String)> {
+            probe_ipset(&self.node.ns, set)
+        }
+    }
+
+    /// The members of the node's legacy probe ipset `set` (`istio-inpod-probes-v4/v6`) as
+    /// `(address, comment)`; empty when the set does not exist.
+    pub fn probe_ipset(node: &TestNetns, set: &str) -> Vec<(IpAddr, String)> {
+        let out = node.exec_ok("ipset", &["save", set]).unwrap_or_default();
+        iptables_legacy::live::parse_ipset_save(&out, set)
+            .into_iter()
+            .map(|m| (m.addr, m.comment.unwrap_or_default()))
+            .collect()
+    }
+}
+
+/// [`testbed::host_probe`] and a pod on a node with the host probe rule, through `redirect`.
+pub mod host_probe {
+    use capture::{HostProbeConfig, Plan, ProbeSource};
+    use std::net::IpAddr;
+    use testbed::PodWorld;
+    pub use testbed::host_probe::*;
+
+    /// The host rule's plan (`Plan::ambient_host`) for `source`.
+    pub fn host_plan(source: ProbeSource, ipv6: bool) -> Plan {
+        Plan::ambient_host(&HostProbeConfig::new(source, ipv6)).expect("a valid host probe config")
+    }
+
+    /// An IPv4 ambient pod and its node (the world side): the pod has the default in-pod rules
+    /// (nft), the node the nft host probe rule for the kubelet's uid `kubelet_uid` with the pod's
+    /// address in its set. Returns the two and the host rule's plan.
+    pub fn nft_pod_on_node(kubelet_uid: u32) -> (PodWorld, Plan) {
+        pod_on_node(redirect::Backend::Nft, ProbeSource::KubeletUid(kubelet_uid))
+    }
+
+    /// [`nft_pod_on_node`] on an iptables-legacy node: the pod's ambient rules and Istio's legacy
+    /// host rule (`nat ISTIO_POSTRT`, any local socket, the ipset `istio-inpod-probes-v4`).
+    pub fn legacy_pod_on_node() -> (PodWorld, Plan) {
+        pod_on_node(
+            redirect::Backend::IptablesLegacy,
+            ProbeSource::AnyLocalSocket,
+        )
+    }
+
+    fn pod_on_node(backend: redirect::Backend, source: ProbeSource) -> (PodWorld, Plan) {
+        let w = PodWorld::ipv4_only().expect("pod and world namespaces");
+        let inpod = Plan::ambient(&capture::AmbientConfig::default()).expect("the in-pod plan");
+        let fixed = redirect::BackendChoice::Fixed(backend);
+        redirect::apply(&inpod, Some(w.pod.path()), fixed).expect("the in-pod rules");
+        let host = host_plan(source, false);
+        let pod = IpAddr::V4(w.pod_v4);
+        let rule = redirect::host_probe::HostProbeRule::new(backend);
+        in_ns(w.world.path(), || {
+            rule.ensure(&host)?;
+            rule.add_pod_ips(&host, &[pod], "uid-a")
+        })
+        .expect("the host rule");
+        (w, host)
+    }
+}
+
+/// [`testbed::legacy_trace`] and a plan programmed with the iptables-legacy backend.
+pub mod legacy_trace {
+    use std::path::Path;
+    pub use testbed::legacy_trace::*;
+
+    /// Programs `plan` into the namespace at `netns` with the iptables-legacy backend (the
+    /// product's own path: `redirect::apply`).
+    pub fn apply_legacy(netns: &Path, plan: &capture::Plan) {
+        let fixed = redirect::BackendChoice::Fixed(redirect::Backend::IptablesLegacy);
+        redirect::apply(plan, Some(netns), fixed).expect("apply with iptables-legacy");
+    }
 }

@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use capture::ambient_constants::PROBE_SET_V4;
-use integration::ambient::{AmbientNode, AmbientOptions, Mode, Pod, PodPlan, legacy_save};
+use integration::ambient::{
+    AmbientNode, AmbientOptions, Mode, Pod, PodPlan, ProbeIpset, legacy_save,
+};
 use integration::cni::require_cni_tools;
 use integration::ztunnel::ztunnel_binary;
 use std::net::IpAddr;

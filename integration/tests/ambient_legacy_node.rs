@@ -10,7 +10,7 @@
 use capture::ambient_constants::{HOST_PROBE_SNAT_V4, PROBE_SET_V4};
 use integration::TestNetns;
 use integration::ambient::{AmbientNode, AmbientOptions, KUBELET_UID, Mode, PodPlan, tables};
-use integration::ambient::{lands, last_peer, legacy_save};
+use integration::ambient::{ProbeIpset, lands, last_peer, legacy_save};
 use integration::cni::require_cni_tools;
 use integration::host_probe::LEGACY_HOST_RULE;
 use integration::ztunnel::ztunnel_binary;

@@ -2,13 +2,13 @@
 
 mod common;
 
-use integration::{TestNetns, require_root};
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
+use testbed::{TestNetns, require_root};
 
 use common::CLI;
 /// The CNI default sidecar flags.
-use integration::CNI_DEFAULT_FLAGS as DEFAULT;
+use testbed::CNI_DEFAULT_FLAGS as DEFAULT;
 
 fn cli(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(CLI.as_str());

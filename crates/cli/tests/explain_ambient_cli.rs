@@ -8,13 +8,13 @@ mod common;
 
 use capture::{AmbientConfig, Config, Facts, Ipv6Mode, Plan};
 use common::{CLI, text};
-use integration::ambient::{link_process, sleep_binary, spawn_in};
-use integration::kube_api::FakeKube;
-use integration::*;
 use redirect::{Backend, BackendChoice};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
+use testbed::ambient::{link_process, sleep_binary, spawn_in};
+use testbed::kube_api::FakeKube;
+use testbed::*;
 
 const KUBELET: u32 = 4242;
 
@@ -300,7 +300,7 @@ fn bad_pods_exit_2_naming_the_pod() {
 }
 
 /// `explain --host` from `w`'s node (its world namespace) to `dst`, with `extra`.
-fn explain_host(w: &integration::PodWorld, dst: &str, extra: &[&str]) -> Output {
+fn explain_host(w: &testbed::PodWorld, dst: &str, extra: &[&str]) -> Output {
     let node = w.world.path().to_str().unwrap();
     let mut a = vec!["--host", "--network-namespace", node, "--dst", dst];
     a.extend_from_slice(extra);
@@ -310,7 +310,7 @@ fn explain_host(w: &integration::PodWorld, dst: &str, extra: &[&str]) -> Output 
 #[test]
 fn host_probe_rule_is_explained_from_the_node() {
     require_root();
-    let (w, _host) = integration::host_probe::nft_pod_on_node(KUBELET);
+    let (w, _host) = common::nft_pod_on_node(KUBELET);
     let _ztunnel = Probe::start(w.pod.path(), "pod", &ZTUNNEL).unwrap();
     let dst = format!("{}:8080", w.pod_v4);
     let with = |extra: &[&str]| explain_host(&w, &dst, extra);
@@ -352,7 +352,7 @@ fn host_probe_rule_is_explained_from_the_node() {
 #[test]
 fn legacy_host_probe_rule_is_explained_from_the_node() {
     require_root();
-    let (w, _host) = integration::host_probe::legacy_pod_on_node();
+    let (w, _host) = common::legacy_pod_on_node();
     let _ztunnel = Probe::start(w.pod.path(), "pod", &ZTUNNEL).unwrap();
     let dst = format!("{}:8080", w.pod_v4);
     let with = |extra: &[&str]| explain_host(&w, &dst, extra);

@@ -7,10 +7,10 @@ mod common;
 
 use capture::{Config, Facts, InterceptionMode, Ipv6Mode, Plan};
 use common::{CLI, text};
-use integration::*;
 use redirect::{Backend, BackendChoice};
 use serde_json::Value;
 use std::process::{Command, Output};
+use testbed::*;
 
 fn explain(args: &[&str]) -> Output {
     Command::new(CLI.as_str())

@@ -5,15 +5,15 @@
 mod common;
 
 use common::{CLI, text};
-use integration::{TestNetns, require_root};
 use redirect::Backend;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output};
+use testbed::{TestNetns, require_root};
 
 /// The CNI default sidecar flags, dual stack.
 fn pod() -> Vec<&'static str> {
-    integration::cni_default_flags_with_ipv6("on")
+    testbed::cni_default_flags_with_ipv6("on")
 }
 
 fn cli(args: &[&str], env: &[(&str, &str)]) -> Output {

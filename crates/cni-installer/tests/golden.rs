@@ -5,11 +5,11 @@
 use cni_config::PluginSettings;
 use cni_installer::discovery::{self, ConfFile, ConfPlan};
 use cni_installer::kubeconfig::{self, Trust};
-use integration::install_fixtures::{
-    assert_conflist_matches, assert_entry_matches, golden, golden_json, types,
-};
 use kube::config::Kubeconfig;
 use serde_json::Value;
+use testbed::install_fixtures::{
+    assert_conflist_matches, assert_entry_matches, golden, golden_json, types,
+};
 
 fn testdata_entry() -> Value {
     PluginSettings {

@@ -7,13 +7,13 @@
 mod common;
 
 use common::{ApiMode, Node, NodeOptions, Run, fixture, k8s_args, rules};
-use integration::TestNetns;
 use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use testbed::TestNetns;
 
 /// xorshift64*: reproducible cases without a dependency.
 struct Rng(u64);

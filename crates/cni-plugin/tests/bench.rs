@@ -6,11 +6,11 @@
 mod common;
 
 use common::*;
-use integration::TestNetns;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use testbed::TestNetns;
 
 const PODS: usize = 200;
 

@@ -5,10 +5,10 @@
 mod common;
 
 use common::*;
-use integration::{ConnectSpec, Probe, TestNetns, connect, send_udp};
 use serde_json::Value;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
+use testbed::{ConnectSpec, Probe, TestNetns, connect, send_udp};
 
 const APP_UID: u32 = 1000;
 
@@ -23,7 +23,7 @@ fn assert_no_rules(pod: &TestNetns, why: &str) {
 }
 
 #[track_caller]
-fn landed(out: &integration::Outcome, port: u16, orig: Option<SocketAddr>) {
+fn landed(out: &testbed::Outcome, port: u16, orig: Option<SocketAddr>) {
     assert_eq!(out.landed_port(), Some(port), "{out}");
     if orig.is_some() {
         assert_eq!(out.orig_dst(), orig, "{out}");

@@ -8,17 +8,22 @@
 //! disagrees. The node's packet loggers (`nf_log`) and its rules (save output without
 //! counters) must be exactly as before, and nftables never touched.
 
-use capture::ProbeSource;
 use capture::ambient_constants::{HOST_PROBE_SNAT_V4, HOST_PROBE_SNAT_V6};
+use capture::{HostProbeConfig, Plan, ProbeSource};
 use explain::compare::{RECORD_METHOD, compare_record};
 use explain::trace::{Attempt, KernelRecord, record_host};
 use explain::{self as ex, Connection, Direction, Outcome, Protocol};
-use integration::host_probe::{KUBELET_UID, OTHER_UID, host_plan, in_ns};
-use integration::legacy_trace::loggers;
-use integration::*;
 use iptables_legacy::ambient_host;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
+use testbed::host_probe::{KUBELET_UID, OTHER_UID, in_ns};
+use testbed::legacy_trace::loggers;
+use testbed::*;
+
+/// The host rule's plan (`Plan::ambient_host`) for `source`.
+fn host_plan(source: ProbeSource, ipv6: bool) -> Plan {
+    Plan::ambient_host(&HostProbeConfig::new(source, ipv6)).expect("a valid host probe config")
+}
 
 /// The node's rules in every legacy table, both families, without counters and comments.
 fn rules(node: &TestNetns) -> String {

@@ -9,13 +9,13 @@ mod common;
 use capture::*;
 use common::wait_for_trace_rules;
 use explain::trace::*;
-use integration::*;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+use testbed::*;
 
 const APP_UID: u32 = 1000;
 /// Set in the child process the signal tests start (the pod namespace's path).
@@ -396,7 +396,7 @@ fn udp_dns_is_traced_to_the_dns_redirect() {
         panic!("{:?}", p.attempt)
     };
     assert!(
-        integration::node::wait_until(Duration::from_secs(5), || landed_on(&agent, 15053)
+        testbed::node::wait_until(Duration::from_secs(5), || landed_on(&agent, 15053)
             .iter()
             .any(|a| a.peer == local)),
         "{:?}",
@@ -422,14 +422,14 @@ fn wait_follows_a_nat_redirected_datagram_through_its_second_pass() {
             wait_for_trace_rules(w.pod.path(), None),
             "the trace chain never appeared"
         );
-        let sent = integration::send_udp(
+        let sent = testbed::send_udp(
             w.pod.path(),
             &ConnectSpec::new(conn.dst.ip(), 53)
                 .uid(APP_UID)
                 .gid(APP_UID),
         );
         assert!(
-            integration::node::wait_until(Duration::from_secs(5), || !landed_on(&agent, 15053)
+            testbed::node::wait_until(Duration::from_secs(5), || !landed_on(&agent, 15053)
                 .is_empty()),
             "{sent}"
         );

@@ -13,12 +13,19 @@ use capture::*;
 use common::wait_for_trace_rules;
 use explain::trace::*;
 use explain::{self as ex, ir::TableFamily};
-use integration::legacy_trace::{NftMonitor, apply_legacy, left_in_legacy_pod, loggers};
-use integration::*;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+use testbed::legacy_trace::{NftMonitor, left_in_legacy_pod, loggers};
+use testbed::*;
+
+/// Programs `plan` into the namespace at `netns` with the iptables-legacy backend (the
+/// product's own path: `redirect::apply`).
+fn apply_legacy(netns: &Path, plan: &Plan) {
+    let fixed = redirect::BackendChoice::Fixed(redirect::Backend::IptablesLegacy);
+    redirect::apply(plan, Some(netns), fixed).expect("apply with iptables-legacy");
+}
 
 const APP_UID: u32 = 1000;
 /// Set in the child process the signal tests start (the pod namespace's path).
@@ -395,7 +402,7 @@ fn rules_left_by_a_killed_run_are_deleted_by_the_next_run() {
     child.kill().unwrap(); // SIGKILL: no chance to clean up
     child.wait().unwrap();
     // The OUTPUT rule and its companion at PREROUTING (the second pass over lo).
-    let left = integration::legacy_trace::trace_rules(pod.path());
+    let left = testbed::legacy_trace::trace_rules(pod.path());
     assert_eq!(left.len(), 2, "{left:?}");
     assert!(
         left.iter()

@@ -10,12 +10,12 @@ use common::kube_api::{FakeKube, broken_pod};
 use common::running::{RunningPod, proc_root};
 use common::*;
 use guardian::podplan::{self, Verdict};
-use integration::Probe;
 use k8s_openapi::api::core::v1::Pod;
 use redirect::capture::Plan;
 use redirect::{Backend, BackendChoice};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
+use testbed::Probe;
 
 /// Hang guard for "programmed within 1 s" (the target; timings are printed), generous for a
 /// loaded machine.
@@ -137,7 +137,7 @@ fn start_controller(env: &Env, kube: &FakeKube, interval: &str) -> Daemon {
 
 #[test]
 fn opted_in_pods_are_programmed_at_first_sight_and_annotated_others_are_not() {
-    integration::require_root();
+    testbed::require_root();
     let env = Env::new();
     let kube = FakeKube::start();
     kube.put_namespace("opted", json!({INITIALIZE: "true"}));
@@ -255,7 +255,7 @@ fn opted_in_pods_are_programmed_at_first_sight_and_annotated_others_are_not() {
 /// annotated at a later check.
 #[test]
 fn a_hung_initialized_patch_holds_up_no_other_pod() {
-    integration::require_root();
+    testbed::require_root();
     let env = Env::new();
     let kube = FakeKube::start();
     kube.put_namespace("shop", json!({}));
@@ -300,7 +300,7 @@ fn a_hung_initialized_patch_holds_up_no_other_pod() {
 /// for their next check, and every pod is still programmed.
 #[test]
 fn hung_initialized_patches_are_capped() {
-    integration::require_root();
+    testbed::require_root();
     let env = Env::new();
     let kube = FakeKube::start();
     kube.put_namespace("shop", json!({INITIALIZE: "true"}));

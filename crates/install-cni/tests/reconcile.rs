@@ -11,12 +11,12 @@ use common::kube_api::{FakeKube, broken_pod};
 use common::running::{RunningPod, proc_root};
 use common::*;
 use guardian::podplan::{self, Verdict};
-use integration::Probe;
 use k8s_openapi::api::core::v1::Pod;
 use redirect::capture::Plan;
 use redirect::{Backend, BackendChoice};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
+use testbed::Probe;
 
 /// Bound for each repair: a few reconcile intervals (1 s here), generous for a loaded machine.
 const REPAIR_BOUND: Duration = Duration::from_secs(10);
@@ -167,7 +167,7 @@ fn repaired_after(
 
 #[test]
 fn drifted_rules_are_repaired_and_traffic_lands_on_envoy_again() {
-    integration::require_root();
+    testbed::require_root();
     let env = Env::new();
     let kube = FakeKube::start();
     let mesh = RunningPod::new();
@@ -272,7 +272,7 @@ fn drifted_rules_are_repaired_and_traffic_lands_on_envoy_again() {
 
 #[test]
 fn iptables_legacy_rules_are_repaired_too() {
-    integration::require_root();
+    testbed::require_root();
     let env = Env::new();
     let kube = FakeKube::start();
     let mesh = RunningPod::new();
@@ -304,7 +304,7 @@ fn iptables_legacy_rules_are_repaired_too() {
 
 #[test]
 fn a_pod_on_the_other_backend_is_migrated_to_the_nodes() {
-    integration::require_root();
+    testbed::require_root();
     let env = Env::new();
     let kube = FakeKube::start();
     let mesh = RunningPod::new();
@@ -347,7 +347,7 @@ fn a_pod_on_the_other_backend_is_migrated_to_the_nodes() {
 
 #[test]
 fn pods_the_plugin_skips_are_never_checked() {
-    integration::require_root();
+    testbed::require_root();
     let env = Env::new();
     let kube = FakeKube::start();
     let running = RunningPod::new();
@@ -391,7 +391,7 @@ fn pods_the_plugin_skips_are_never_checked() {
 
 #[test]
 fn a_pod_whose_namespace_is_not_found_is_retried_and_holds_up_no_one() {
-    integration::require_root();
+    testbed::require_root();
     let env = Env::new();
     let kube = FakeKube::start();
     let sentinel = RunningPod::new();
@@ -465,7 +465,7 @@ fn a_bad_interval_is_a_startup_error_naming_the_variable() {
 #[ignore]
 fn bench_check_cost() {
     use guardian::reconcile::check::{self, Outcome, Target};
-    integration::require_root();
+    testbed::require_root();
     let env = Env::new();
     let mesh = RunningPod::new();
     let proc = proc_root(&env);
@@ -570,7 +570,7 @@ fn bench_check_cost() {
 #[test]
 #[ignore]
 fn bench_daemon_250_pods() {
-    integration::require_root();
+    testbed::require_root();
     const PODS: usize = 250;
     let env = Env::new();
     let kube = FakeKube::start();
@@ -640,7 +640,7 @@ fn bench_daemon_250_pods() {
 /// recreated sandbox); until then the pod is a failed check, retried with backoff.
 #[test]
 fn a_dead_pods_ip_taken_by_another_pod_is_never_programmed() {
-    integration::require_root();
+    testbed::require_root();
     let env = Env::new();
     let kube = FakeKube::start();
     let dead = RunningPod::new();
@@ -685,7 +685,7 @@ fn a_dead_pods_ip_taken_by_another_pod_is_never_programmed() {
 /// proves nothing: the namespace it reaches must be the one found first ((dev, inode)).
 #[test]
 fn a_reused_pid_in_another_pods_namespace_is_not_the_pod() {
-    integration::require_root();
+    testbed::require_root();
     let env = Env::new();
     let kube = FakeKube::start();
     let dead = RunningPod::new();
@@ -721,7 +721,7 @@ fn a_reused_pid_in_another_pods_namespace_is_not_the_pod() {
 /// the migration (never both kinds in one pod beyond one pass).
 #[test]
 fn an_interrupted_migration_left_with_both_kinds_is_finished_by_the_next_pass() {
-    integration::require_root();
+    testbed::require_root();
     let env = Env::new();
     let kube = FakeKube::start();
     let mesh = RunningPod::new();
@@ -771,7 +771,7 @@ fn an_interrupted_migration_left_with_both_kinds_is_finished_by_the_next_pass() 
 /// namespace there, so an update must not cut the pod's backoff short.
 #[test]
 fn a_flapping_pod_whose_checks_fail_stays_on_its_backoff() {
-    integration::require_root();
+    testbed::require_root();
     let env = Env::new();
     let kube = FakeKube::start();
     let sentinel = RunningPod::new();
@@ -809,7 +809,7 @@ fn a_flapping_pod_whose_checks_fail_stays_on_its_backoff() {
 /// 300 s).
 #[test]
 fn a_hung_event_write_holds_up_no_repair() {
-    integration::require_root();
+    testbed::require_root();
     let env = Env::new();
     let kube = FakeKube::start();
     let a = RunningPod::new();
@@ -840,7 +840,7 @@ fn a_hung_event_write_holds_up_no_repair() {
 /// connections.
 #[test]
 fn hung_event_writes_are_capped() {
-    integration::require_root();
+    testbed::require_root();
     let env = Env::new();
     let kube = FakeKube::start();
     let pods: Vec<RunningPod> = (0..20).map(|_| RunningPod::new()).collect();
@@ -867,18 +867,18 @@ fn hung_event_writes_are_capped() {
 /// found before) tells pods apart by their processes' cgroups, as Istio's agent does: a
 /// namespace holding the pod IP whose processes kubelet put in ANOTHER pod's cgroup is never
 /// the pod's, and of two namespaces holding the IP the one in the pod's own cgroup is. Real
-/// cgroups (`integration::cgroup`), real `/proc/PID/cgroup`.
+/// cgroups (`testbed::cgroup`), real `/proc/PID/cgroup`.
 #[test]
 fn a_namespace_in_another_pods_cgroup_is_never_programmed() {
-    integration::require_root();
+    testbed::require_root();
     const WEB: &str = "0b7d9a4e-5f3c-4d21-9e8a-1c2b3d4e5f60";
     const OTHER: &str = "7f6e5d4c-3b2a-4190-8877-665544332211";
     const GHOST: &str = "a1b2c3d4-e5f6-4711-8899-aabbccddeeff";
     let env = Env::new();
     let kube = FakeKube::start();
     let (web, other) = (RunningPod::new(), RunningPod::new());
-    let web_cg = integration::cgroup::PodCgroup::new(WEB, "pause-web").unwrap();
-    let other_cg = integration::cgroup::PodCgroup::new(OTHER, "pause-other").unwrap();
+    let web_cg = testbed::cgroup::PodCgroup::new(WEB, "pause-web").unwrap();
+    let other_cg = testbed::cgroup::PodCgroup::new(OTHER, "pause-other").unwrap();
     web_cg.add(web.pid()).unwrap();
     other_cg.add(other.pid()).unwrap();
     // The other pod's namespace holds web's IP too (a stale address, a misbehaving IPAM).

@@ -8,9 +8,9 @@ mod common;
 use common::kube_api::{FakeKube, broken_pod};
 use common::running::{RunningPod, proc_root};
 use common::*;
-use integration::Probe;
 use serde_json::{Value, json};
 use std::time::Duration;
+use testbed::Probe;
 
 const T: Duration = Duration::from_secs(20);
 const NODE: &str = "node-a";
@@ -47,7 +47,7 @@ fn start(env: &Env, kube: &FakeKube, extra: &[(&str, &str)]) -> Daemon {
 
 #[test]
 fn repairs_a_broken_pod_in_place_and_traffic_is_captured() {
-    integration::require_root();
+    testbed::require_root();
     let env = Env::new();
     let kube = FakeKube::start();
     let pod = RunningPod::new();
@@ -123,7 +123,7 @@ fn repairs_a_broken_pod_in_place_and_traffic_is_captured() {
 
 #[test]
 fn pods_that_do_not_match_are_left_alone() {
-    integration::require_root();
+    testbed::require_root();
     let env = Env::new();
     let kube = FakeKube::start();
     let untouched = RunningPod::new();

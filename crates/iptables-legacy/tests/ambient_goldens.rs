@@ -3,7 +3,7 @@
 
 #[test]
 fn ambient_payloads_match_istio_goldens_byte_for_byte() {
-    let cases = integration::golden::ambient_cases("iptables");
+    let cases = golden::ambient_cases("iptables");
     assert_eq!(cases.len(), 14, "every iptables ambient golden is checked");
     let mut failures = Vec::new();
     for case in &cases {

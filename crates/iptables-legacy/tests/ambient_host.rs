@@ -6,14 +6,19 @@
 //! ruleset` is empty there.
 
 use capture::ambient_constants::{HOST_PROBE_SNAT_V4, HOST_PROBE_SNAT_V6};
-use capture::{AmbientConfig, Plan, ProbeSource};
-use integration::host_probe::{KUBELET_UID, OTHER_UID, ZTUNNEL, host_plan, in_ns, seen_from};
-use integration::*;
+use capture::{AmbientConfig, HostProbeConfig, Plan, ProbeSource};
 use iptables_legacy::{Tools, ambient_host};
 use netns::NsLock;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use testbed::host_probe::{KUBELET_UID, OTHER_UID, ZTUNNEL, in_ns, seen_from};
+use testbed::*;
+
+/// The host rule's plan (`Plan::ambient_host`) for `source`.
+fn host_plan(source: ProbeSource, ipv6: bool) -> Plan {
+    Plan::ambient_host(&HostProbeConfig::new(source, ipv6)).expect("a valid host probe config")
+}
 
 const V4: &str = "istio-inpod-probes-v4";
 const V6: &str = "istio-inpod-probes-v6";
@@ -163,12 +168,9 @@ fn istios_rule_is_fed_byte_for_byte_and_snats_every_local_socket() {
     .unwrap();
     let fed = |bin: &str| std::fs::read_to_string(dir.join(format!("{bin}.in"))).unwrap();
     let golden = |name: &str| {
-        let text = std::fs::read_to_string(
-            integration::golden::golden_dir()
-                .join("iptables/cni-ambient")
-                .join(name),
-        )
-        .unwrap();
+        let text =
+            std::fs::read_to_string(golden::golden_dir().join("iptables/cni-ambient").join(name))
+                .unwrap();
         text.lines()
             .filter(|l| *l != "iptables-save" && *l != "ip6tables-save")
             .map(|l| l.to_string() + "\n")

@@ -5,9 +5,9 @@ use netns::NsLock;
 use std::time::{Duration, Instant};
 
 use capture::{AmbientConfig, Plan};
-use integration::ztunnel::ZTUNNEL_STAND_IN as ZTUNNEL;
-use integration::*;
 use std::net::{IpAddr, SocketAddr};
+use testbed::ztunnel::ZTUNNEL_STAND_IN as ZTUNNEL;
+use testbed::*;
 
 /// The calling thread's namespace lock, as `redirect` holds it around every backend call.
 fn held() -> NsLock {

@@ -5,15 +5,12 @@ use serde_json::Value;
 use std::path::PathBuf;
 
 fn shared() -> PathBuf {
-    integration::golden::golden_dir()
+    golden::golden_dir()
 }
 
 /// A case's configuration, through the shared loader.
 fn config_from_effective(e: &Value) -> (Config, Facts) {
-    (
-        integration::golden::config_from_effective(e),
-        Facts::default(),
-    )
+    (golden::config_from_effective(e), Facts::default())
 }
 
 #[test]

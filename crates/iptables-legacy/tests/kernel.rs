@@ -2,11 +2,11 @@
 //! connections tell where traffic lands.
 
 use capture::{Config, Facts, InterceptionMode, Ipv6Mode, Plan};
-use integration::*;
 use iptables_legacy::{LegacyError, Tools};
 use netns::NsLock;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
+use testbed::*;
 
 fn plan(cfg: &Config) -> Plan {
     Plan::build(cfg, &Facts::default()).expect("valid config")

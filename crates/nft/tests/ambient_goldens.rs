@@ -12,7 +12,7 @@
 mod norm;
 
 use capture::Plan;
-use integration::golden::{AmbientCase, ambient_cases};
+use golden::{AmbientCase, ambient_cases};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -32,8 +32,8 @@ fn is_host(plan: &Plan) -> bool {
 
 /// Programs the plan through netlink into a fresh namespace; `nft list ruleset` there.
 fn our_listing(plan: &Plan) -> String {
-    integration::require_root();
-    let ns = integration::TestNetns::with_prefix("amb-ours").unwrap();
+    testbed::require_root();
+    let ns = testbed::TestNetns::with_prefix("amb-ours").unwrap();
     netns::run_in(Some(ns.path()), || {
         if is_host(plan) {
             nft_backend::ambient_host::ensure(plan)
@@ -74,7 +74,7 @@ fn istio_listing(case: &AmbientCase) -> String {
         case.name
     ));
     std::fs::write(&file, text).unwrap();
-    let ns = integration::TestNetns::with_prefix("amb-istio").unwrap();
+    let ns = testbed::TestNetns::with_prefix("amb-istio").unwrap();
     let loaded = ns.exec_ok("nft", &["-f", file.to_str().unwrap()]);
     let _ = std::fs::remove_file(&file);
     loaded.unwrap();
@@ -191,7 +191,7 @@ fn dry_run_text_of_ambient_plans_loads_to_the_same_ruleset() {
             case.name
         ));
         std::fs::write(&file, &text).unwrap();
-        let ns = integration::TestNetns::with_prefix("amb-text").unwrap();
+        let ns = testbed::TestNetns::with_prefix("amb-text").unwrap();
         let loaded = ns.exec_ok("nft", &["-f", file.to_str().unwrap()]);
         let _ = std::fs::remove_file(&file);
         if let Err(e) = loaded {

@@ -4,14 +4,15 @@
 //! 169.254.7.127 un-proxied; other uids, and pods not in the set, are left alone.
 
 use capture::*;
-use integration::host_probe::{KUBELET_UID, OTHER_UID, ZTUNNEL, in_ns, seen_from};
-use integration::*;
 use nft_backend::ambient_host;
 use std::net::IpAddr;
 use std::path::Path;
+use testbed::host_probe::{KUBELET_UID, OTHER_UID, ZTUNNEL, in_ns, seen_from};
+use testbed::*;
 
 fn host_plan(ipv6: bool) -> Plan {
-    integration::host_probe::host_plan(ProbeSource::KubeletUid(KUBELET_UID), ipv6)
+    let source = ProbeSource::KubeletUid(KUBELET_UID);
+    Plan::ambient_host(&HostProbeConfig::new(source, ipv6)).expect("a valid host probe config")
 }
 
 fn set_elements(node: &TestNetns, set: &str) -> String {

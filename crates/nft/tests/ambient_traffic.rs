@@ -3,10 +3,10 @@
 //! and the app on 8080. Also: idempotent re-apply, cleanup removes only ours, policy routing.
 
 use capture::*;
-use integration::ztunnel::ZTUNNEL_STAND_IN as ZTUNNEL;
-use integration::*;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
+use testbed::ztunnel::ZTUNNEL_STAND_IN as ZTUNNEL;
+use testbed::*;
 
 const APP_UID: u32 = 1000;
 const ZTUNNEL_MARK: u32 = 0x539;

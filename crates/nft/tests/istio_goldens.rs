@@ -26,7 +26,7 @@ use std::path::PathBuf;
 const GROUP_NAMES: [(&str, u32); 2] = [("java", 1001), ("ftp", 1002)];
 
 fn shared() -> PathBuf {
-    integration::golden::golden_dir()
+    golden::golden_dir()
 }
 
 fn listings_dir() -> PathBuf {
@@ -35,10 +35,7 @@ fn listings_dir() -> PathBuf {
 
 /// A case's configuration, through the shared loader.
 fn config_from_effective(e: &Value) -> (Config, Facts) {
-    (
-        integration::golden::config_from_effective(e),
-        Facts::default(),
-    )
+    (golden::config_from_effective(e), Facts::default())
 }
 
 /// One nftables capture case of index.json.
@@ -76,9 +73,9 @@ fn cases() -> Vec<Case> {
 
 /// Programs `cfg` through netlink into a fresh namespace and returns `nft list ruleset` there.
 fn our_listing(cfg: &Config, facts: &Facts) -> (Plan, String) {
-    integration::require_root();
+    testbed::require_root();
     let plan = Plan::build(cfg, facts).unwrap();
-    let ns = integration::TestNetns::with_prefix("golden").unwrap();
+    let ns = testbed::TestNetns::with_prefix("golden").unwrap();
     netns::run_in(Some(ns.path()), || nft_backend::apply(&plan))
         .unwrap()
         .unwrap();
@@ -116,7 +113,7 @@ fn istio_listing_by_loading(name: &str) -> String {
     }
     let file = std::env::temp_dir().join(format!("istio-golden-{}-{name}.nft", std::process::id()));
     std::fs::write(&file, text).unwrap();
-    let ns = integration::TestNetns::with_prefix("istio").unwrap();
+    let ns = testbed::TestNetns::with_prefix("istio").unwrap();
     let loaded = ns.exec_ok("nft", &["-f", file.to_str().unwrap()]);
     let _ = std::fs::remove_file(&file);
     let mut listing = ns.exec_ok("nft", &["list", "ruleset"]).unwrap();
@@ -251,7 +248,7 @@ fn first_difference(expected: &str, live: &str) -> String {
 /// were made: loading each golden reproduces its kernel listing exactly.
 #[test]
 fn reference_listing_method_reproduces_kernel_listings() {
-    integration::require_root();
+    testbed::require_root();
     let mut checked = 0;
     for case in cases() {
         let file = shared().join(format!("nftables/kernel-listing/{}.nft", case.name));

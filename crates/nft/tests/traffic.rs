@@ -2,9 +2,9 @@
 //! Every test builds its own namespaces (deleted on drop, also on failure).
 
 use capture::*;
-use integration::*;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
+use testbed::*;
 
 const APP_UID: u32 = 1000;
 

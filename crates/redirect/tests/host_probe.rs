@@ -4,12 +4,17 @@
 //! the node holds the rule of that backend only, also after switching from the other.
 
 use capture::ambient_constants::HOST_PROBE_SNAT_V4;
-use capture::{AmbientConfig, Plan};
-use integration::host_probe::{KUBELET_UID, OTHER_UID, ZTUNNEL, host_plan, in_ns, seen_from};
-use integration::*;
+use capture::{AmbientConfig, HostProbeConfig, Plan, ProbeSource};
 use redirect::host_probe::{HostProbeRule, remove_all_backends};
 use redirect::{Backend, BackendChoice};
 use std::net::IpAddr;
+use testbed::host_probe::{KUBELET_UID, OTHER_UID, ZTUNNEL, in_ns, seen_from};
+use testbed::*;
+
+/// The host rule's plan (`Plan::ambient_host`) for `source`.
+fn host_plan(source: ProbeSource, ipv6: bool) -> Plan {
+    Plan::ambient_host(&HostProbeConfig::new(source, ipv6)).expect("a valid host probe config")
+}
 
 /// What of each backend's host rule the node holds: (nft tables, legacy `ISTIO_POSTRT` +
 /// ipsets).

@@ -16,8 +16,8 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use integration::TestNetns;
-use integration::ztunnel::{LocalWorkload, Ztunnel, ztunnel_binary};
+use testbed::TestNetns;
+use testbed::ztunnel::{LocalWorkload, Ztunnel, ztunnel_binary};
 use zds::{WorkloadInfo, ZdsConfig, ZdsServer};
 
 fn info(i: usize) -> WorkloadInfo {
@@ -51,7 +51,7 @@ async fn main() {
     let pods: usize = std::env::args()
         .nth(1)
         .map_or(200, |a| a.parse().expect("PODS"));
-    assert!(integration::is_root(), "needs root (network namespaces)");
+    assert!(testbed::is_root(), "needs root (network namespaces)");
     let bin = ztunnel_binary().expect("ztunnel binary");
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("ztunnel.sock");

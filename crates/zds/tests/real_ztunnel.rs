@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::info;
-use integration::TestNetns;
-use integration::ztunnel::{LocalWorkload, Ztunnel, serves_nothing, serves_pod, ztunnel_binary};
+use testbed::TestNetns;
+use testbed::ztunnel::{LocalWorkload, Ztunnel, serves_nothing, serves_pod, ztunnel_binary};
 use zds::{DelOutcome, ZdsConfig, ZdsError, ZdsServer, ZdsServerBuilder};
 
 /// ztunnel starts, connects, and sets up listeners on a loaded machine well within this.
@@ -20,7 +20,7 @@ const BOUND: Duration = Duration::from_secs(30);
 
 /// The binary, or None to skip (only outside CI: `ztunnel_binary` panics under CI=true).
 fn prerequisites() -> Option<PathBuf> {
-    if !integration::is_root() {
+    if !testbed::is_root() {
         let ci = std::env::var("CI").is_ok_and(|v| v == "true");
         assert!(
             !ci,

@@ -5,15 +5,15 @@
 
 use crate::{Res, verdict};
 use capture::ambient_constants::HOST_PROBE_SNAT_V4;
-use integration::Outcome;
-use integration::Probe;
-use integration::ambient::{
-    APP_PORT, AmbientNode, AmbientOptions, KUBELET_UID, Mode, Pod, PodPlan, opened,
-};
-use integration::node::{GATEWAY_V4, wait_until};
-use integration::ztunnel::{hbone_labels, passthrough_labels, ztunnel_binary};
 use std::net::IpAddr;
 use std::time::Duration;
+use testbed::Outcome;
+use testbed::Probe;
+use testbed::ambient::{
+    APP_PORT, AmbientNode, AmbientOptions, KUBELET_UID, Mode, Pod, PodPlan, opened,
+};
+use testbed::node::{GATEWAY_V4, wait_until};
+use testbed::ztunnel::{hbone_labels, passthrough_labels, ztunnel_binary};
 
 fn plans() -> [PodPlan; 3] {
     [
@@ -24,7 +24,7 @@ fn plans() -> [PodPlan; 3] {
 }
 
 pub fn run() -> Res<bool> {
-    integration::cni::require_cni_tools();
+    testbed::cni::require_cni_tools();
     let zt = ztunnel_binary()
         .ok_or("ztunnel missing: run integration/scripts/install-deps.sh without SKIP_ZTUNNEL")?;
     let [a, b, plain] = plans();
@@ -140,13 +140,13 @@ fn probe(n: &AmbientNode, pa: &Pod) -> bool {
 /// `explain` of A's connection to B (into ztunnel's outbound) and of kubelet's probe through
 /// the node's host rule, each confirmed by the kernel's trace.
 fn explain_both(n: &AmbientNode, pa: &Pod, pb: &Pod) -> Res<bool> {
-    let bins = integration::node::product_bin_dir()?;
+    let bins = testbed::node::product_bin_dir()?;
     let pod_ns = pa.ns.path().display().to_string();
     let node_ns = n.node.ns.path().display().to_string();
     let to_b = format!("{}:{APP_PORT}", pb.ip());
     let to_a = format!("{}:{APP_PORT}", pa.ip());
     let kubelet = KUBELET_UID.to_string();
-    let app = integration::pods::APP_UID.to_string();
+    let app = testbed::pods::APP_UID.to_string();
     let mut good = crate::explain(
         &bins,
         &[

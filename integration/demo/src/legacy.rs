@@ -6,10 +6,10 @@ use crate::sidecar::{
     add_kinds, connections, del_and_uninstall_marked, explain_outbound, install, print_table,
 };
 use crate::{Res, verdict};
-use integration::cni::require_cni_tools;
-use integration::node::{Node, NodeOptions, product_bin_dir};
-use integration::pods::PodKind;
-use integration::{Probe, TestNetns};
+use testbed::cni::require_cni_tools;
+use testbed::node::{Node, NodeOptions, product_bin_dir};
+use testbed::pods::PodKind;
+use testbed::{Probe, TestNetns};
 
 /// Our chains in iptables-save output.
 const OURS: &str = "ISTIO_";

@@ -18,9 +18,9 @@ mod ambient;
 mod legacy;
 mod sidecar;
 
-use integration::cni::Run;
 use std::path::Path;
 use std::process::{Command, ExitCode};
+use testbed::cni::Run;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 

@@ -2,11 +2,11 @@
 //! explain, repair, DEL and uninstall.
 
 use crate::{Res, explain, ms, ok};
-use integration::cni::{require_cni_tools, rules};
-use integration::node::{GATEWAY_V4, Node, NodeOptions, product_bin_dir};
-use integration::pods::{APP_UID, DemoPod, PodKind, expectations};
-use integration::{Probe, TestNetns};
 use std::path::PathBuf;
+use testbed::cni::{require_cni_tools, rules};
+use testbed::node::{GATEWAY_V4, Node, NodeOptions, product_bin_dir};
+use testbed::pods::{APP_UID, DemoPod, PodKind, expectations};
+use testbed::{Probe, TestNetns};
 
 /// Pods ADDed on a node: their spec, namespace and ADD result.
 pub type Pods = Vec<(DemoPod, TestNetns, serde_json::Value)>;

@@ -27,10 +27,10 @@ use super::{Cri, CriResult, RuntimeNode, Sandbox, pod_config};
 use crate::ambient::{DATAPLANE_MODE, eventually, probe_set};
 use crate::node::NodeOptions;
 use crate::pods::{APP_UID, DemoPod, PodKind};
-use crate::probe::{ConnectSpec, Listen, Outcome, Probe, connect};
 use crate::ztunnel::{
     LocalWorkload, Ztunnel, hbone_labels, metric_sum, serves_nothing, serves_pod,
 };
+use crate::{ConnectSpec, Listen, Outcome, Probe, connect};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::fs::File;

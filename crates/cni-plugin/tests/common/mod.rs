@@ -4,16 +4,16 @@
 //! a kubeconfig pointing at it.
 #![allow(dead_code, unused_imports)]
 
-use integration::TestNetns;
-pub use integration::cni::{
-    ApiMode, CNITOOL, CniTool, FakeApi, Run, base64, k8s_args, pod_ip, require_cni_tools, rules,
-};
 use serde_json::{Value, json};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
+use testbed::TestNetns;
+pub use testbed::cni::{
+    ApiMode, CNITOOL, CniTool, FakeApi, Run, base64, k8s_args, pod_ip, require_cni_tools, rules,
+};
 
 pub const NET: &str = "k8s-pod-network";
 /// The same chain without istio-cni (to time the plugin alone on a realistic pod).
@@ -68,7 +68,7 @@ impl Default for NodeOptions {
             // to see a test fail before its fix).
             plugin: std::env::var_os("ISTIO_CNI_TEST_PLUGIN")
                 .map(PathBuf::from)
-                .unwrap_or_else(|| integration::node::product_binary("istio-cni", PLUGIN)),
+                .unwrap_or_else(|| testbed::node::product_binary("istio-cni", PLUGIN)),
             backend: "auto",
         }
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 /// Waits until a trace's temporary rules are in the pod's namespace (of process `pid`, or of
 /// anyone's): the trace has started. `false` after 20 s.
 pub fn wait_for_trace_rules(pod: &Path, pid: Option<u32>) -> bool {
-    integration::node::wait_until(Duration::from_secs(20), || {
+    testbed::node::wait_until(Duration::from_secs(20), || {
         list_trace_chains(Some(pod))
             .unwrap()
             .iter()

@@ -1,5 +1,5 @@
-//! The fake Kubernetes API lives in the integration harness (one implementation, shared with
+//! The fake Kubernetes API lives in the test rigs (`testbed`) (one implementation, shared with
 //! the node tests, where the plugin and the node agent use the same server).
 #![allow(unused_imports)]
 
-pub use integration::kube_api::*;
+pub use testbed::kube_api::*;

@@ -21,7 +21,7 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_install-cni");
 pub fn bin() -> PathBuf {
     std::env::var_os("INSTALL_CNI_TEST_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| integration::node::product_binary("install-cni", BIN))
+        .unwrap_or_else(|| testbed::node::product_binary("install-cni", BIN))
 }
 
 pub struct Env {
@@ -99,12 +99,12 @@ impl Env {
 }
 
 /// The daemon in the caller's network namespace (the harness every daemon test shares:
-/// [`integration::node::Daemon`]); panics when it does not start.
+/// [`testbed::node::Daemon`]); panics when it does not start.
 pub fn spawn(c: Command) -> Daemon {
     Daemon::spawn(c, None).unwrap_or_else(|e| panic!("{e}"))
 }
 
-pub use integration::node::{Daemon, http_get, wait_until};
+pub use testbed::node::{Daemon, http_get, wait_until};
 
 /// Every file under `dir` with its bytes and mode (for before/after comparisons).
 pub fn snapshot(dir: &Path) -> BTreeMap<String, (Vec<u8>, u32)> {
@@ -170,10 +170,10 @@ pub fn measure_repairs(conflist: &Path, n: usize, gap: Duration) -> Vec<Duration
     lat
 }
 
-pub use integration::install_fixtures::*;
+pub use testbed::install_fixtures::*;
 
-pub use integration::cni::percentile;
-pub use integration::proc_stats::{cpu_s, status_kb};
+pub use testbed::cni::percentile;
+pub use testbed::proc_stats::{cpu_s, status_kb};
 
 /// The plugin's policy for sidecar pods with the test DaemonSet's namespace (`istio-system`).
 pub fn sidecar_policy() -> pod_policy::Policy {

@@ -3,12 +3,12 @@
 #![allow(dead_code)]
 
 use super::Env;
-use integration::{ConnectSpec, PodWorld, connect};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
+use testbed::{ConnectSpec, PodWorld, connect};
 
 /// A pod namespace with a process in it (its /proc/PID/ns/net is how the daemon finds it) and
 /// an address unique to this test process, so namespaces of concurrently running tests that

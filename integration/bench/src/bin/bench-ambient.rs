@@ -7,10 +7,10 @@
 //! Markdown table. Uses the binaries next to itself (or ISTIO_CNI_BIN_DIR) and the ztunnel of
 //! `integration/scripts/build-ztunnel.sh`; run the release build.
 
-use integration::ambient::{AmbientNode, AmbientOptions, Mode, Pod, PodPlan};
-use integration::cni::{percentile, plugin_adds, require_cni_tools};
-use integration::ztunnel::ztunnel_binary;
 use std::time::{Duration, Instant};
+use testbed::ambient::{AmbientNode, AmbientOptions, Mode, Pod, PodPlan};
+use testbed::cni::{percentile, plugin_adds, require_cni_tools};
+use testbed::ztunnel::ztunnel_binary;
 
 fn ms(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1000.0)
@@ -38,7 +38,7 @@ fn agent_enrolls(log: &str, field: &str) -> Vec<Duration> {
 }
 
 fn rss_kb(pid: u32) -> u64 {
-    integration::proc_stats::status_kb(pid, "VmRSS:")
+    testbed::proc_stats::status_kb(pid, "VmRSS:")
 }
 
 fn row(what: &str, mut d: Vec<Duration>) {

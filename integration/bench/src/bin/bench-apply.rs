@@ -6,11 +6,11 @@
 //! Usage: bench-apply <istio-nftables> [samples] — prints a Markdown table.
 
 use capture::{Config, Facts, IpNet, Ipv6Mode, Plan};
-use integration::TestNetns;
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use testbed::TestNetns;
 
 fn pctl(mut v: Vec<Duration>, p: f64) -> Duration {
     v.sort();
@@ -75,7 +75,7 @@ fn main() {
         .next()
         .map(|s| s.parse().expect("samples"))
         .unwrap_or(50);
-    integration::require_root();
+    testbed::require_root();
 
     let cfg = Config {
         ipv6: Ipv6Mode::Off,
@@ -90,7 +90,7 @@ fn main() {
         "../shared/golden/nftables/derived/cni-default-sidecar.DERIVED.nft",
     )
     .ok();
-    let mut cli_args = integration::cni_default_flags_with_ipv6("off");
+    let mut cli_args = testbed::cni_default_flags_with_ipv6("off");
     cli_args.extend(["--backend", "nft"]);
 
     let mut rows: Vec<(String, Vec<Duration>)> = Vec::new();

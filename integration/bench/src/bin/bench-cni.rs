@@ -5,11 +5,11 @@
 //! Usage: bench-cni [sequential pods] [parallel pods] — prints a Markdown table. Uses the
 //! binaries next to itself (or ISTIO_CNI_BIN_DIR); run the release build.
 
-use integration::TestNetns;
-use integration::cni::{Run, percentile, plugin_adds, require_cni_tools, rules};
-use integration::node::{Node, NodeOptions, product_bin_dir};
-use integration::pods::{DemoPod, PodKind};
 use std::time::{Duration, Instant};
+use testbed::TestNetns;
+use testbed::cni::{Run, percentile, plugin_adds, require_cni_tools, rules};
+use testbed::node::{Node, NodeOptions, product_bin_dir};
+use testbed::pods::{DemoPod, PodKind};
 
 fn ms(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1000.0)

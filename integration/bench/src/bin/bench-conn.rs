@@ -12,12 +12,12 @@
 //! Usage: bench-conn [connections per case] [excluded CIDRs] — prints a Markdown table.
 
 use capture::{Config, Facts, IpNet, Ipv6Mode, Plan};
-use integration::TestNetns;
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use testbed::TestNetns;
 
 const WARMUP: usize = 300;
 
@@ -190,7 +190,7 @@ fn main() {
         .next()
         .map(|s| s.parse().expect("cidrs"))
         .unwrap_or(10_000);
-    integration::require_root();
+    testbed::require_root();
     let (p0, pk) = (plan(0), plan(k));
     let reference = measure(Method::None, &p0, n);
     println!(

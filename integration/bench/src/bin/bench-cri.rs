@@ -13,11 +13,11 @@
 //! --workspace --bins`, as bench.sh does) and
 //! the image (`$ISTIO_CNI_IMAGE`, else deploy/scripts/build-image.sh builds it).
 
-use integration::cni::percentile;
 use integration::cri::{RuntimeNode, Sandbox, has_our_rules, pod_config, rules_at};
-use integration::node::{WAIT, wait_until};
-use integration::pods::{DemoPod, PodKind};
 use std::time::{Duration, Instant};
+use testbed::cni::percentile;
+use testbed::node::{WAIT, wait_until};
+use testbed::pods::{DemoPod, PodKind};
 
 struct Stats {
     seq: Vec<Duration>,

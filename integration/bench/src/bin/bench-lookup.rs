@@ -5,13 +5,13 @@
 //!
 //! Usage: bench-lookup [pods per path] — prints a Markdown table. Run the release build.
 
-use integration::TestNetns;
-use integration::cni::{percentile, plugin_adds, require_cni_tools, rules};
-use integration::node::{Node, NodeOptions, product_bin_dir};
-use integration::pods::{DemoPod, PodKind};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+use testbed::TestNetns;
+use testbed::cni::{percentile, plugin_adds, require_cni_tools, rules};
+use testbed::node::{Node, NodeOptions, product_bin_dir};
+use testbed::pods::{DemoPod, PodKind};
 
 /// socat terminating TLS in the node's namespace, forwarding to the fake API.
 struct TlsFront(Child);
@@ -85,7 +85,7 @@ fn adds(node: &Node, tag: &str, n: usize) -> (Vec<Duration>, usize) {
     (own, pod_gets(kube) - before_gets)
 }
 
-fn pod_gets(kube: &integration::kube_api::FakeKube) -> usize {
+fn pod_gets(kube: &testbed::kube_api::FakeKube) -> usize {
     kube.requests()
         .iter()
         .filter(|r| {

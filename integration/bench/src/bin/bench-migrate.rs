@@ -6,10 +6,10 @@
 //! Usage: bench-migrate [samples] — prints a Markdown table.
 
 use capture::{Config, Ipv6Mode, Plan};
-use integration::PodWorld;
-use integration::cni::percentile;
 use redirect::{Backend, BackendChoice};
 use std::time::{Duration, Instant};
+use testbed::PodWorld;
+use testbed::cni::percentile;
 
 fn ms(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1000.0)

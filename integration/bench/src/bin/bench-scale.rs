@@ -7,11 +7,11 @@
 //! Usage: bench-scale [pods on the node] [watch events] [lookups] — prints a Markdown table.
 
 use cni_config::lookup::{POD_LOOKUP_SOCKET, PodQuery};
-use integration::node::{Node, NodeOptions, product_bin_dir, wait_until};
-use integration::pods::{DemoPod, PodKind};
-use integration::proc_stats;
 use serde_json::Value;
 use std::time::{Duration, Instant};
+use testbed::node::{Node, NodeOptions, product_bin_dir, wait_until};
+use testbed::pods::{DemoPod, PodKind};
+use testbed::proc_stats;
 
 fn cpu_ms(pid: u32) -> f64 {
     proc_stats::cpu_s(pid) * 1000.0

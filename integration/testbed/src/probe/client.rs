@@ -96,7 +96,7 @@ pub fn send_udp(ns: &Path, spec: &ConnectSpec) -> Outcome {
 }
 
 fn in_ns_as(ns: &Path, spec: &ConnectSpec, f: impl FnOnce() -> Outcome + Send) -> Outcome {
-    let r = netns::run_in(Some(ns), || {
+    let r = crate::run_in(Some(ns), || {
         if let Err(e) = become_ids(spec.uid, spec.gid) {
             return Outcome::Failed(format!("changing identity: {e}"));
         }

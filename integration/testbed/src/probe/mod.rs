@@ -196,8 +196,7 @@ impl Probe {
     /// Starts listeners for `listen` inside the namespace at `ns`, named `name` in results.
     pub fn start(ns: &Path, name: &str, listen: &[Listen]) -> io::Result<Probe> {
         let listen = listen.to_vec();
-        let sockets = netns::run_in(Some(ns), move || open_listeners(&listen))
-            .map_err(io::Error::other)??;
+        let sockets = crate::run_in(Some(ns), move || open_listeners(&listen))??;
         let (rd, wr) = pipe()?;
         let records = Arc::new(Mutex::new(Vec::new()));
         let thread = {

@@ -11,7 +11,7 @@ pub const GOLDEN_GROUPS: &str = "java:x:1001:\nftp:x:1002:\n";
 
 /// `../shared/golden`, beside the repository (where CI and developers have it).
 pub fn golden_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden")
 }
 
 /// Every entry of `index.json`.

@@ -29,7 +29,7 @@ pub fn trace_rules(netns: &Path) -> Vec<String> {
 /// The packet loggers bound to IPv4 (2) and IPv6 (10) in the namespace, as
 /// `/proc/net/netfilter/nf_log` names them (`NONE`, `nf_log_ipv4`, `nfnetlink_log`).
 pub fn loggers(netns: &Path) -> [String; 2] {
-    let text = netns::run_in(Some(netns), || {
+    let text = crate::run_in(Some(netns), || {
         std::fs::read_to_string("/proc/thread-self/net/netfilter/nf_log").unwrap_or_default()
     })
     .expect("the namespace");
@@ -72,7 +72,7 @@ pub struct NftMonitor {
 
 impl NftMonitor {
     pub fn start(netns: &Path) -> NftMonitor {
-        let child = netns::run_in(Some(netns), || {
+        let child = crate::run_in(Some(netns), || {
             std::process::Command::new("nft")
                 .arg("monitor")
                 .stdin(std::process::Stdio::null())
@@ -93,11 +93,4 @@ impl NftMonitor {
         let out = self.child.wait_with_output().expect("nft monitor's output");
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
-}
-
-/// Programs `plan` into the namespace at `netns` with the iptables-legacy backend (the
-/// product's own path: `redirect::apply`).
-pub fn apply_legacy(netns: &Path, plan: &capture::Plan) {
-    let fixed = redirect::BackendChoice::Fixed(redirect::Backend::IptablesLegacy);
-    redirect::apply(plan, Some(netns), fixed).expect("apply with iptables-legacy");
 }

@@ -470,11 +470,6 @@ impl AmbientNode {
         probe_set_named(&self.node.ns, "istio-inpod-probes-v6")
     }
 
-    /// The members of the node's legacy probe ipset `set` (see [`probe_ipset`]).
-    pub fn probe_ipset(&self, set: &str) -> Vec<(IpAddr, String)> {
-        probe_ipset(&self.node.ns, set)
-    }
-
     /// The node's ipsets (names).
     pub fn ipsets(&self) -> Vec<String> {
         ipsets(&self.node.ns)
@@ -597,16 +592,6 @@ fn ambient_env(
 /// `istio-inpod-probes-v4`); empty when the set (or table) does not exist.
 pub fn probe_set(node: &TestNetns) -> Vec<IpAddr> {
     probe_set_named(node, "istio-inpod-probes-v4")
-}
-
-/// The members of the node's legacy probe ipset `set` (`istio-inpod-probes-v4/v6`) as
-/// `(address, comment)`; empty when the set does not exist.
-pub fn probe_ipset(node: &TestNetns, set: &str) -> Vec<(IpAddr, String)> {
-    let out = node.exec_ok("ipset", &["save", set]).unwrap_or_default();
-    iptables_legacy::live::parse_ipset_save(&out, set)
-        .into_iter()
-        .map(|m| (m.addr, m.comment.unwrap_or_default()))
-        .collect()
 }
 
 /// The node's ipsets (names).

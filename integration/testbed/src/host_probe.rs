@@ -4,10 +4,11 @@
 //! explain's host rule tests): a
 //! "node" namespace (the world side of a [`crate::PodWorld`]) holding the host rule, a pod
 //! with ambient's in-pod rules and a stand-in ztunnel, connections from the node as kubelet's
-//! uid or another one.
+//! uid or another one. The rule's plan (`capture::Plan::ambient_host`) and the rule itself
+//! come from each test (testbed depends on no crate of the workspace); `integration::host_probe`
+//! adds a pod on a node with both, through `redirect`.
 
 use crate::{ConnectSpec, Listen, Probe, connect};
-use capture::{HostProbeConfig, Plan, ProbeSource};
 use std::net::IpAddr;
 use std::path::Path;
 
@@ -28,14 +29,9 @@ pub const ZTUNNEL: [Listen; 4] = [
     Listen::tcp(8080),
 ];
 
-/// The host rule's plan (`Plan::ambient_host`) for `source`.
-pub fn host_plan(source: ProbeSource, ipv6: bool) -> Plan {
-    Plan::ambient_host(&HostProbeConfig::new(source, ipv6)).expect("a valid host probe config")
-}
-
 /// Runs `f` inside the namespace `ns` (on a thread of its own).
 pub fn in_ns<T: Send>(ns: &Path, f: impl FnOnce() -> T + Send) -> T {
-    netns::run_in(Some(ns), f).expect("entering the namespace")
+    crate::run_in(Some(ns), f).expect("entering the namespace")
 }
 
 /// Connects from `node` with `spec`; returns the port the connection landed on in the pod and
@@ -47,36 +43,4 @@ pub fn seen_from(probe: &Probe, node: &Path, spec: &ConnectSpec) -> (u16, IpAddr
     let acc = probe.accepted();
     assert_eq!(acc.len(), before + 1, "{acc:?}");
     (port, acc[before].peer.ip())
-}
-
-/// An IPv4 ambient pod and its node (the world side): the pod has the default in-pod rules
-/// (nft), the node the nft host probe rule for the kubelet's uid `kubelet_uid` with the pod's
-/// address in its set. Returns the two and the host rule's plan.
-pub fn nft_pod_on_node(kubelet_uid: u32) -> (crate::PodWorld, Plan) {
-    pod_on_node(redirect::Backend::Nft, ProbeSource::KubeletUid(kubelet_uid))
-}
-
-/// [`nft_pod_on_node`] on an iptables-legacy node: the pod's ambient rules and Istio's legacy
-/// host rule (`nat ISTIO_POSTRT`, any local socket, the ipset `istio-inpod-probes-v4`).
-pub fn legacy_pod_on_node() -> (crate::PodWorld, Plan) {
-    pod_on_node(
-        redirect::Backend::IptablesLegacy,
-        ProbeSource::AnyLocalSocket,
-    )
-}
-
-fn pod_on_node(backend: redirect::Backend, source: ProbeSource) -> (crate::PodWorld, Plan) {
-    let w = crate::PodWorld::ipv4_only().expect("pod and world namespaces");
-    let inpod = Plan::ambient(&capture::AmbientConfig::default()).expect("the in-pod plan");
-    let fixed = redirect::BackendChoice::Fixed(backend);
-    redirect::apply(&inpod, Some(w.pod.path()), fixed).expect("the in-pod rules");
-    let host = host_plan(source, false);
-    let pod = IpAddr::V4(w.pod_v4);
-    let rule = redirect::host_probe::HostProbeRule::new(backend);
-    in_ns(w.world.path(), || {
-        rule.ensure(&host)?;
-        rule.add_pod_ips(&host, &[pod], "uid-a")
-    })
-    .expect("the host rule");
-    (w, host)
 }

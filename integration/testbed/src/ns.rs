@@ -1,6 +1,5 @@
 //! Throwaway network namespaces and the pod/world topology.
 
-use crate::probe::{ConnectSpec, Outcome, connect, send_udp};
 use std::io::{self, Write};
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
@@ -53,9 +52,9 @@ impl TestNetns {
         &self.path
     }
 
-    /// Runs `f` on a thread inside this namespace (see [`netns::run_in`]).
+    /// Runs `f` on a thread inside this namespace (see [`run_in`]).
     pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> io::Result<T> {
-        netns::run_in(Some(&self.path), f).map_err(io::Error::other)
+        run_in(Some(&self.path), f)
     }
 
     /// Runs `program args…` inside the namespace and returns its output, whatever its exit
@@ -124,36 +123,6 @@ pub struct PodWorld {
 }
 
 impl PodWorld {
-    /// Opens `c` for real: outbound from the pod, inbound from the world, with its source,
-    /// uid, gid and mark, through `zone` when given (link-local addresses); where it landed.
-    /// What `explain`'s answers are compared with.
-    pub fn open(&self, c: &explain::Connection, zone: Option<&str>) -> Outcome {
-        let mut spec = ConnectSpec::new(c.dst.ip(), c.dst.port());
-        if let Some(z) = zone {
-            spec = spec.zone(z);
-        }
-        if let Some(s) = c.src {
-            spec = spec.src(s);
-        }
-        if let Some(u) = c.uid {
-            spec = spec.uid(u);
-        }
-        if let Some(g) = c.gid {
-            spec = spec.gid(g);
-        }
-        if let Some(m) = c.mark {
-            spec = spec.mark(m);
-        }
-        let ns = match c.direction {
-            explain::Direction::Outbound => self.pod.path(),
-            explain::Direction::Inbound => self.world.path(),
-        };
-        match c.protocol {
-            explain::Protocol::Tcp => connect(ns, &spec),
-            explain::Protocol::Udp => send_udp(ns, &spec),
-        }
-    }
-
     /// Dual-stack pod.
     pub fn new() -> io::Result<Self> {
         Self::build(true)
@@ -283,16 +252,50 @@ fn run_ok(cmd: &mut Command) -> io::Result<()> {
     check_status(&format!("{cmd:?}"), &out)
 }
 
+/// Runs `f` inside the network namespace at `path` on a fresh thread that enters it
+/// (`setns(CLONE_NEWNET)` changes the calling thread only) and ends with `f`; with `None`, on
+/// the caller's thread. The rigs' own way in, not the product's `netns::run_in`: testbed
+/// depends on no crate of the workspace, so every crate's tests can use it.
+pub fn run_in<T: Send>(path: Option<&Path>, f: impl FnOnce() -> T + Send) -> io::Result<T> {
+    let Some(path) = path else {
+        return Ok(f());
+    };
+    let ns = std::fs::File::open(path).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("network namespace {}: {e}", path.display()),
+        )
+    })?;
+    std::thread::scope(|s| {
+        let worker = std::thread::Builder::new()
+            .name("testbed-netns".into())
+            .spawn_scoped(s, move || {
+                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| {
+                    io::Error::other(format!(
+                        "entering network namespace {}: {e}",
+                        path.display()
+                    ))
+                })?;
+                Ok(f())
+            })?;
+        worker.join().map_err(|_| {
+            io::Error::other(format!(
+                "network namespace {}: the worker thread panicked",
+                path.display()
+            ))
+        })?
+    })
+}
+
 /// [`TestNetns::exec`] in the network namespace at `netns`, any nsfs path (a runtime's
 /// sandbox namespace, `/proc/PID/ns/net`, a handle's fd path).
 pub fn exec_at(netns: &Path, program: &str, args: &[&str]) -> io::Result<Output> {
-    netns::run_in(Some(netns), || {
+    run_in(Some(netns), || {
         Command::new(program)
             .args(args)
             .stdin(Stdio::null())
             .output()
-    })
-    .map_err(io::Error::other)?
+    })?
 }
 
 fn check_status(what: &str, out: &Output) -> io::Result<()> {

@@ -29,7 +29,7 @@ pub fn query_a(
     timeout: Duration,
 ) -> io::Result<DnsReply> {
     let query = encode_query(name);
-    netns::run_in(Some(ns), move || {
+    crate::run_in(Some(ns), move || {
         let sock = UdpSocket::bind(if server.is_ipv4() {
             "0.0.0.0:0"
         } else {
@@ -45,8 +45,7 @@ pub fn query_a(
             rcode,
             addresses,
         })
-    })
-    .map_err(io::Error::other)?
+    })?
 }
 
 fn encode_query(name: &str) -> Vec<u8> {

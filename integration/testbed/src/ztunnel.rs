@@ -329,13 +329,12 @@ impl Drop for Ztunnel {
 /// `/proc/thread-self/net/tcp{,6}` on a thread inside it (`/proc/self/net` would show the
 /// namespace of the process's main thread).
 pub fn listening_tcp_ports(ns: &Path) -> io::Result<BTreeSet<u16>> {
-    let tables = netns::run_in(Some(ns), || {
+    let tables = crate::run_in(Some(ns), || {
         ["tcp", "tcp6"]
             .iter()
             .map(|t| std::fs::read_to_string(format!("/proc/thread-self/net/{t}")))
             .collect::<io::Result<Vec<String>>>()
-    })
-    .map_err(io::Error::other)??;
+    })??;
     Ok(tables.iter().flat_map(|t| parse_listening(t)).collect())
 }
 

@@ -631,7 +631,7 @@ impl Daemon {
         } else {
             self.health
         };
-        netns::run_in(self.ns.as_deref(), || http_get(port, path)).unwrap_or((0, String::new()))
+        crate::run_in(self.ns.as_deref(), || http_get(port, path)).unwrap_or((0, String::new()))
     }
 
     /// The value of the first metrics line starting with `needle` (NaN when there is none).
