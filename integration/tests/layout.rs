@@ -1,9 +1,14 @@
 //! The architecture's guide rails, checked on every run (ARCHITECTURE.md, "Guide rails"):
 //!
 //! - no source file over 800 lines and no function over 120 lines outside tests, so every file
-//!   and every function fits in a reader's head;
-//! - the crates' dependencies form a tree with no cycle, and no crate depends on a crate that
-//!   builds a binary (the binaries only wire libraries; none is a library for another).
+//!   and every function fits in a reader's head (the file limit also holds for examples and the
+//!   tests' shared modules, e.g. `tests/common/`; a test target's own file has none);
+//! - the crates' dependencies, dev- and build-dependencies included, have no cycle, and no crate
+//!   depends in any way on a crate that builds a binary (the binaries only wire libraries; none
+//!   is a library for another); `testbed`, the rigs every crate's tests use, depends on no crate
+//!   of the workspace;
+//! - ARCHITECTURE.md's `| crate | uses |` tables are the real normal dependencies between the
+//!   workspace's crates, every crate in exactly one row.
 //!
 //! Pure (reads the sources and `cargo metadata`); a failure lists every offender.
 
@@ -36,25 +41,47 @@ fn metadata() -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// Every workspace package's `src/` directory.
-fn source_dirs(meta: &Value) -> Vec<PathBuf> {
-    meta["packages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| Path::new(p["manifest_path"].as_str().unwrap()).with_file_name("src"))
-        .filter(|d| d.is_dir())
-        .collect()
+fn workspace_root(meta: &Value) -> PathBuf {
+    PathBuf::from(meta["workspace_root"].as_str().unwrap())
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap().flatten() {
         let p = e.path();
         if p.is_dir() {
-            rust_files(&p, out);
+            let name = e.file_name();
+            // A build directory inside the tree (generated code) is not ours to measure.
+            if name != "target" && !name.to_string_lossy().starts_with('.') {
+                rust_files(&p, out);
+            }
         } else if p.extension().is_some_and(|x| x == "rs") {
             out.push(p);
         }
+    }
+}
+
+/// How a file under `crates/` or `integration/` is measured.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    /// `src/`, `examples/`, `benches/`, build scripts: both limits.
+    Source,
+    /// A test target's shared module (`tests/common/…`, `tests/<dir>/<module>.rs`): the file
+    /// limit only (test code may have long functions).
+    TestSupport,
+    /// A test target's own file (`tests/<name>.rs`, `tests/<dir>/main.rs`): no limit.
+    TestTarget,
+}
+
+fn kind(file: &Path) -> Kind {
+    let parts: Vec<_> = file.components().map(|c| c.as_os_str()).collect();
+    let Some(t) = parts.iter().rposition(|c| *c == "tests") else {
+        return Kind::Source;
+    };
+    let below = &parts[t + 1..];
+    if below.len() == 1 || (below.len() == 2 && below[1] == "main.rs") {
+        Kind::TestTarget
+    } else {
+        Kind::TestSupport
     }
 }
 
@@ -127,13 +154,30 @@ impl<'ast> Visit<'ast> for Measure {
 #[test]
 fn files_and_functions_fit_in_a_readers_head() {
     let meta = metadata();
+    let root = workspace_root(&meta);
     let mut files = Vec::new();
-    for d in source_dirs(&meta) {
-        rust_files(&d, &mut files);
+    for d in ["crates", "integration"] {
+        rust_files(&root.join(d), &mut files);
     }
-    assert!(files.len() > 50, "found only {} source files", files.len());
+    let measured: Vec<(PathBuf, Kind)> = files
+        .into_iter()
+        .map(|f| {
+            let k = kind(f.strip_prefix(&root).unwrap());
+            (f, k)
+        })
+        .filter(|(_, k)| *k != Kind::TestTarget)
+        .collect();
+    let support = measured
+        .iter()
+        .filter(|(_, k)| *k == Kind::TestSupport)
+        .count();
+    assert!(
+        measured.len() > 50 && support > 5,
+        "found only {} files ({support} test support modules)",
+        measured.len()
+    );
     let mut offenders = Vec::new();
-    for f in &files {
+    for (f, k) in &measured {
         let text = std::fs::read_to_string(f).unwrap();
         let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
         let mut m = Measure::default();
@@ -142,86 +186,273 @@ fn files_and_functions_fit_in_a_readers_head() {
         if own > MAX_FILE_LINES {
             offenders.push(format!("{}: {own} lines outside tests", f.display()));
         }
-        for (name, n) in m.long_fns {
-            offenders.push(format!("{}: fn {name} is {n} lines", f.display()));
+        if *k == Kind::Source {
+            for (name, n) in m.long_fns {
+                offenders.push(format!("{}: fn {name} is {n} lines", f.display()));
+            }
         }
     }
     assert!(offenders.is_empty(), "{}", offenders.join("\n"));
     println!(
-        "layout: {} source files, none over {MAX_FILE_LINES} lines, no function over {MAX_FN_LINES}",
-        files.len()
+        "layout: {} files ({support} of them tests' shared modules), none over {MAX_FILE_LINES} \
+         lines, no function outside tests over {MAX_FN_LINES}",
+        measured.len()
     );
 }
 
-#[test]
-fn crates_form_a_tree_and_no_crate_uses_a_binary_crate() {
-    let meta = metadata();
-    let pkgs = meta["packages"].as_array().unwrap();
-    let names: BTreeSet<&str> = pkgs.iter().map(|p| p["name"].as_str().unwrap()).collect();
-    let has_bin: BTreeSet<&str> = pkgs
-        .iter()
-        .filter(|p| {
-            p["targets"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|t| t["kind"].as_array().unwrap().iter().any(|k| k == "bin"))
-        })
-        .map(|p| p["name"].as_str().unwrap())
-        .collect();
-    // Normal (non-dev) dependencies inside the workspace.
-    let deps: BTreeMap<&str, Vec<&str>> = pkgs
-        .iter()
-        .map(|p| {
-            let d = p["dependencies"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|d| d["kind"].is_null())
-                .filter_map(|d| d["name"].as_str())
-                .filter(|n| names.contains(n))
-                .collect();
-            (p["name"].as_str().unwrap(), d)
-        })
-        .collect();
-    let mut offenders = Vec::new();
-    for (p, ds) in &deps {
-        for d in ds {
-            if has_bin.contains(d) {
-                offenders.push(format!("{p} depends on {d}, which builds a binary"));
+/// The workspace's crates and their dependencies on each other.
+struct Graph {
+    names: BTreeSet<String>,
+    /// Crates with a `bin` target.
+    has_bin: BTreeSet<String>,
+    /// Each crate's manifest directory, relative to the workspace root.
+    dirs: BTreeMap<String, PathBuf>,
+    /// `(from, to)` → the kinds of that edge (`normal`, `dev`, `build`).
+    edges: BTreeMap<(String, String), BTreeSet<&'static str>>,
+}
+
+impl Graph {
+    fn of(meta: &Value) -> Graph {
+        let root = workspace_root(meta);
+        let pkgs = meta["packages"].as_array().unwrap();
+        let name = |p: &Value| p["name"].as_str().unwrap().to_string();
+        let names: BTreeSet<String> = pkgs.iter().map(name).collect();
+        let has_bin = pkgs
+            .iter()
+            .filter(|p| {
+                p["targets"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|t| t["kind"].as_array().unwrap().iter().any(|k| k == "bin"))
+            })
+            .map(name)
+            .collect();
+        let dirs = pkgs
+            .iter()
+            .map(|p| {
+                let manifest = Path::new(p["manifest_path"].as_str().unwrap());
+                let dir = manifest.parent().unwrap().strip_prefix(&root).unwrap();
+                (name(p), dir.to_path_buf())
+            })
+            .collect();
+        let mut edges: BTreeMap<(String, String), BTreeSet<&'static str>> = BTreeMap::new();
+        for p in pkgs {
+            for d in p["dependencies"].as_array().unwrap() {
+                let to = d["name"].as_str().unwrap();
+                if !names.contains(to) {
+                    continue;
+                }
+                let kind = match d["kind"].as_str() {
+                    None => "normal",
+                    Some("dev") => "dev",
+                    Some("build") => "build",
+                    Some(k) => panic!("{}: dependency kind {k}", name(p)),
+                };
+                edges
+                    .entry((name(p), to.to_string()))
+                    .or_default()
+                    .insert(kind);
             }
         }
+        Graph {
+            names,
+            has_bin,
+            dirs,
+            edges,
+        }
     }
-    // Depth-first search for a cycle.
+
+    /// `from`'s dependencies of any kind.
+    fn deps_of<'a>(&'a self, from: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.edges
+            .keys()
+            .filter(move |(f, _)| f == from)
+            .map(|(_, t)| t.as_str())
+    }
+
+    fn describe(&self, from: &str, to: &str) -> String {
+        let kinds = &self.edges[&(from.to_string(), to.to_string())];
+        let kinds: Vec<&str> = kinds.iter().copied().collect();
+        format!("{from} -({})-> {to}", kinds.join("+"))
+    }
+}
+
+#[test]
+fn no_cycle_and_no_crate_uses_a_binary_crate_counting_dev_and_build_dependencies() {
+    let g = Graph::of(&metadata());
+    let mut offenders = Vec::new();
+    for (from, to) in g.edges.keys() {
+        if g.has_bin.contains(to) {
+            offenders.push(format!("{}, which builds a binary", g.describe(from, to)));
+        }
+    }
+    // Depth-first search for a cycle over every edge: a dev-dependency cycle makes cargo build
+    // the crate twice and the layers meaningless just as a normal one does.
     fn visit<'a>(
         n: &'a str,
-        deps: &BTreeMap<&'a str, Vec<&'a str>>,
+        g: &'a Graph,
         path: &mut Vec<&'a str>,
         done: &mut BTreeSet<&'a str>,
         cycles: &mut Vec<String>,
     ) {
         if let Some(i) = path.iter().position(|p| *p == n) {
-            cycles.push(format!("cycle: {} -> {n}", path[i..].join(" -> ")));
+            let mut ring: Vec<&str> = path[i..].to_vec();
+            ring.push(n);
+            let hops: Vec<String> = ring.windows(2).map(|w| g.describe(w[0], w[1])).collect();
+            cycles.push(format!("cycle: {}", hops.join(", ")));
             return;
         }
         if !done.insert(n) {
             return;
         }
         path.push(n);
-        for d in deps.get(n).into_iter().flatten() {
-            visit(d, deps, path, done, cycles);
+        for d in g.deps_of(n) {
+            visit(d, g, path, done, cycles);
         }
         path.pop();
     }
     let mut done = BTreeSet::new();
-    for n in deps.keys() {
-        visit(n, &deps, &mut Vec::new(), &mut done, &mut offenders);
+    for n in &g.names {
+        visit(n, &g, &mut Vec::new(), &mut done, &mut offenders);
     }
     assert!(offenders.is_empty(), "{}", offenders.join("\n"));
     println!(
-        "layout: {} crates, {} with binaries ({}), no crate depends on one, no cycle",
-        names.len(),
-        has_bin.len(),
-        has_bin.iter().copied().collect::<Vec<_>>().join(", ")
+        "layout: {} crates, {} edges (normal, dev, build), {} with binaries ({}), no crate \
+         depends on one, no cycle",
+        g.names.len(),
+        g.edges.len(),
+        g.has_bin.len(),
+        g.has_bin.iter().cloned().collect::<Vec<_>>().join(", ")
+    );
+}
+
+/// The rigs sit below the product: `testbed`, which every crate's tests use, depends on no
+/// crate of the workspace (so no crate's tests can close a cycle through it), and
+/// `integration`, which needs the product's own types, is used only inside `integration/`
+/// (its tests, the benchmarks), never by a product crate.
+#[test]
+fn the_test_rigs_sit_below_the_product() {
+    let g = Graph::of(&metadata());
+    let mut offenders = Vec::new();
+    for (from, to) in g.edges.keys() {
+        if from == "testbed" {
+            offenders.push(format!(
+                "{}: testbed must use no crate of ours",
+                g.describe(from, to)
+            ));
+        }
+        if to == "integration" && !g.dirs[from].starts_with("integration") {
+            offenders.push(format!(
+                "{} ({}): only integration/ uses integration; a product crate's tests use testbed",
+                g.describe(from, to),
+                g.dirs[from].display()
+            ));
+        }
+    }
+    assert!(g.names.contains("testbed") && g.names.contains("integration"));
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}
+
+/// Names in backticks in `cell`, leaving out what is in parentheses (a row's comments, e.g.
+/// "`node-view` (`explain --pod`)").
+fn crate_names(cell: &str) -> Vec<String> {
+    let mut depth = 0usize;
+    let mut outside = String::new();
+    for c in cell.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            _ if depth == 0 => outside.push(c),
+            _ => {}
+        }
+    }
+    outside
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
+}
+
+/// ARCHITECTURE.md's `| crate | uses |` tables, as `(crate, the crates it uses)` per row and
+/// crate named in the row's first cell.
+fn architecture_tables(text: &str) -> Vec<(String, BTreeSet<String>)> {
+    let mut rows = Vec::new();
+    let mut in_table = false;
+    for line in text.lines() {
+        let line = line.trim();
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if cells.len() == 4 && cells[1] == "crate" && cells[2] == "uses" {
+            in_table = true;
+            continue;
+        }
+        if !in_table {
+            continue;
+        }
+        if !line.starts_with('|') {
+            in_table = false;
+            continue;
+        }
+        if cells.len() != 4 || cells[1].starts_with("---") {
+            continue;
+        }
+        let uses: BTreeSet<String> = crate_names(cells[2]).into_iter().collect();
+        for c in crate_names(cells[1]) {
+            rows.push((c, uses.clone()));
+        }
+    }
+    rows
+}
+
+/// ARCHITECTURE.md's edge tables say exactly what the manifests say. Every workspace crate has
+/// its row, the test rigs and tools included (in their own table), so a new crate or a new
+/// dependency cannot land without the page that explains the layout; only normal
+/// dependencies are listed (tests' dev-dependencies are checked above instead).
+#[test]
+fn architecture_md_lists_the_real_normal_dependencies() {
+    let meta = metadata();
+    let g = Graph::of(&meta);
+    let text = std::fs::read_to_string(workspace_root(&meta).join("ARCHITECTURE.md")).unwrap();
+    let rows = architecture_tables(&text);
+    assert!(
+        rows.len() > 10,
+        "found only {} rows in ARCHITECTURE.md",
+        rows.len()
+    );
+    let mut offenders = Vec::new();
+    let mut listed: BTreeMap<&str, &BTreeSet<String>> = BTreeMap::new();
+    for (c, uses) in &rows {
+        if !g.names.contains(c) {
+            offenders.push(format!(
+                "ARCHITECTURE.md has a row for {c}, not a workspace crate"
+            ));
+        }
+        if listed.insert(c, uses).is_some() {
+            offenders.push(format!("ARCHITECTURE.md has two rows for {c}"));
+        }
+    }
+    for c in &g.names {
+        let real: BTreeSet<String> = g
+            .edges
+            .iter()
+            .filter(|((f, _), kinds)| f == c && kinds.contains("normal"))
+            .map(|((_, t), _)| t.clone())
+            .collect();
+        let Some(table) = listed.get(c.as_str()) else {
+            offenders.push(format!("ARCHITECTURE.md has no row for {c}"));
+            continue;
+        };
+        for d in real.difference(table) {
+            offenders.push(format!("missing in ARCHITECTURE.md: {c} uses {d}"));
+        }
+        for d in table.difference(&real) {
+            offenders.push(format!("extra in ARCHITECTURE.md: {c} does not use {d}"));
+        }
+    }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+    println!(
+        "layout: ARCHITECTURE.md's tables list the {} crates' normal dependencies",
+        g.names.len()
     );
 }
