@@ -37,7 +37,7 @@ fn refuse_duplicate_keys(text: &str) -> Result<(), String> {
         .map_err(|e| {
             let path = e.path().to_string();
             let at = if path == "." { "the top level" } else { &path };
-            format!("{} at {at}", e.inner())
+            format!("{}, in the object at {at}", e.inner())
         })
 }
 
@@ -163,7 +163,10 @@ mod tests {
     fn a_key_twice_in_one_object_is_refused_with_its_path() {
         let sidecar = r#"{"annotations":{"sidecar.istio.io/status":"{}"}}"#;
         for (bad, path) in [
-            (format!(r#"{{"metadata":{sidecar},"metadata":{{}}}}"#), "."),
+            (
+                format!(r#"{{"metadata":{sidecar},"metadata":{{}}}}"#),
+                "the top level",
+            ),
             (
                 r#"{"metadata":{"annotations":{"a":"1","b":"2","a":"3"}}}"#.to_string(),
                 "metadata.annotations",
@@ -180,7 +183,10 @@ mod tests {
         ] {
             let e = decode::<Pod>(&bad, "Pod").unwrap_err();
             assert!(e.contains("twice in one object"), "{bad}: {e}");
-            assert!(e.ends_with(&format!("at {path}")), "{bad}: {e}");
+            assert!(
+                e.ends_with(&format!("in the object at {path}")),
+                "{bad}: {e}"
+            );
         }
     }
 
