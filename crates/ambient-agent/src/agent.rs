@@ -12,7 +12,7 @@ use redirect::host_probe::HostProbeRule;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
@@ -71,6 +71,8 @@ pub enum AgentError {
     Ztunnel { pod: String, source: zds::ZdsError },
     #[error("pod {pod}: the agent's worker failed: {reason}")]
     Worker { pod: String, reason: String },
+    #[error("pod {pod}: removing its leftover ambient rules and probe addresses: {reason}")]
+    Clear { pod: String, reason: String },
 }
 
 impl AgentError {
@@ -122,6 +124,17 @@ pub struct Agent {
 /// How an enrolled pod's namespace is reached for rule work: through our fd.
 fn fd_path(fd: &OwnedFd) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+/// Whether `path` names the namespace `fd` holds (device and inode: a namespace's identity).
+/// A path that cannot be read (empty, gone) is not provably the same.
+fn same_namespace(fd: &OwnedFd, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let id = |m: std::fs::Metadata| (m.dev(), m.ino());
+    match (std::fs::metadata(fd_path(fd)), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => id(a) == id(b),
+        _ => false,
+    }
 }
 
 impl Agent {
@@ -332,6 +345,48 @@ impl Agent {
         self.drop_host_if_idle(&mut *self.inner.lock().await).await;
         tracing::info!(%pod, uid, reason = why, "ambient pod released");
         true
+    }
+
+    /// A CNI DEL: releases the pod only when `netns` is the namespace it is served in. A DEL
+    /// of an older sandbox of the same pod (kubelet removing it after the pod's new sandbox was
+    /// served, or a repeated DEL with no namespace left) must not take the live one out of the
+    /// mesh; the pod's deletion from the API releases it in any case.
+    pub async fn release_sandbox(&self, uid: &str, netns: &Path, why: &str) -> bool {
+        let guard = self.lock_pod(uid).await;
+        let served_in = {
+            let g = self.inner.lock().await;
+            g.pods.get(uid).map(|e| e.netns.clone())
+        };
+        let released = match served_in {
+            Some(fd) if !same_namespace(&fd, netns) => {
+                tracing::info!(uid, netns = %netns.display(), "CNI DEL of another sandbox of the pod: it stays served in its own");
+                false
+            }
+            _ => self.release_locked(uid, why).await,
+        };
+        drop(guard);
+        self.forget_pod_lock(uid);
+        released
+    }
+
+    /// Removes a pod's ambient rules and probe addresses from a namespace this agent does not
+    /// serve (a former ambient pod's leftovers; Istio's `RemovePodFromMesh`).
+    pub async fn clear(&self, pod: &AmbientPodRef, netns: OwnedFd) -> Result<(), AgentError> {
+        let _guard = self.lock_pod(&pod.uid).await;
+        if self.inner.lock().await.pods.contains_key(&pod.uid) {
+            return Ok(());
+        }
+        let clear = |reason| AgentError::Clear {
+            pod: pod.label(),
+            reason,
+        };
+        let netns = Arc::new(netns);
+        unprogram(&netns).await.map_err(clear)?;
+        self.remove_probe_ips(&pod.uid, &pod.ips)
+            .await
+            .map_err(clear)?;
+        self.drop_host_if_idle(&mut *self.inner.lock().await).await;
+        Ok(())
     }
 
     pub async fn uid_of(&self, namespace: &str, name: &str) -> Option<String> {

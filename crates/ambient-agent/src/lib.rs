@@ -18,7 +18,7 @@ use node_status::State;
 use node_status::metrics::Counters;
 use node_view::cache::{CacheEvent, NamespaceCache, PodCache};
 use pod_policy::ambient::pod_settings;
-use pod_policy::bypass::finished;
+use pod_policy::bypass::terminal;
 use pod_policy::{Decision, Policy, PolicyError};
 use redirect::host_probe::HostProbeRule;
 use std::collections::BTreeMap;
@@ -84,10 +84,12 @@ pub struct NodeContext {
 const RETRY: Duration = Duration::from_secs(5);
 
 /// Whether ztunnel should serve the pod now: the plugin's decision (`pod_policy::decide`, in
-/// ambient mode), and a pod that has finished is not. A pod the selectors enroll whose ambient
-/// annotations are invalid is wanted too: enrolling it reports the annotation.
+/// ambient mode), and a pod whose containers are done is not. A terminating pod still is, as in
+/// Istio: its containers drain their connections through the grace period. A pod the selectors
+/// enroll whose ambient annotations are invalid is wanted too: enrolling it reports the
+/// annotation.
 pub fn wants(policy: &Policy, pod: &Pod, namespace_labels: &BTreeMap<String, String>) -> bool {
-    finished(pod).is_none()
+    terminal(pod).is_none()
         && matches!(
             pod_policy::decide(pod, namespace_labels, policy),
             Ok(Decision::Ambient(_)) | Err(PolicyError::Ambient(_))
@@ -144,6 +146,16 @@ fn host_plan(proc_root: &Path, ipv6: bool, host: HostProbeRule) -> Result<Plan, 
     };
     let source = host.probe_source(kubelet);
     Plan::ambient_host(&HostProbeConfig::new(source, ipv6)).map_err(|e| e.to_string())
+}
+
+/// Whether the pod carries the agent's mark `ambient.istio.io/redirection: enabled`.
+fn marked_enabled(pod: &Pod) -> bool {
+    use pod_policy::ambient::annotations::{REDIRECTION, REDIRECTION_ENABLED};
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(REDIRECTION))
+        .is_some_and(|v| v == REDIRECTION_ENABLED)
 }
 
 /// Marks (or unmarks) the pod `ambient.istio.io/redirection: enabled`, as Istio's agent does:
@@ -211,6 +223,7 @@ pub fn start(
         state,
         checks,
         client,
+        unmarked: Default::default(),
     };
     tokio::spawn(run.run(pod_events, ns_events));
 }
@@ -233,6 +246,8 @@ struct Runner {
     /// `istio_cni_pod_rules_checks_total` (shared with the sidecar reconciler).
     checks: Arc<Counters>,
     client: kube::Client,
+    /// Former ambient pods already cleaned up, by (UID, resourceVersion).
+    unmarked: std::sync::Mutex<std::collections::HashSet<(Option<String>, Option<String>)>>,
 }
 
 type Events<K> = UnboundedReceiver<CacheEvent<K>>;
@@ -437,8 +452,47 @@ impl Runner {
                     annotate(&self.client, pod, false);
                 }
             }
+            (false, false) if marked_enabled(pod) => self.remove_from_mesh(agent, pod).await,
             _ => {}
         }
+    }
+
+    /// Istio's `RemovePodFromMesh` for a pod this agent does not serve but that is still marked
+    /// as redirected (it left ambient while no agent ran: its rules and probe addresses stayed,
+    /// and ztunnel's new snapshot no longer has it, so its traffic goes nowhere): the rules and
+    /// addresses removed, the mark taken off. Once per pod version: a mark that cannot be
+    /// removed (RBAC) is not retried every pass.
+    async fn remove_from_mesh(&self, agent: &Agent, pod: &Pod) {
+        if terminal(pod).is_some() {
+            return;
+        }
+        let version = (
+            pod.metadata.uid.clone(),
+            pod.metadata.resource_version.clone(),
+        );
+        if !self
+            .unmarked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(version)
+        {
+            return;
+        }
+        let key = node_view::cache::key(pod);
+        match self.locate(pod).await {
+            Ok((r, fd)) => match agent.clear(&r, fd).await {
+                Ok(()) => {
+                    tracing::info!(pod = %key, "pod no longer ambient: its leftover rules and probe addresses removed")
+                }
+                Err(e) => {
+                    tracing::warn!(pod = %key, error = %e, "removing a former ambient pod's rules failed")
+                }
+            },
+            Err(e) => {
+                tracing::debug!(pod = %key, error = %e, "former ambient pod not running: nothing to remove")
+            }
+        }
+        annotate(&self.client, pod, false);
     }
 
     async fn on_namespace(&self, agent: &Agent, name: &str) {
@@ -465,11 +519,14 @@ impl Runner {
         self.retry_pending(agent).await;
     }
 
+    /// Pods that should be served but are not, and pods still marked as served that should not
+    /// be (after a restart: their labels changed while no agent ran).
     async fn retry_pending(&self, agent: &Agent) {
         for pod in self.pods.snapshot() {
             let uid = pod.metadata.uid.clone().unwrap_or_default();
             let has_ip = !status_ips(&pod).is_empty();
-            if has_ip && self.wants(&pod) && !agent.is_enrolled(&uid).await {
+            let pending = self.wants(&pod) || marked_enabled(&pod);
+            if has_ip && pending && !agent.is_enrolled(&uid).await {
                 self.on_pod(agent, &pod).await;
             }
         }

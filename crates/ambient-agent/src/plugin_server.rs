@@ -141,7 +141,8 @@ impl Handler {
             Some(req.pod_uid.clone())
         };
         if let Some(uid) = uid {
-            self.agent.release(&uid, "CNI DEL").await;
+            let netns = std::path::Path::new(&req.netns);
+            self.agent.release_sandbox(&uid, netns, "CNI DEL").await;
         }
         reply(StatusCode::OK, "")
     }

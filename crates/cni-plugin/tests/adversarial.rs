@@ -535,7 +535,7 @@ fn adversarial_api_faults_fail_within_the_deadline() {
     let mut tally = Tally::default();
     let mut figures = Vec::new();
     // (mode, what the message must contain, CNI error code, retried?)
-    let cases: [(ApiMode, &str, u64, bool); 10] = [
+    let cases: [(ApiMode, &str, u64, bool); 11] = [
         (ApiMode::Status500, "500", 11, true),
         (ApiMode::Status404, "404", 11, true),
         (ApiMode::Status401, "401", 103, false),
@@ -544,6 +544,7 @@ fn adversarial_api_faults_fail_within_the_deadline() {
         (ApiMode::Garbage, "top level", 6, false),
         (ApiMode::BadPod, "spec.containers", 6, false),
         (ApiMode::TrailingGarbage, "trailing characters", 6, false),
+        (ApiMode::DuplicateKey, "twice in one object", 6, false),
         (ApiMode::Slow, "pod_lookup_timeout_ms", 11, true),
         (ApiMode::Hang, "pod_lookup_timeout_ms", 11, true),
     ];

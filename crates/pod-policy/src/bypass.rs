@@ -1,6 +1,6 @@
 //! The pass-through routing every consumer applies before deciding (Istio's plugin steps 3 and
-//! 5): the istio-cni DaemonSet's own pods, excluded namespaces and host-network pods are never
-//! touched; and a pod with no running sandbox has nothing to keep rules in. Pure.
+//! 5): the istio-cni DaemonSet's own pods, ztunnel's, excluded namespaces and host-network pods
+//! are never touched; and a pod with no running sandbox has nothing to keep rules in. Pure.
 
 use k8s_openapi::api::core::v1::Pod;
 use std::net::IpAddr;
@@ -23,6 +23,18 @@ pub fn is_self(pod_name: &str, pod_namespace: &str, cni_namespace: &str) -> bool
     pod_name.starts_with(SELF_POD_PREFIX) && pod_namespace == cni_namespace
 }
 
+/// Istio's `IsZtunnelPod`: ztunnel itself (`app=ztunnel` in the system namespace, where the
+/// chart puts it next to istio-cni) is never handed to ztunnel, nor given sidecar rules.
+pub fn is_ztunnel(pod: &Pod, cni_namespace: &str) -> bool {
+    pod.metadata.namespace.as_deref() == Some(cni_namespace)
+        && pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("app"))
+            .is_some_and(|app| app == "ztunnel")
+}
+
 impl Scope {
     /// What can be decided from the pod's name and namespace alone, before any lookup
     /// (the plugin's CNI_ARGS): `Some(why)` when the pod is passed through.
@@ -42,6 +54,9 @@ impl Scope {
         if host_network(pod) {
             return Some("host-network pod".into());
         }
+        if is_ztunnel(pod, &self.cni_namespace) {
+            return Some("ztunnel's own pod".into());
+        }
         let ns = pod.metadata.namespace.as_deref().unwrap_or("");
         let name = pod.metadata.name.as_deref().unwrap_or("");
         self.by_name(name, ns)
@@ -55,12 +70,20 @@ pub fn host_network(pod: &Pod) -> bool {
         .unwrap_or(false)
 }
 
-/// `Some(why)` when the pod has no running sandbox to keep rules in (terminating, or its
-/// phase is Succeeded or Failed).
+/// `Some(why)` when the pod is on its way out (terminating, or its phase is Succeeded or
+/// Failed): the sidecar reconciler leaves it alone, its rules go with its sandbox.
 pub fn finished(pod: &Pod) -> Option<String> {
     if pod.metadata.deletion_timestamp.is_some() {
         return Some("terminating".into());
     }
+    terminal(pod)
+}
+
+/// `Some(why)` when the pod's containers are done for good (phase Succeeded or Failed; Istio's
+/// `CheckPodTerminal`). A terminating pod is not: its containers run through their grace
+/// period, and an ambient pod stays served until then (draining connections still need
+/// ztunnel).
+pub fn terminal(pod: &Pod) -> Option<String> {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     if let Some(p @ ("Succeeded" | "Failed")) = phase {
         return Some(format!("phase {p}"));
@@ -92,5 +115,41 @@ mod tests {
         ));
         assert!(!is_self("istio-cni-node-abcde", "default", "istio-system"));
         assert!(!is_self("web", "istio-system", "istio-system"));
+    }
+
+    fn pod(json: serde_json::Value) -> Pod {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn ztunnel_is_passed_through_in_the_system_namespace_only() {
+        let scope = Scope {
+            cni_namespace: "istio-system".into(),
+            ..Scope::default()
+        };
+        let zt = |ns: &str, app: &str| {
+            pod(
+                serde_json::json!({"metadata": {"name": "ztunnel-x", "namespace": ns,
+                "labels": {"app": app}}}),
+            )
+        };
+        assert_eq!(
+            scope.bypassed(&zt("istio-system", "ztunnel")).as_deref(),
+            Some("ztunnel's own pod")
+        );
+        assert_eq!(scope.bypassed(&zt("default", "ztunnel")), None);
+        assert_eq!(scope.bypassed(&zt("istio-system", "web")), None);
+    }
+
+    #[test]
+    fn a_terminating_pod_is_finished_but_not_terminal() {
+        let terminating = pod(serde_json::json!({"metadata": {"name": "p",
+            "deletionTimestamp": "2026-11-27T03:30:00Z"}, "status": {"phase": "Running"}}));
+        assert_eq!(finished(&terminating).as_deref(), Some("terminating"));
+        assert_eq!(terminal(&terminating), None);
+        let done =
+            pod(serde_json::json!({"metadata": {"name": "p"}, "status": {"phase": "Failed"}}));
+        assert_eq!(terminal(&done).as_deref(), Some("phase Failed"));
+        assert_eq!(finished(&done).as_deref(), Some("phase Failed"));
     }
 }

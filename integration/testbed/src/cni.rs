@@ -55,6 +55,9 @@ pub enum ApiMode {
     Slow = 9,
     /// 200 with the real Pod followed by `}}}}` (not exactly one JSON value).
     TrailingGarbage = 10,
+    /// 200 with the real Pod and a second, empty `metadata` key after its own (one JSON
+    /// value; a decoder that keeps the last key reads a pod without annotations).
+    DuplicateKey = 11,
 }
 
 impl ApiMode {
@@ -72,6 +75,7 @@ impl ApiMode {
             BadPod,
             Slow,
             TrailingGarbage,
+            DuplicateKey,
         ]
         .into_iter()
         .find(|m| *m as u8 == v)
@@ -246,6 +250,10 @@ fn serve(
     let mut body = body.to_string();
     if mode == ApiMode::TrailingGarbage {
         body.push_str("}}}}");
+    }
+    if mode == ApiMode::DuplicateKey && body.ends_with('}') {
+        body.pop();
+        body.push_str(r#","metadata":{}}"#);
     }
     let _ = write!(
         conn,
