@@ -131,7 +131,7 @@ fn status_ips(pod: &Pod) -> Vec<IpAddr> {
 fn host_plan(proc_root: &Path, ipv6: bool, host: HostProbeRule) -> Result<Plan, String> {
     let kubelet = match host.backend() {
         redirect::Backend::IptablesLegacy => None,
-        redirect::Backend::Nft => match nft_backend::ambient_host::kubelet_uid(proc_root) {
+        redirect::Backend::Nft => match node_view::kubelet::kubelet_uid(proc_root) {
             Ok(uid) => {
                 tracing::info!(uid, "kubelet found: probes are its sockets' traffic");
                 Some(uid)
