@@ -18,7 +18,7 @@ use node_status::State;
 use node_status::metrics::Counters;
 use node_view::cache::{CacheEvent, NamespaceCache, PodCache};
 use pod_policy::ambient::pod_settings;
-use pod_policy::bypass::finished;
+use pod_policy::bypass::{finished, pod_ips};
 use pod_policy::{Decision, Policy, PolicyError};
 use redirect::host_probe::HostProbeRule;
 use std::collections::BTreeMap;
@@ -96,7 +96,7 @@ pub fn wants(policy: &Policy, pod: &Pod, namespace_labels: &BTreeMap<String, Str
 
 /// The pod as the agent needs it (`ips`: given by the plugin, else the pod's status).
 pub fn pod_ref(pod: &Pod, ips: Vec<IpAddr>) -> Result<AmbientPodRef, String> {
-    let ips = if ips.is_empty() { status_ips(pod) } else { ips };
+    let ips = if ips.is_empty() { pod_ips(pod) } else { ips };
     Ok(AmbientPodRef {
         uid: pod.metadata.uid.clone().unwrap_or_default(),
         name: pod.metadata.name.clone().unwrap_or_default(),
@@ -109,20 +109,6 @@ pub fn pod_ref(pod: &Pod, ips: Vec<IpAddr>) -> Result<AmbientPodRef, String> {
         ips,
         settings: pod_settings(pod)?,
     })
-}
-
-fn status_ips(pod: &Pod) -> Vec<IpAddr> {
-    let st = pod.status.as_ref();
-    let mut ips: Vec<IpAddr> = st
-        .and_then(|s| s.pod_ips.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|p| p.ip.parse().ok())
-        .collect();
-    if ips.is_empty() {
-        ips.extend(st.and_then(|s| s.pod_ip.as_deref()?.parse::<IpAddr>().ok()));
-    }
-    ips
 }
 
 /// The host probe rule, as Istio has it per backend (`HostProbeRule::probe_source`): on nft
@@ -336,7 +322,7 @@ impl Runner {
                 Ok(f) => found.push(f),
                 Err(e) => {
                     tracing::warn!(pod = %node_view::cache::key(pod.as_ref()), error = %e, "startup: ambient pod's namespace not found; ztunnel keeps what it has for it");
-                    if !status_ips(&pod).is_empty() {
+                    if !pod_ips(&pod).is_empty() {
                         unlocated.extend(pod.metadata.uid.clone());
                     }
                 }
@@ -468,7 +454,7 @@ impl Runner {
     async fn retry_pending(&self, agent: &Agent) {
         for pod in self.pods.snapshot() {
             let uid = pod.metadata.uid.clone().unwrap_or_default();
-            let has_ip = !status_ips(&pod).is_empty();
+            let has_ip = !pod_ips(&pod).is_empty();
             if has_ip && self.wants(&pod) && !agent.is_enrolled(&uid).await {
                 self.on_pod(agent, &pod).await;
             }
