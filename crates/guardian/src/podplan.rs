@@ -4,7 +4,7 @@
 //! controller and the continuous reconciler, so both program exactly what ADD would.
 
 use k8s_openapi::api::core::v1::Pod;
-use pod_policy::{Decision, Labels, PodConfig, Policy};
+use pod_policy::{Decision, Labels, Policy};
 use redirect::capture::{Config, Plan};
 use std::net::IpAddr;
 use std::path::Path;
@@ -12,26 +12,16 @@ use std::path::Path;
 pub use node_view::running::locate;
 pub use pod_policy::bypass::{finished, pod_ip};
 
-/// What the plugin would do with a pod.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// Not programmed by the plugin (why).
-    Skip(String),
-    /// A mesh pod: the plugin programs this config (warnings: what it tolerated).
-    Mesh(Box<PodConfig>),
-}
+/// Why guardian leaves an ambient pod ([`Decision::Ambient`]) alone.
+pub const AMBIENT_POD: &str = "an ambient pod: the node agent keeps its rules";
 
-/// The plugin's decision (`pod_policy::decide`) for a sidecar pod. Pure. `Err` is an invalid
-/// pod configuration (the plugin would refuse the pod too).
-pub fn verdict(pod: &Pod, policy: &Policy) -> Result<Verdict, String> {
-    match pod_policy::decide(pod, &Labels::new(), policy) {
-        Ok(Decision::Skip(why)) => Ok(Verdict::Skip(why)),
-        Ok(Decision::Sidecar(pc)) => Ok(Verdict::Mesh(pc)),
-        Ok(Decision::Ambient(_)) => Ok(Verdict::Skip(
-            "an ambient pod: the node agent keeps its rules".into(),
-        )),
-        Err(e) => Err(format!("invalid pod configuration: {e}")),
-    }
+/// The plugin's decision (`pod_policy::decide`, without namespace labels): guardian programs
+/// [`Decision::Sidecar`] pods and leaves the others ([`Decision::Skip`]'s reason, or
+/// [`AMBIENT_POD`]). Pure. `Err` is an invalid pod configuration (the plugin would refuse the
+/// pod too).
+pub fn verdict(pod: &Pod, policy: &Policy) -> Result<Decision, String> {
+    pod_policy::decide(pod, &Labels::new(), policy)
+        .map_err(|e| format!("invalid pod configuration: {e}"))
 }
 
 /// The plan for `config` in the namespace, plus its addresses (to confirm the namespace still

@@ -9,9 +9,10 @@ mod common;
 use common::kube_api::{FakeKube, broken_pod};
 use common::running::{RunningPod, proc_root};
 use common::*;
-use guardian::podplan::{self, Verdict};
+use guardian::podplan;
 use integration::Probe;
 use k8s_openapi::api::core::v1::Pod;
+use pod_policy::Decision;
 use redirect::capture::Plan;
 use redirect::{Backend, BackendChoice};
 use serde_json::{Value, json};
@@ -41,7 +42,7 @@ fn mesh_pod(ns: &str, name: &str, ip: &str, annotations: Value) -> Value {
 
 fn plan_for(pod: &Value, running: &RunningPod) -> Plan {
     let pod: Pod = serde_json::from_value(pod.clone()).unwrap();
-    let Verdict::Mesh(pc) = podplan::verdict(&pod, &sidecar_policy()).unwrap() else {
+    let Decision::Sidecar(pc) = podplan::verdict(&pod, &sidecar_policy()).unwrap() else {
         panic!("not a mesh pod")
     };
     podplan::plan_in(&pc.config, running.world.pod.path())

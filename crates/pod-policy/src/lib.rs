@@ -83,8 +83,5 @@ pub fn decide(
 /// The sidecar checks alone (no routing, no ambient): what the plugin does with a pod it looked
 /// up outside ambient mode.
 pub fn sidecar_decision(pod: &Pod) -> Result<Decision, PolicyError> {
-    Ok(match sidecar::decide(pod)? {
-        sidecar::Decision::Skip(why) => Decision::Skip(why),
-        sidecar::Decision::Capture(pc) => Decision::Sidecar(pc),
-    })
+    Ok(sidecar::decide(pod)?)
 }

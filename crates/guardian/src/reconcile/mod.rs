@@ -16,13 +16,14 @@ pub mod check;
 pub mod controller;
 pub mod tracker;
 
-use crate::podplan::{self, Verdict};
+use crate::podplan;
 use crate::settings::{Node, ReconcileSettings, RepairSettings};
 use check::{Outcome, Target};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use node_status::metrics::{Counters, Gauge};
 use node_view::cache::{CacheEvent, NamespaceCache, PodCache, PodEvent, Subscription};
+use pod_policy::Decision;
 use redirect::BackendChoice;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -88,8 +89,9 @@ impl Settings {
             return Err(format!("not opted in ({})", controller::INITIALIZE));
         }
         let config = match podplan::verdict(pod, &self.node.policy)? {
-            Verdict::Skip(why) => return Err(why),
-            Verdict::Mesh(pc) => pc.config,
+            Decision::Skip(why) => return Err(why),
+            Decision::Ambient(_) => return Err(podplan::AMBIENT_POD.into()),
+            Decision::Sidecar(pc) => pc.config,
         };
         Ok(Target {
             key: node_view::cache::key(pod),

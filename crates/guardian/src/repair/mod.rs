@@ -81,10 +81,12 @@ impl Failure {
 /// The plugin's verdict and rules for `pod`, programmed into its namespace found under the
 /// proc root ([`crate::podplan`]'s steps). Blocking (namespace threads, netlink).
 pub fn repair_pod(s: &Settings, pod: &Pod) -> Result<Done, Failure> {
-    use crate::podplan::{self, Verdict};
+    use crate::podplan;
+    use pod_policy::Decision;
     let pc = match podplan::verdict(pod, &s.node.policy) {
-        Ok(Verdict::Skip(why)) => return Ok(Done::Skip(why)),
-        Ok(Verdict::Mesh(pc)) => pc,
+        Ok(Decision::Skip(why)) => return Ok(Done::Skip(why)),
+        Ok(Decision::Ambient(_)) => return Ok(Done::Skip(podplan::AMBIENT_POD.into())),
+        Ok(Decision::Sidecar(pc)) => pc,
         Err(e) => return Err(Failure::permanent(e)),
     };
     for w in &pc.warnings {
