@@ -3,14 +3,11 @@
 //! host's /proc by the pod IP) → Plan (from the namespace's addresses). Shared by the repair
 //! controller and the continuous reconciler, so both program exactly what ADD would.
 
+use capture::{Config, Plan};
 use k8s_openapi::api::core::v1::Pod;
 use pod_policy::{Decision, Labels, Policy};
-use redirect::capture::{Config, Plan};
 use std::net::IpAddr;
 use std::path::Path;
-
-pub use node_view::running::locate;
-pub use pod_policy::bypass::{finished, pod_ip};
 
 /// Why guardian leaves an ambient pod ([`Decision::Ambient`]) alone.
 pub const AMBIENT_POD: &str = "an ambient pod: the node agent keeps its rules";

@@ -7,6 +7,7 @@
 
 mod common;
 
+use capture::Plan;
 use common::kube_api::{FakeKube, broken_pod};
 use common::running::{RunningPod, proc_root};
 use common::*;
@@ -14,7 +15,6 @@ use guardian::podplan;
 use integration::Probe;
 use k8s_openapi::api::core::v1::Pod;
 use pod_policy::Decision;
-use redirect::capture::Plan;
 use redirect::{Backend, BackendChoice};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};

@@ -13,7 +13,6 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-pub use capture;
 pub use migrate::{MigrateOptions, Migration, migrate, migrate_with};
 
 pub mod host_probe;

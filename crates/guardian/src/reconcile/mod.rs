@@ -75,7 +75,7 @@ impl Settings {
 
     /// `Ok(target)` when the pod's rules are ours to keep, `Err(why)` otherwise.
     pub fn eligible(&self, pod: &Pod) -> Result<Target, String> {
-        if let Some(why) = podplan::finished(pod) {
+        if let Some(why) = pod_policy::bypass::finished(pod) {
             return Err(why);
         }
         if let Some(r) = &self.repair
@@ -95,7 +95,7 @@ impl Settings {
         };
         Ok(Target {
             key: node_view::cache::key(pod),
-            ip: podplan::pod_ip(pod)?,
+            ip: pod_policy::bypass::pod_ip(pod)?,
             uid: pod.metadata.uid.clone(),
             config: Box::new(config),
             netns: None,

@@ -92,8 +92,8 @@ pub fn repair_pod(s: &Settings, pod: &Pod) -> Result<Done, Failure> {
     for w in &pc.warnings {
         tracing::warn!(pod = %filter::key(pod), warning = %w, "pod configuration");
     }
-    let ip = podplan::pod_ip(pod).map_err(Failure::retry)?;
-    let netns = podplan::locate(&s.node.proc_root, ip, pod.metadata.uid.as_deref())
+    let ip = pod_policy::bypass::pod_ip(pod).map_err(Failure::retry)?;
+    let netns = node_view::running::locate(&s.node.proc_root, ip, pod.metadata.uid.as_deref())
         .map_err(Failure::retry)?;
     let (plan, _) = podplan::plan_in(&pc.config, &netns).map_err(Failure::retry)?;
     let d = redirect::apply(&plan, Some(&netns), BackendChoice::Fixed(s.node.backend))
