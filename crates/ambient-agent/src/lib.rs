@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use node_status::State;
 use node_status::metrics::Counters;
 use node_view::cache::{CacheEvent, NamespaceCache, PodCache};
-use pod_policy::ambient::pod_settings;
+use pod_policy::ambient::{AnnotationError, pod_settings};
 use pod_policy::bypass::{finished, pod_ips};
 use pod_policy::{Decision, Policy, PolicyError};
 use redirect::host_probe::HostProbeRule;
@@ -95,7 +95,7 @@ pub fn wants(policy: &Policy, pod: &Pod, namespace_labels: &BTreeMap<String, Str
 }
 
 /// The pod as the agent needs it (`ips`: given by the plugin, else the pod's status).
-pub fn pod_ref(pod: &Pod, ips: Vec<IpAddr>) -> Result<AmbientPodRef, String> {
+pub fn pod_ref(pod: &Pod, ips: Vec<IpAddr>) -> Result<AmbientPodRef, AnnotationError> {
     let ips = if ips.is_empty() { pod_ips(pod) } else { ips };
     Ok(AmbientPodRef {
         uid: pod.metadata.uid.clone().unwrap_or_default(),
@@ -343,14 +343,15 @@ impl Runner {
 
     /// The pod's namespace through the host's /proc (the repair controller's discovery).
     async fn locate(&self, pod: &Pod) -> Result<(AmbientPodRef, OwnedFd), String> {
-        let r = pod_ref(pod, Vec::new())?;
+        let r = pod_ref(pod, Vec::new()).map_err(|e| e.to_string())?;
         let Some(ip) = r.ips.first().copied() else {
             return Err("no pod IP yet".into());
         };
         let (proc_root, uid) = (self.proc_root.clone(), r.uid.clone());
         let fd = tokio::task::spawn_blocking(move || -> Result<OwnedFd, String> {
             let uid = Some(uid.as_str()).filter(|u| !u.is_empty());
-            let path = node_view::running::locate(&proc_root, ip, uid)?;
+            let path =
+                node_view::running::locate(&proc_root, ip, uid).map_err(|e| e.to_string())?;
             std::fs::File::open(&path)
                 .map(OwnedFd::from)
                 .map_err(|e| format!("opening {}: {e}", path.display()))

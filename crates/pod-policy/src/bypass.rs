@@ -79,11 +79,17 @@ pub fn status_ip(pod: &Pod) -> Option<&str> {
     })
 }
 
+/// The pod's status has no primary IP that parses (`text`: what it has, empty when none).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("pod has no usable status.podIP ({text:?})")]
+pub struct PodIpError {
+    pub text: String,
+}
+
 /// The pod's primary IP ([`status_ip`]), parsed.
-pub fn pod_ip(pod: &Pod) -> Result<IpAddr, String> {
+pub fn pod_ip(pod: &Pod) -> Result<IpAddr, PodIpError> {
     let text = status_ip(pod).unwrap_or("");
-    text.parse()
-        .map_err(|_| format!("pod has no usable status.podIP ({text:?})"))
+    text.parse().map_err(|_| PodIpError { text: text.into() })
 }
 
 /// Every IP in the pod's status: `status.podIPs` (those that parse), else the primary one

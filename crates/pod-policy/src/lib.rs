@@ -55,7 +55,7 @@ pub enum PolicyError {
     #[error(transparent)]
     Sidecar(#[from] capture::ConfigError),
     #[error("{0}")]
-    Ambient(String),
+    Ambient(#[from] ambient::AnnotationError),
 }
 
 /// The decision, in Istio's order: the pass-through routing, then (ambient mode) the

@@ -88,14 +88,14 @@ impl Settings {
         {
             return Err(format!("not opted in ({})", controller::INITIALIZE));
         }
-        let config = match podplan::verdict(pod, &self.node.policy)? {
+        let config = match podplan::verdict(pod, &self.node.policy).map_err(|e| e.to_string())? {
             Decision::Skip(why) => return Err(why),
             Decision::Ambient(_) => return Err(podplan::AMBIENT_POD.into()),
             Decision::Sidecar(pc) => pc.config,
         };
         Ok(Target {
             key: node_view::cache::key(pod),
-            ip: pod_policy::bypass::pod_ip(pod)?,
+            ip: pod_policy::bypass::pod_ip(pod).map_err(|e| e.to_string())?,
             uid: pod.metadata.uid.clone(),
             config: Box::new(config),
             netns: None,

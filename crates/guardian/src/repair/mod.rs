@@ -64,15 +64,15 @@ pub struct Failure {
 }
 
 impl Failure {
-    fn retry(message: impl Into<String>) -> Failure {
+    fn retry(message: impl std::fmt::Display) -> Failure {
         Failure {
-            message: message.into(),
+            message: message.to_string(),
             permanent: false,
         }
     }
-    fn permanent(message: impl Into<String>) -> Failure {
+    fn permanent(message: impl std::fmt::Display) -> Failure {
         Failure {
-            message: message.into(),
+            message: message.to_string(),
             permanent: true,
         }
     }
