@@ -1,12 +1,14 @@
-//! The ambient node agent (`AMBIENT_ENABLED=true`): decides which pods of the node are ambient,
-//! programs their in-pod rules and hands their network namespaces to ztunnel over ZDS.
+//! The ambient node agent (`AMBIENT_ENABLED=true`): finds the node's ambient pods (the plugin's
+//! decision, `pod_policy::decide` in ambient mode), programs their in-pod rules and the host
+//! probe rule through `redirect`, and hands their network namespaces to ztunnel over ZDS.
 //!
 //! Inputs: the node's pod cache (one list + watch, shared with repair and reconcile), a
 //! namespace cache (their labels enroll pods), and the plugin's events on
 //! `<run_dir>/pluginevent.sock` (ADD waits for the agent; DEL tells it). Startup: once both
-//! caches have listed, every ambient pod already running is found through the host's /proc (the
-//! repair controller's netns discovery), its rules reconciled, and it is put into the ZDS
-//! snapshot BEFORE the socket opens, so the first ztunnel to connect never drops a pod.
+//! caches have listed, every ambient pod already running is found through the host's /proc
+//! (`node_view::running`, the running-pod discovery every job shares), its rules reconciled,
+//! and it is put into the ZDS snapshot BEFORE the socket opens, so the first ztunnel to connect
+//! never drops a pod.
 
 pub mod agent;
 pub mod plugin_server;

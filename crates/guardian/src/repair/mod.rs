@@ -5,8 +5,8 @@
 //! The controller watches this node's pods, picks the broken ones with Istio's filter
 //! ([`filter::matches`]) and, in Istio's precedence:
 //! * repair: finds the pod's network namespace through the host's /proc by the pod IP
-//!   ([`procfs::find_pod_netns`]) and programs exactly what the plugin would (the plugin's own
-//!   pod → config mapping, `pod_policy::decide`, and the node's backend);
+//!   (`node_view::running::locate`) and programs exactly what the plugin would (the plugin's
+//!   own pod → config mapping, `pod_policy::decide`, and the node's backend);
 //! * else delete the pod (UID + resourceVersion preconditions);
 //! * else label it through the status subresource.
 //!
