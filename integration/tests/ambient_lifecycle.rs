@@ -99,7 +99,12 @@ fn a_del_of_an_old_sandbox_leaves_the_pods_new_sandbox_served() {
     let Some(bin) = ztunnel() else { return };
     let old_plan = PodPlan::new("resandboxed", [10, 88, 32, 10], Mode::Ambient);
     let new_plan = PodPlan::new("resandboxed", [10, 88, 32, 20], Mode::Ambient);
-    let n = AmbientNode::start(&bin, &AmbientOptions::default(), &[old_plan.clone()]).unwrap();
+    let n = AmbientNode::start(
+        &bin,
+        &AmbientOptions::default(),
+        std::slice::from_ref(&old_plan),
+    )
+    .unwrap();
     let old = n.start_pod(&old_plan);
     let new = n.create_pod(&new_plan).unwrap();
     let run = n.add(&new);

@@ -1,12 +1,14 @@
-//! The ambient node agent (`AMBIENT_ENABLED=true`): decides which pods of the node are ambient,
-//! programs their in-pod rules and hands their network namespaces to ztunnel over ZDS.
+//! The ambient node agent (`AMBIENT_ENABLED=true`): finds the node's ambient pods (the plugin's
+//! decision, `pod_policy::decide` in ambient mode), programs their in-pod rules and the host
+//! probe rule through `redirect`, and hands their network namespaces to ztunnel over ZDS.
 //!
 //! Inputs: the node's pod cache (one list + watch, shared with repair and reconcile), a
 //! namespace cache (their labels enroll pods), and the plugin's events on
 //! `<run_dir>/pluginevent.sock` (ADD waits for the agent; DEL tells it). Startup: once both
-//! caches have listed, every ambient pod already running is found through the host's /proc (the
-//! repair controller's netns discovery), its rules reconciled, and it is put into the ZDS
-//! snapshot BEFORE the socket opens, so the first ztunnel to connect never drops a pod.
+//! caches have listed, every ambient pod already running is found through the host's /proc
+//! (`node_view::running`, the running-pod discovery every job shares), its rules reconciled,
+//! and it is put into the ZDS snapshot BEFORE the socket opens, so the first ztunnel to connect
+//! never drops a pod.
 
 pub mod agent;
 pub mod plugin_server;
@@ -17,8 +19,8 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use node_status::State;
 use node_status::metrics::Counters;
 use node_view::cache::{CacheEvent, NamespaceCache, PodCache};
-use pod_policy::ambient::pod_settings;
-use pod_policy::bypass::terminal;
+use pod_policy::ambient::{AnnotationError, pod_settings};
+use pod_policy::bypass::{pod_ips, terminal};
 use pod_policy::{Decision, Policy, PolicyError};
 use redirect::host_probe::HostProbeRule;
 use std::collections::BTreeMap;
@@ -97,8 +99,8 @@ pub fn wants(policy: &Policy, pod: &Pod, namespace_labels: &BTreeMap<String, Str
 }
 
 /// The pod as the agent needs it (`ips`: given by the plugin, else the pod's status).
-pub fn pod_ref(pod: &Pod, ips: Vec<IpAddr>) -> Result<AmbientPodRef, String> {
-    let ips = if ips.is_empty() { status_ips(pod) } else { ips };
+pub fn pod_ref(pod: &Pod, ips: Vec<IpAddr>) -> Result<AmbientPodRef, AnnotationError> {
+    let ips = if ips.is_empty() { pod_ips(pod) } else { ips };
     Ok(AmbientPodRef {
         uid: pod.metadata.uid.clone().unwrap_or_default(),
         name: pod.metadata.name.clone().unwrap_or_default(),
@@ -113,27 +115,13 @@ pub fn pod_ref(pod: &Pod, ips: Vec<IpAddr>) -> Result<AmbientPodRef, String> {
     })
 }
 
-fn status_ips(pod: &Pod) -> Vec<IpAddr> {
-    let st = pod.status.as_ref();
-    let mut ips: Vec<IpAddr> = st
-        .and_then(|s| s.pod_ips.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|p| p.ip.parse().ok())
-        .collect();
-    if ips.is_empty() {
-        ips.extend(st.and_then(|s| s.pod_ip.as_deref()?.parse::<IpAddr>().ok()));
-    }
-    ips
-}
-
 /// The host probe rule, as Istio has it per backend (`HostProbeRule::probe_source`): on nft
 /// nodes kubelet's sockets (its uid found through the host's /proc), or any local socket when
 /// no kubelet process is found; on iptables-legacy nodes any local socket (Istio's payload).
 fn host_plan(proc_root: &Path, ipv6: bool, host: HostProbeRule) -> Result<Plan, String> {
     let kubelet = match host.backend() {
         redirect::Backend::IptablesLegacy => None,
-        redirect::Backend::Nft => match nft_backend::ambient_host::kubelet_uid(proc_root) {
+        redirect::Backend::Nft => match node_view::kubelet::kubelet_uid(proc_root) {
             Ok(uid) => {
                 tracing::info!(uid, "kubelet found: probes are its sockets' traffic");
                 Some(uid)
@@ -351,7 +339,7 @@ impl Runner {
                 Ok(f) => found.push(f),
                 Err(e) => {
                     tracing::warn!(pod = %node_view::cache::key(pod.as_ref()), error = %e, "startup: ambient pod's namespace not found; ztunnel keeps what it has for it");
-                    if !status_ips(&pod).is_empty() {
+                    if !pod_ips(&pod).is_empty() {
                         unlocated.extend(pod.metadata.uid.clone());
                     }
                 }
@@ -372,14 +360,15 @@ impl Runner {
 
     /// The pod's namespace through the host's /proc (the repair controller's discovery).
     async fn locate(&self, pod: &Pod) -> Result<(AmbientPodRef, OwnedFd), String> {
-        let r = pod_ref(pod, Vec::new())?;
+        let r = pod_ref(pod, Vec::new()).map_err(|e| e.to_string())?;
         let Some(ip) = r.ips.first().copied() else {
             return Err("no pod IP yet".into());
         };
         let (proc_root, uid) = (self.proc_root.clone(), r.uid.clone());
         let fd = tokio::task::spawn_blocking(move || -> Result<OwnedFd, String> {
             let uid = Some(uid.as_str()).filter(|u| !u.is_empty());
-            let path = node_view::running::locate(&proc_root, ip, uid)?;
+            let path =
+                node_view::running::locate(&proc_root, ip, uid).map_err(|e| e.to_string())?;
             std::fs::File::open(&path)
                 .map(OwnedFd::from)
                 .map_err(|e| format!("opening {}: {e}", path.display()))
@@ -524,7 +513,7 @@ impl Runner {
     async fn retry_pending(&self, agent: &Agent) {
         for pod in self.pods.snapshot() {
             let uid = pod.metadata.uid.clone().unwrap_or_default();
-            let has_ip = !status_ips(&pod).is_empty();
+            let has_ip = !pod_ips(&pod).is_empty();
             let pending = self.wants(&pod) || marked_enabled(&pod);
             if has_ip && pending && !agent.is_enrolled(&uid).await {
                 self.on_pod(agent, &pod).await;

@@ -26,7 +26,7 @@ const MAX_BODY: usize = 64 * 1024;
 const POD_GET_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pod GETs in flight at once. The work on an event outlives its caller (see the module doc),
 /// so without a bound every ADD of an unknown pod from a caller that hangs up at once left a
-/// task and an API connection behind for up to [`POD_GET_TIMEOUT`]. Over the bound: 503 (the
+/// task and an API connection behind for up to `POD_GET_TIMEOUT` (5 s). Over the bound: 503 (the
 /// plugin fails closed, the runtime retries); pods the cache holds never need a GET.
 pub const MAX_POD_GETS: usize = 16;
 /// Plugin events worked on at once. The work outlives its caller, so without a bound every

@@ -6,7 +6,7 @@
 //! (cni/pkg/{iptables,nftables}), step by step and in the same order, so that the legacy
 //! backend renders Istio's iptables goldens byte for byte and the nft backend its nft goldens
 //! (after the deviations in nft/DEVIATIONS.md). Pure: no I/O; the kubelet uid is resolved by
-//! the caller (`nft_backend::ambient_host::kubelet_uid`).
+//! the caller (`node_view::kubelet::kubelet_uid`).
 
 use crate::config::ConfigError;
 use crate::ids::Id;

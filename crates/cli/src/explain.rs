@@ -90,7 +90,7 @@ pub struct ExplainArgs {
     direction: Dir,
     #[arg(long, value_enum, default_value = "tcp")]
     protocol: Proto,
-    /// Destination address and port: 10.0.0.1:80, [fd00::1]:443; a link-local address with
+    /// Destination address and port: `10.0.0.1:80`, `[fd00::1]:443`; a link-local address with
     /// its zone, an interface of the pod (name or index): [fe80::1%eth0]:80. Inbound, the
     /// zone is the interface it arrives on (needed only if the address is on several).
     #[arg(long, value_name = "ADDR:PORT", value_parser = parse_dst)]

@@ -121,18 +121,16 @@ fn get(api: &ApiServer, ns: &str, name: &str, spec: &str) -> Result<Pod, Explain
 
 /// The pod's first IP; host-network and IP-less pods are refused by name.
 fn pod_ip(pod: &Pod, spec: &str) -> Result<IpAddr, ExplainError> {
-    if pod.spec.as_ref().and_then(|s| s.host_network) == Some(true) {
+    if pod_policy::bypass::host_network(pod) {
         return Err(bad(
             spec,
             "runs on the host network: its connections are the node's (see --host)",
         ));
     }
-    let status = pod.status.as_ref();
-    let ip = status
-        .and_then(|s| s.pod_ip.clone())
-        .or_else(|| status?.pod_ips.as_ref()?.first().map(|p| p.ip.clone()));
-    let Some(ip) = ip.filter(|s| !s.is_empty()) else {
-        let phase = status
+    let Some(ip) = pod_policy::bypass::status_ip(pod) else {
+        let phase = pod
+            .status
+            .as_ref()
             .and_then(|s| s.phase.clone())
             .unwrap_or_else(|| "unknown".into());
         return Err(bad(spec, format!("has no IP yet (phase {phase})")));

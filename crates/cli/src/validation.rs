@@ -1,5 +1,5 @@
 //! `--run-validation`: istio-iptables' probe (tools/istio-iptables/pkg/validation). As the
-//! proxy user, listen on 127.0.0.1:<inbound capture port> and dial 127.0.0.6:<probe port>;
+//! proxy user, listen on `127.0.0.1:<inbound capture port>` and dial `127.0.0.6:<probe port>`;
 //! only the "proxy to own pod over lo → inbound" rule makes that connection land on the
 //! listener, so success proves the redirect is in place.
 

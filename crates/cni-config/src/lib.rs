@@ -1,5 +1,12 @@
-//! The plugin's entry in the CNI network configuration. install-cni writes it, istio-cni reads
-//! it: one type, so the two can never disagree on a field name or default.
+//! The contracts between the plugin (istio-cni) and the node daemon (install-cni), each defined
+//! once so the two can never disagree on a field name, a default or a path:
+//!
+//! - the plugin's entry in the CNI network configuration ([`PluginSettings`]): install-cni
+//!   writes it, istio-cni reads it;
+//! - [`ready`]: the readiness marker the daemon holds and the plugin's CNI STATUS reads;
+//! - [`ambient`]: the ambient plugin → node agent event messages (`pluginevent.sock`);
+//! - [`lookup`]: the pod lookup the plugin asks the daemon's caches (`pods.sock`);
+//! - [`log`]: the plugin's log lines relayed to the daemon's log (`log.sock`).
 
 use serde::{Deserialize, Serialize};
 

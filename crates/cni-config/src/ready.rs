@@ -37,7 +37,7 @@ pub struct ReadyMarker {
     /// ambient mode, once it exists).
     pub ready: Vec<String>,
     /// The daemon's pid in its own pid namespace and its start time (clock ticks since boot,
-    /// /proc/<pid>/stat field 22): for people reading the file; liveness is the lock.
+    /// `/proc/<pid>/stat` field 22): for people reading the file; liveness is the lock.
     pub pid: u32,
     pub pid_start_ticks: u64,
     /// /proc/sys/kernel/random/boot_id when written: a marker from another boot is stale.
@@ -206,7 +206,7 @@ pub fn boot_id() -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
-/// Start time of `pid` in clock ticks since boot (/proc/<pid>/stat field 22).
+/// Start time of `pid` in clock ticks since boot (`/proc/<pid>/stat` field 22).
 pub fn process_start_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) is in parentheses and may contain spaces or ')'.

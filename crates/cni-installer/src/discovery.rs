@@ -28,35 +28,60 @@ pub fn format_of(name: &str) -> Option<Format> {
     }
 }
 
+/// Why a file is not a CNI config kubelet would use (libcni's checks), naming the field.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidConf {
+    #[error("not a .conf or .conflist file")]
+    NotConfName,
+    #[error("invalid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("not a JSON object")]
+    NotObject,
+    #[error("'name' is not a string")]
+    NameNotString,
+    #[error("no 'name'")]
+    NoName,
+    #[error("no 'plugins' key")]
+    NoPlugins,
+    #[error("'plugins' is not a list")]
+    PluginsNotList,
+    #[error("no plugins in list")]
+    EmptyPlugins,
+    #[error("a plugin has no 'type'")]
+    PluginWithoutType,
+    #[error("no 'type'")]
+    NoType,
+}
+
 /// Parses `bytes` the way libcni's `ConfFromBytes` / `ConfListFromBytes` accept them (the
 /// checks kubelet applies before it uses a file): a list needs a string `name` and a non-empty
 /// `plugins` array whose entries all have a `type`; a single conf needs a `type`.
-pub fn parse_valid(name: &str, bytes: &[u8]) -> Result<Value, String> {
-    let format = format_of(name).ok_or("not a .conf or .conflist file")?;
-    let v: Value = serde_json::from_slice(bytes).map_err(|e| format!("invalid JSON: {e}"))?;
-    let obj = v.as_object().ok_or("not a JSON object")?;
+pub fn parse_valid(name: &str, bytes: &[u8]) -> Result<Value, InvalidConf> {
+    let format = format_of(name).ok_or(InvalidConf::NotConfName)?;
+    let v: Value = serde_json::from_slice(bytes)?;
+    let obj = v.as_object().ok_or(InvalidConf::NotObject)?;
     match format {
         Format::ConfList => {
             match obj.get("name") {
                 Some(Value::String(_)) => {}
-                Some(_) => return Err("'name' is not a string".into()),
-                None => return Err("no 'name'".into()),
+                Some(_) => return Err(InvalidConf::NameNotString),
+                None => return Err(InvalidConf::NoName),
             }
             let plugins = obj
                 .get("plugins")
-                .ok_or("no 'plugins' key")?
+                .ok_or(InvalidConf::NoPlugins)?
                 .as_array()
-                .ok_or("'plugins' is not a list")?;
+                .ok_or(InvalidConf::PluginsNotList)?;
             if plugins.is_empty() {
-                return Err("no plugins in list".into());
+                return Err(InvalidConf::EmptyPlugins);
             }
             if plugins.iter().any(|p| plugin_type(p).is_none()) {
-                return Err("a plugin has no 'type'".into());
+                return Err(InvalidConf::PluginWithoutType);
             }
         }
         Format::Conf => {
             if plugin_type(&v).is_none() {
-                return Err("no 'type'".into());
+                return Err(InvalidConf::NoType);
             }
         }
     }
@@ -122,18 +147,25 @@ pub fn find_named<'a>(files: &'a [ConfFile], name: &str) -> Option<&'a ConfFile>
         .or_else(|| files.iter().find(|f| f.name == alt))
 }
 
+/// Why our entry cannot be chained into the primary config.
+#[derive(Debug, thiserror::Error)]
+pub enum UnmergeablePrimary {
+    #[error("primary config is not a JSON object")]
+    NotObject,
+    #[error("primary config has neither 'type' nor a 'plugins' list")]
+    NeitherTypeNorPlugins,
+}
+
 /// The primary config with our entry: a single `.conf` becomes a list (Istio's shape); a list
 /// loses any istio-cni entries (duplicates after a reboot, #27771) and gets ours appended.
 /// Neither the primary's plugins nor their order change.
-pub fn merge_chained(existing: &Value, entry: &Value) -> Result<Value, String> {
+pub fn merge_chained(existing: &Value, entry: &Value) -> Result<Value, UnmergeablePrimary> {
     let mut ours = entry.clone();
     if let Some(o) = ours.as_object_mut() {
         // The list's cniVersion governs every plugin in it.
         o.remove("cniVersion");
     }
-    let obj = existing
-        .as_object()
-        .ok_or("primary config is not a JSON object")?;
+    let obj = existing.as_object().ok_or(UnmergeablePrimary::NotObject)?;
     if obj.contains_key("type") {
         let mut single = obj.clone();
         single.remove("cniVersion");
@@ -149,7 +181,7 @@ pub fn merge_chained(existing: &Value, entry: &Value) -> Result<Value, String> {
     let plugins = obj
         .get("plugins")
         .and_then(Value::as_array)
-        .ok_or("primary config has neither 'type' nor a 'plugins' list")?;
+        .ok_or(UnmergeablePrimary::NeitherTypeNorPlugins)?;
     let mut kept: Vec<Value> = plugins.iter().filter(|p| !is_ours(p)).cloned().collect();
     kept.push(ours);
     let mut out = obj.clone();

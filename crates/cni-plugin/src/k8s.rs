@@ -224,14 +224,15 @@ async fn attempt_once(
         name,
     )
     .await?;
-    let pod = decode_pod(&pod_text).map_err(permanent)?;
+    let pod = decode_pod(&pod_text).map_err(|e| permanent(e.to_string()))?;
     if !with_namespace {
         return Ok((pod, None));
     }
     let ns_text = get_text(client, "/api/v1/namespaces", namespace)
         .await
         .map_err(|e| e.context(&format!("namespace {namespace}")))?;
-    let ns = pod_policy::json::decode(&ns_text, "Namespace").map_err(permanent)?;
+    let ns =
+        pod_policy::json::decode(&ns_text, "Namespace").map_err(|e| permanent(e.to_string()))?;
     Ok((pod, Some(ns)))
 }
 
@@ -268,7 +269,7 @@ async fn get_text(
 }
 
 /// The Pod JSON the API returned, or an error naming the JSON path that did not decode.
-pub fn decode_pod(text: &str) -> Result<Pod, String> {
+pub fn decode_pod(text: &str) -> Result<Pod, pod_policy::json::DecodeError> {
     pod_policy::json::decode(text, "Pod")
 }
 
@@ -323,10 +324,18 @@ mod tests {
         let e = decode_pod(
             r#"{"metadata":{"name":"p"},"spec":{"containers":[{"name":"a","env":"x"}]}}"#,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("spec.containers[0].env"), "{e}");
-        let e = decode_pod(r#"{"metadata":{"annotations":{"a":1}}}"#).unwrap_err();
+        let e = decode_pod(r#"{"metadata":{"annotations":{"a":1}}}"#)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("metadata.annotations.a"), "{e}");
-        assert!(decode_pod("[]").unwrap_err().contains("top level"));
+        assert!(
+            decode_pod("[]")
+                .unwrap_err()
+                .to_string()
+                .contains("top level")
+        );
     }
 }

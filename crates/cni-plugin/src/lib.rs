@@ -1,5 +1,8 @@
-//! istio-cni: the CNI plugin kubelet runs last in a pod's chain. It decides whether the pod is
-//! a sidecar pod and programs its redirect rules through `redirect` (istio-reference §4).
+//! istio-cni: the CNI plugin kubelet runs last in a pod's chain (istio-reference §4). It looks
+//! the pod up (the node daemon's cache, else the API server) and lets `pod_policy` decide: a
+//! sidecar pod's redirect rules are programmed through `redirect`; an ambient pod is handed to
+//! the node agent ([`agent`]: `pluginevent.sock`), which programs it and hands it to ztunnel;
+//! any other pod passes through.
 //!
 //! The binary is a thin shell around [`run`]: the parsers and decisions are public so tests and
 //! the fuzz targets can drive them without a process.

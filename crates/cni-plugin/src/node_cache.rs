@@ -42,7 +42,8 @@ pub fn ask(
     }
     let text =
         std::str::from_utf8(&answer.body).map_err(|e| format!("the node daemon's answer: {e}"))?;
-    let found: PodAnswer<Pod, Namespace> = pod_policy::json::decode(text, "node daemon's pod")?;
+    let found: PodAnswer<Pod, Namespace> =
+        pod_policy::json::decode(text, "node daemon's pod").map_err(|e| e.to_string())?;
     if with_namespace && found.namespace.is_none() {
         return Err("the node daemon's answer has no namespace".into());
     }

@@ -4,7 +4,8 @@
 
 use capture::{Facts, Plan};
 use k8s_openapi::api::core::v1::Pod;
-use pod_policy::sidecar::{Decision, decide};
+use pod_policy::Decision;
+use pod_policy::sidecar::decide;
 use redirect::Backend;
 use serde_json::{Value, json};
 use std::path::PathBuf;
@@ -50,7 +51,7 @@ fn pod_for(case: &Value) -> Pod {
 }
 
 fn plan_for(pod: &Pod) -> Plan {
-    let Decision::Capture(pc) = decide(pod).unwrap() else {
+    let Decision::Sidecar(pc) = decide(pod).unwrap() else {
         panic!("the golden pods are sidecar pods")
     };
     // The goldens come from an IPv4-only pod.

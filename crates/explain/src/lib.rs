@@ -2,17 +2,17 @@
 //! and does the kernel agree.
 //!
 //! The live rules are read into a small IR ([`ir`]): our nft tables over netlink through the
-//! nft backend's read-only view ([`live_nft`]), or the iptables-legacy tables from
+//! nft backend's read-only view (`live_nft`), or the iptables-legacy tables from
 //! `iptables-legacy-save` ([`live_legacy`]). A synthetic first packet of the connection
 //! (conntrack NEW, mark 0, the route's interfaces, the sender's uid/gid) walks it hook by hook
-//! in priority order with a register-level evaluator ([`eval`]); the path and the outcome are
+//! in priority order with a register-level evaluator (`eval`); the path and the outcome are
 //! described with each rule's comment and nft text. An expression the evaluator does not know
 //! stops the walk with "cannot evaluate" instead of a guess. [`trace`] asks the kernel (nft: a
 //! temporary nftrace chain; iptables-legacy: TRACE rules in the raw table, read over
 //! nfnetlink_log; the connection made for real) and [`compare`] sets its path beside the static
 //! one, for both backends. Istio's legacy host probe rule, in the node's own namespace, is
 //! confirmed from the kernel's record instead (the connection's conntrack entry and the rule
-//! counters, `trace::record_host`): nothing there may rebind the node's packet logger.
+//! counters, [`trace::record_host`]): nothing there may rebind the node's packet logger.
 //!
 //! This crate only reads rules (the tracer's temporary chain or TRACE rules excepted, removed
 //! also after a kill); programming them is the backends' job.

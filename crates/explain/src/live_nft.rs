@@ -1,5 +1,5 @@
 //! The live ruleset of our tables, read over netlink with libnftnl (the same dump path as
-//! `check`), turned into the evaluator's IR: chains with hook/priority, rules with handle,
+//! nft_backend's `check.rs`, through its `live` view), turned into the evaluator's IR: chains with hook/priority, rules with handle,
 //! comment (from userdata) and expressions, and the anonymous sets with their elements.
 
 use super::ir::{BaseHook, Chain, Expr, Hook, Rule, Ruleset, Set, TableFamily, Verdict};

@@ -1,5 +1,5 @@
 //! A live rule back in nft syntax, for the expression patterns our plan renderer emits
-//! (`model.rs`), so an explanation shows `oifname "lo" meta skuid 1337 counter return` and not
+//! (nft_backend's `model.rs`), so an explanation shows `oifname "lo" meta skuid 1337 counter return` and not
 //! bytecode. Anything else returns `None` and the caller keeps libnftnl's debug text.
 
 use super::ir::{Expr, Rule, Set};

@@ -1,3 +1,11 @@
+//! `install-cni`, the node daemon (the istio-cni DaemonSet's container): reads Istio's
+//! environment and flags into each job's settings and runs the jobs the library crates own,
+//! sharing one view of the node: `cni_installer` (installs and repairs the plugin),
+//! `node_view` (the API client, the one pod and namespace watch, running pods through the host's
+//! /proc), `guardian` (repair, reconcile, controller mode) and `ambient_agent` (ambient pods,
+//! ZDS to ztunnel), with `node_status` serving readiness, health and metrics. The wiring is in
+//! the `install_cni` library (`config`, `daemon`); this file is the process.
+
 use clap::Parser;
 use install_cni::config::{Args, Config, env_vars};
 use std::process::ExitCode;

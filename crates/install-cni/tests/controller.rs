@@ -6,12 +6,13 @@
 
 mod common;
 
+use capture::Plan;
 use common::kube_api::{FakeKube, broken_pod};
 use common::running::{RunningPod, proc_root};
 use common::*;
-use guardian::podplan::{self, Verdict};
+use guardian::podplan;
 use k8s_openapi::api::core::v1::Pod;
-use redirect::capture::Plan;
+use pod_policy::Decision;
 use redirect::{Backend, BackendChoice};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -41,7 +42,7 @@ fn mesh_pod(ns: &str, name: &str, ip: &str, annotations: Value) -> Value {
 
 fn plan_for(pod: &Value, running: &RunningPod) -> Plan {
     let pod: Pod = serde_json::from_value(pod.clone()).unwrap();
-    let Verdict::Mesh(pc) = podplan::verdict(&pod, &sidecar_policy()).unwrap() else {
+    let Decision::Sidecar(pc) = podplan::verdict(&pod, &sidecar_policy()).unwrap() else {
         panic!("not a mesh pod")
     };
     podplan::plan_in(&pc.config, running.world.pod.path())

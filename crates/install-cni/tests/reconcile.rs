@@ -7,12 +7,13 @@
 
 mod common;
 
+use capture::Plan;
 use common::kube_api::{FakeKube, broken_pod};
 use common::running::{RunningPod, proc_root};
 use common::*;
-use guardian::podplan::{self, Verdict};
+use guardian::podplan;
 use k8s_openapi::api::core::v1::Pod;
-use redirect::capture::Plan;
+use pod_policy::Decision;
 use redirect::{Backend, BackendChoice};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -52,7 +53,7 @@ fn plain_pod(name: &str, uid: &str, ip: &str) -> Value {
 /// The plan the plugin programs for `pod` in `running`'s namespace (the daemon's own code).
 fn plan_for(pod: &Value, running: &RunningPod) -> Plan {
     let pod: Pod = serde_json::from_value(pod.clone()).unwrap();
-    let Verdict::Mesh(pc) = podplan::verdict(&pod, &sidecar_policy()).unwrap() else {
+    let Decision::Sidecar(pc) = podplan::verdict(&pod, &sidecar_policy()).unwrap() else {
         panic!("not a mesh pod")
     };
     podplan::plan_in(&pc.config, running.world.pod.path())
@@ -474,7 +475,7 @@ fn bench_check_cost() {
     let nft_backend = BackendChoice::Fixed(Backend::Nft);
     redirect::apply(&plan, Some(mesh.world.pod.path()), nft_backend).unwrap();
     let pod: Pod = serde_json::from_value(pod).unwrap();
-    let Verdict::Mesh(pc) = podplan::verdict(&pod, &sidecar_policy()).unwrap() else {
+    let Decision::Sidecar(pc) = podplan::verdict(&pod, &sidecar_policy()).unwrap() else {
         panic!()
     };
     let fresh = Target {

@@ -20,7 +20,8 @@ pub fn msg_type(t: u32) -> u16 {
     (NFNL_SUBSYS_NFTABLES << 8) | t as u16
 }
 
-fn family_name(f: u32) -> &'static str {
+/// nft's name of a netfilter family (`NFPROTO_*`), as `nft list` prints it.
+pub fn family_name(f: u32) -> &'static str {
     match f as i32 {
         libc::NFPROTO_INET => "inet",
         libc::NFPROTO_IPV4 => "ip",

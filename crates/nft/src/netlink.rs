@@ -42,7 +42,7 @@ impl Socket {
                 tv_sec: 0,
                 tv_usec: 0,
             });
-        setsockopt(self.fd(), libc::SO_RCVTIMEO, &tv)
+        setsockopt(self.fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)
     }
 
     /// Sizes the send buffer for a batch of `bytes` (as `nft` does; the FORCE variant works
@@ -51,11 +51,11 @@ impl Socket {
     fn size_buffers(&self, bytes: usize) -> io::Result<()> {
         let snd = (bytes + 64 * 1024) as libc::c_int;
         let rcv = (bytes + 256 * 1024) as libc::c_int;
-        if setsockopt(self.fd(), libc::SO_SNDBUFFORCE, &snd).is_err() {
-            setsockopt(self.fd(), libc::SO_SNDBUF, &snd)?;
+        if setsockopt(self.fd(), libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &snd).is_err() {
+            setsockopt(self.fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, &snd)?;
         }
-        if setsockopt(self.fd(), libc::SO_RCVBUFFORCE, &rcv).is_err() {
-            setsockopt(self.fd(), libc::SO_RCVBUF, &rcv)?;
+        if setsockopt(self.fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &rcv).is_err() {
+            setsockopt(self.fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, &rcv)?;
         }
         Ok(())
     }
@@ -162,12 +162,18 @@ fn mnl_fd(sock: &mnl::Socket) -> i32 {
     unsafe { mnl::mnl_sys::mnl_socket_get_fd(sock.as_raw_socket()) }
 }
 
-pub fn setsockopt<T>(fd: BorrowedFd<'_>, opt: libc::c_int, v: &T) -> io::Result<()> {
+/// `setsockopt(2)` with `v` as the option's value (`level`: `SOL_SOCKET`, `SOL_NETLINK`, …).
+pub fn setsockopt<T>(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    opt: libc::c_int,
+    v: &T,
+) -> io::Result<()> {
     // SAFETY: `v` points to a live value of the size passed.
     let r = unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
-            libc::SOL_SOCKET,
+            level,
             opt,
             (v as *const T).cast(),
             std::mem::size_of::<T>() as u32,

@@ -6,7 +6,6 @@
 use capture::*;
 use nft_backend::ambient_host;
 use std::net::IpAddr;
-use std::path::Path;
 use testbed::host_probe::{KUBELET_UID, OTHER_UID, ZTUNNEL, in_ns, seen_from};
 use testbed::*;
 
@@ -116,35 +115,6 @@ fn set_elements_follow_pods_in_both_families() {
         "{listing}"
     );
     assert!(!listing.contains("istio-inpod-probes-v6"), "{listing}");
-}
-
-#[test]
-fn kubelet_uid_is_found_through_proc() {
-    require_root();
-    // A process named `kubelet` (a copy of sleep) running as a test uid.
-    let dir = std::env::temp_dir().join(format!("amb-kubelet-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let bin = dir.join("kubelet");
-    std::fs::copy("/bin/sleep", &bin).unwrap();
-    use std::os::unix::process::CommandExt;
-    let mut child = std::process::Command::new(&bin)
-        .arg("30")
-        .uid(54321)
-        .spawn()
-        .unwrap();
-    // Wait until the exec is visible in /proc.
-    let comm = format!("/proc/{}/comm", child.id());
-    for _ in 0..200 {
-        if std::fs::read_to_string(&comm).is_ok_and(|c| c.trim() == "kubelet") {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    let found = ambient_host::kubelet_uid(Path::new("/proc"));
-    let _ = child.kill();
-    let _ = child.wait();
-    let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(found.unwrap(), 54321);
 }
 
 /// Istio's iptables flavour of the host rule (`--socket-exists`), rendered by nft as

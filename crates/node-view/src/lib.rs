@@ -6,11 +6,13 @@
 //!   fault handling, fanned out to subscribers (repair, reconcile, the ambient agent);
 //! - [`lookup`]: the plugin's pod lookup (`pods.sock`) answered from those caches;
 //! - [`running`]: a running pod's network namespace, found through the host's /proc by its IP
-//!   (and its UID, from [`cgroup`], where kubelet's cgroups name it).
+//!   (and its UID, from [`cgroup`], where kubelet's cgroups name it);
+//! - [`kubelet`]: the kubelet's uid, found through the host's /proc (ambient's host probe rule).
 
 pub mod cache;
 pub mod cgroup;
 pub mod client;
+pub mod kubelet;
 pub mod lookup;
 pub mod running;
 

@@ -44,11 +44,16 @@ pub enum FindError {
     },
 }
 
+/// Why [`locate`] found no namespace: [`FindError`] (naming the proc root, the IP and the
+/// paths), said as logs and Events say it.
+#[derive(Debug, thiserror::Error)]
+#[error("finding the pod's network namespace: {0}")]
+pub struct LocateError(#[from] pub FindError);
+
 /// The network namespace of the running pod with `ip` (and UID `uid`, when known) under the
-/// host's /proc, as a message for logs and Events on failure. Blocking.
-pub fn locate(proc_root: &Path, ip: IpAddr, uid: Option<&str>) -> Result<PathBuf, String> {
-    find_pod_netns(proc_root, ip, uid)
-        .map_err(|e| format!("finding the pod's network namespace: {e}"))
+/// host's /proc. Blocking.
+pub fn locate(proc_root: &Path, ip: IpAddr, uid: Option<&str>) -> Result<PathBuf, LocateError> {
+    Ok(find_pod_netns(proc_root, ip, uid)?)
 }
 
 /// One namespace and the process that represents it.

@@ -56,16 +56,29 @@ pub fn decide(
     AmbientDecision::Ambient
 }
 
+/// An ambient pod annotation whose value cannot be used, named with its value.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AnnotationError {
+    #[error("annotation {key}: {value:?} is not a boolean (true or false)")]
+    NotBool { key: &'static str, value: String },
+    #[error("annotation {key}: {source}")]
+    Interfaces {
+        key: &'static str,
+        source: capture::ConfigError,
+    },
+}
+
 /// The pod's own ambient settings (Istio's `PodOverrides`) from its annotations. An invalid
 /// value is an error naming the annotation and the value.
-pub fn pod_settings(pod: &Pod) -> Result<AmbientPod, String> {
+pub fn pod_settings(pod: &Pod) -> Result<AmbientPod, AnnotationError> {
     let empty = BTreeMap::new();
     let a = pod.metadata.annotations.as_ref().unwrap_or(&empty);
-    let bool_of = |key: &str| -> Result<Option<bool>, String> {
+    let bool_of = |key: &'static str| -> Result<Option<bool>, AnnotationError> {
         a.get(key)
             .map(|v| {
-                go_parse_bool(v).ok_or_else(|| {
-                    format!("annotation {key}: {v:?} is not a boolean (true or false)")
+                go_parse_bool(v).ok_or_else(|| AnnotationError::NotBool {
+                    key,
+                    value: v.clone(),
                 })
             })
             .transpose()
@@ -77,8 +90,12 @@ pub fn pod_settings(pod: &Pod) -> Result<AmbientPod, String> {
     };
     let ingress_mode = bool_of(annotations::BYPASS_INBOUND_CAPTURE)?.unwrap_or(false);
     let virtual_interfaces = match a.get(keys::REROUTE_VIRTUAL_INTERFACES) {
-        Some(v) => parse_interface_list(keys::REROUTE_VIRTUAL_INTERFACES, v)
-            .map_err(|e| format!("annotation {}: {e}", keys::REROUTE_VIRTUAL_INTERFACES))?,
+        Some(v) => parse_interface_list(keys::REROUTE_VIRTUAL_INTERFACES, v).map_err(|source| {
+            AnnotationError::Interfaces {
+                key: keys::REROUTE_VIRTUAL_INTERFACES,
+                source,
+            }
+        })?,
         None => Vec::new(),
     };
     Ok(AmbientPod {
@@ -145,7 +162,7 @@ mod tests {
         assert!(s.ingress_mode);
         assert_eq!(s.virtual_interfaces, ["tap0", "tap1"]);
         let bad = pod(json!({"metadata": {"annotations": {annotations::DNS_CAPTURE: "maybe"}}}));
-        let e = pod_settings(&bad).unwrap_err();
+        let e = pod_settings(&bad).unwrap_err().to_string();
         assert!(
             e.contains(annotations::DNS_CAPTURE) && e.contains("maybe"),
             "{e}"

@@ -91,15 +91,45 @@ pub fn terminal(pod: &Pod) -> Option<String> {
     None
 }
 
-/// `status.podIP`, parsed.
-pub fn pod_ip(pod: &Pod) -> Result<IpAddr, String> {
-    let text = pod
+/// The pod's primary IP as its status has it, unparsed: `status.podIP`, else the first of
+/// `status.podIPs` (the API server sets both alike); `None` when neither is set. Every reader
+/// of a pod's addresses (the node daemon's jobs, the CLI) goes through here.
+pub fn status_ip(pod: &Pod) -> Option<&str> {
+    let st = pod.status.as_ref()?;
+    st.pod_ip.as_deref().filter(|s| !s.is_empty()).or_else(|| {
+        let first = st.pod_ips.as_ref()?.first()?;
+        Some(first.ip.as_str()).filter(|s| !s.is_empty())
+    })
+}
+
+/// The pod's status has no primary IP that parses (`text`: what it has, empty when none).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("pod has no usable status.podIP ({text:?})")]
+pub struct PodIpError {
+    pub text: String,
+}
+
+/// The pod's primary IP ([`status_ip`]), parsed.
+pub fn pod_ip(pod: &Pod) -> Result<IpAddr, PodIpError> {
+    let text = status_ip(pod).unwrap_or("");
+    text.parse().map_err(|_| PodIpError { text: text.into() })
+}
+
+/// Every IP in the pod's status: `status.podIPs` (those that parse), else the primary one
+/// ([`pod_ip`]); empty when the pod has none yet.
+pub fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
+    let mut ips: Vec<IpAddr> = pod
         .status
         .as_ref()
-        .and_then(|st| st.pod_ip.as_deref())
-        .unwrap_or("");
-    text.parse()
-        .map_err(|_| format!("pod has no usable status.podIP ({text:?})"))
+        .and_then(|s| s.pod_ips.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p.ip.parse().ok())
+        .collect();
+    if ips.is_empty() {
+        ips.extend(pod_ip(pod).ok());
+    }
+    ips
 }
 
 #[cfg(test)]
@@ -151,5 +181,44 @@ mod tests {
             pod(serde_json::json!({"metadata": {"name": "p"}, "status": {"phase": "Failed"}}));
         assert_eq!(terminal(&done).as_deref(), Some("phase Failed"));
         assert_eq!(finished(&done).as_deref(), Some("phase Failed"));
+    }
+
+    fn with_status(pod_ip: Option<&str>, pod_ips: &[&str]) -> Pod {
+        use k8s_openapi::api::core::v1::{PodIP, PodStatus};
+        Pod {
+            status: Some(PodStatus {
+                pod_ip: pod_ip.map(Into::into),
+                pod_ips: Some(
+                    pod_ips
+                        .iter()
+                        .map(|ip| PodIP { ip: ip.to_string() })
+                        .collect(),
+                )
+                .filter(|v: &Vec<PodIP>| !v.is_empty()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn ips_from_the_status() {
+        let dual = with_status(Some("10.0.0.5"), &["10.0.0.5", "fd00::5"]);
+        assert_eq!(pod_ip(&dual).unwrap().to_string(), "10.0.0.5");
+        assert_eq!(pod_ips(&dual).len(), 2);
+        let only_primary = with_status(Some("10.0.0.6"), &[]);
+        assert_eq!(pod_ips(&only_primary), [pod_ip(&only_primary).unwrap()]);
+        let none = with_status(None, &[]);
+        assert_eq!(status_ip(&none), None);
+        assert!(pod_ips(&none).is_empty());
+        assert_eq!(
+            pod_ip(&none).unwrap_err().to_string(),
+            r#"pod has no usable status.podIP ("")"#
+        );
+        let bad = with_status(Some("x"), &[]);
+        assert_eq!(
+            pod_ip(&bad).unwrap_err().to_string(),
+            r#"pod has no usable status.podIP ("x")"#
+        );
     }
 }

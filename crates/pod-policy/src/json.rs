@@ -8,36 +8,75 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt;
 
+/// Why an object did not decode; `kind` is what was decoded (`"Pod"`, `"Namespace"`).
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// A field did not decode: `at` is its JSON path, or "the top level".
+    #[error("the {kind} JSON does not decode at {at}: {source}")]
+    Field {
+        kind: String,
+        at: String,
+        source: serde_json::Error,
+    },
+    /// Something other than white space follows the value.
+    #[error("the {kind} JSON is not one JSON value: {source}")]
+    Trailing {
+        kind: String,
+        source: serde_json::Error,
+    },
+    /// An object names a key twice (`at`: the object's path).
+    #[error("the {kind} JSON {source}, in the object at {at}")]
+    RepeatedKey {
+        kind: String,
+        at: String,
+        source: serde_json::Error,
+    },
+}
+
 /// `text` as a `kind` object (`"Pod"`, `"Namespace"`); anything after the value but white
 /// space is an error (`{...}}}}` is not a Pod), and so is a key given twice in one object:
 /// the generated decoders keep the last one silently, so `{"metadata":{…sidecar…},
 /// "metadata":{}}` would read as a pod outside the mesh.
-pub fn decode<T: DeserializeOwned>(text: &str, kind: &str) -> Result<T, String> {
+pub fn decode<T: DeserializeOwned>(text: &str, kind: &str) -> Result<T, DecodeError> {
     let mut de = serde_json::Deserializer::from_str(text);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
-        format!(
-            "the {kind} JSON does not decode at {}: {}",
-            if path == "." { "the top level" } else { &path },
-            e.inner()
-        )
+        DecodeError::Field {
+            kind: kind.into(),
+            at: if path == "." {
+                "the top level".into()
+            } else {
+                path
+            },
+            source: e.into_inner(),
+        }
     })?;
-    de.end()
-        .map_err(|e| format!("the {kind} JSON is not one JSON value: {e}"))?;
-    refuse_duplicate_keys(text).map_err(|e| format!("the {kind} JSON {e}"))?;
+    de.end().map_err(|source| DecodeError::Trailing {
+        kind: kind.into(),
+        source,
+    })?;
+    refuse_duplicate_keys(text).map_err(|(at, source)| DecodeError::RepeatedKey {
+        kind: kind.into(),
+        at,
+        source,
+    })?;
     Ok(value)
 }
 
 /// Walks the (already valid) JSON once without building it, failing on the first object that
-/// names a key twice; the error gives the key's path (`metadata.annotations.a`).
-fn refuse_duplicate_keys(text: &str) -> Result<(), String> {
+/// names a key twice: the object's path and the parser's error (naming the key).
+fn refuse_duplicate_keys(text: &str) -> Result<(), (String, serde_json::Error)> {
     let mut de = serde_json::Deserializer::from_str(text);
     serde_path_to_error::deserialize::<_, UniqueKeys>(&mut de)
         .map(|_| ())
         .map_err(|e| {
             let path = e.path().to_string();
-            let at = if path == "." { "the top level" } else { &path };
-            format!("{}, in the object at {at}", e.inner())
+            let at = if path == "." {
+                "the top level".into()
+            } else {
+                path
+            };
+            (at, e.into_inner())
         })
 }
 
@@ -152,10 +191,12 @@ mod tests {
             format!("{pod} x"),
             format!("{pod}{pod}"),
         ] {
-            let e = decode::<Pod>(&bad, "Pod").unwrap_err();
+            let e = decode::<Pod>(&bad, "Pod").unwrap_err().to_string();
             assert!(e.contains("trailing characters"), "{bad}: {e}");
         }
-        let e = decode::<Pod>(r#"{"spec":{"containers":"x"}}"#, "Pod").unwrap_err();
+        let e = decode::<Pod>(r#"{"spec":{"containers":"x"}}"#, "Pod")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("spec.containers"), "{e}");
     }
 
@@ -181,7 +222,7 @@ mod tests {
                 "metadata",
             ),
         ] {
-            let e = decode::<Pod>(&bad, "Pod").unwrap_err();
+            let e = decode::<Pod>(&bad, "Pod").unwrap_err().to_string();
             assert!(e.contains("twice in one object"), "{bad}: {e}");
             assert!(
                 e.ends_with(&format!("in the object at {path}")),
@@ -199,7 +240,7 @@ mod tests {
             r#"{{"metadata":{{"labels":{{{},"k7":"again"}}}}}}"#,
             keys.join(",")
         );
-        let e = decode::<Pod>(&bad, "Pod").unwrap_err();
+        let e = decode::<Pod>(&bad, "Pod").unwrap_err().to_string();
         assert!(e.contains(r#"the key "k7" twice"#), "{e}");
     }
 

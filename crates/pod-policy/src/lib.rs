@@ -55,7 +55,7 @@ pub enum PolicyError {
     #[error(transparent)]
     Sidecar(#[from] capture::ConfigError),
     #[error("{0}")]
-    Ambient(String),
+    Ambient(#[from] ambient::AnnotationError),
 }
 
 /// The decision, in Istio's order: the pass-through routing, then (ambient mode) the
@@ -83,8 +83,5 @@ pub fn decide(
 /// The sidecar checks alone (no routing, no ambient): what the plugin does with a pod it looked
 /// up outside ambient mode.
 pub fn sidecar_decision(pod: &Pod) -> Result<Decision, PolicyError> {
-    Ok(match sidecar::decide(pod)? {
-        sidecar::Decision::Skip(why) => Decision::Skip(why),
-        sidecar::Decision::Capture(pc) => Decision::Sidecar(pc),
-    })
+    Ok(sidecar::decide(pod)?)
 }

@@ -1,6 +1,7 @@
 //! Sidecar pods: Pod → decision and `capture::Config` (istio-reference §4.3 step 8–10, §4.4).
 //! Pure: the pod comes from the API server, the result goes to the backends; no I/O here.
 
+use crate::Decision;
 use capture::{
     Config, ConfigError, Id, parse_cidr_list, parse_inbound_ports, parse_interception_mode_strict,
     parse_interface_list, parse_outbound_ranges, parse_port_list,
@@ -247,18 +248,13 @@ fn proxy_id(field: &str, v: Option<i64>) -> Result<Option<Id>, ConfigError> {
     }
 }
 
-/// What ADD does with a pod it looked up.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Decision {
-    Skip(String),
-    Capture(Box<PodConfig>),
-}
-
+/// Istio's sidecar checks alone: [`Decision::Skip`] (why) or [`Decision::Sidecar`] (the
+/// config ADD programs); never [`Decision::Ambient`].
 pub fn decide(pod: &Pod) -> Result<Decision, ConfigError> {
     let info = PodInfo::from_pod(pod);
     match skip_reason(&info) {
         Some(reason) => Ok(Decision::Skip(reason)),
-        None => Ok(Decision::Capture(Box::new(config_from_pod(&info)?))),
+        None => Ok(Decision::Sidecar(Box::new(config_from_pod(&info)?))),
     }
 }
 
@@ -420,7 +416,7 @@ mod tests {
         }))
         .unwrap();
         match decide(&pod).unwrap() {
-            Decision::Capture(pc) => assert!(pc.config.capture_all_dns),
+            Decision::Sidecar(pc) => assert!(pc.config.capture_all_dns),
             other => panic!("{other:?}"),
         }
     }

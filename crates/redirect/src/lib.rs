@@ -2,7 +2,7 @@
 //! target namespace. Policy lives in `capture`; kernel work in the backends.
 //!
 //! [`apply`], [`check`] and [`cleanup`] hold the namespace's lock ([`netns::NsLock`]) for
-//! their whole work, so calls on one namespace never interleave (see `locked`). [`migrate`]
+//! their whole work, so calls on one namespace never interleave (see `locked`). [`migrate()`]
 //! moves a running pod's rules from one backend to the other without a capture gap.
 //! [`node`] decides, once per node, which backend its pods get.
 
@@ -13,7 +13,6 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-pub use capture;
 pub use migrate::{MigrateOptions, Migration, migrate, migrate_with};
 
 pub mod host_probe;
@@ -72,7 +71,7 @@ pub enum RedirectError {
     /// The live rules differ from the plan (one line per difference).
     #[error("the rules differ from the plan: {}", .0.join("; "))]
     Drift(Vec<String>),
-    /// [`migrate`] stopped at `step`; `state` is what the namespace holds now.
+    /// [`migrate()`] stopped at `step`; `state` is what the namespace holds now.
     #[error("migrating to {to}: {step} failed: {cause}; the namespace now holds {state}")]
     Migrate {
         to: Backend,

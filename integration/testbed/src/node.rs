@@ -88,7 +88,7 @@ pub fn product_bin_dir() -> io::Result<PathBuf> {
     Ok(dir)
 }
 
-/// Options for [`Node::start`].
+/// Options for [`Node::new`].
 #[derive(Clone, Debug)]
 pub struct NodeOptions {
     /// Directory with istio-cni, install-cni and istio-nftables.

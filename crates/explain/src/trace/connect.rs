@@ -9,7 +9,7 @@ use nix::sys::socket::{
 };
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::{Arc, OnceLock, mpsc};
 use std::time::Duration;
 
@@ -177,17 +177,8 @@ fn prepare(netns: &Netns, conn: &Connection) -> Result<(OwnedFd, u32), TraceErro
             (libc::SOL_IP, libc::IP_FREEBIND)
         };
         let one: libc::c_int = 1;
-        // SAFETY: an int option on our socket. Failure only matters for non-local sources,
-        // and then bind reports it.
-        unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                level,
-                opt,
-                (&one as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as u32,
-            )
-        };
+        // Failure only matters for non-local sources, and then bind reports it.
+        let _ = nft_backend::netlink::setsockopt(fd.as_fd(), level, opt, &one);
     }
     let src = scoped(SocketAddr::new(conn.src.unwrap_or(any), 0), scope);
     bind(fd.as_raw_fd(), &SockaddrStorage::from(src))

@@ -4,6 +4,7 @@
 use super::{
     Connection, Direction, Protocol, TRACE_CHAIN_PREFIX, TRACE_PRIORITY, TraceError, ns::Netns,
 };
+use capture::Table;
 use nft_backend::expr::{self, Expr};
 use nft_backend::netlink::{self, Socket};
 use nftnl::nftnl_sys as sys;
@@ -13,15 +14,14 @@ use std::io;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-/// Our tables, in the order we prefer to host the temporary chain.
-pub const OUR_TABLES: [&str; 6] = [
-    "istio-proxy-nat",
-    "istio-proxy-mangle",
-    "istio-proxy-raw",
-    "istio-ambient-nat",
-    "istio-ambient-mangle",
-    "istio-ambient-raw",
-];
+/// Our tables (`capture::Table`'s nft names), in the order we prefer to host the temporary
+/// chain: the sidecar's, then ambient's, each in creation order (nat, mangle, raw).
+pub fn our_tables() -> impl Iterator<Item = &'static str> {
+    Table::ALL
+        .into_iter()
+        .chain(Table::AMBIENT)
+        .map(Table::nft_name)
+}
 
 /// Whether `(family, table)` is one of ours (events elsewhere are not reported).
 pub fn is_our_table(family: &str, table: &str) -> bool {
@@ -68,8 +68,7 @@ pub fn host_table(netns: &Netns) -> Result<&'static str, TraceError> {
             other => io::Error::other(other.to_string()),
         },
     })?;
-    OUR_TABLES
-        .into_iter()
+    our_tables()
         .find(|t| all.iter().any(|(f, n)| f == "inet" && n == t))
         .ok_or_else(|| TraceError::NoIstioRules {
             netns: netns.path().map(Into::into),
@@ -472,6 +471,21 @@ mod tests {
             rule_text(&c, Extra { sport: Some(40000) }),
             "meta nfproto ipv4 meta l4proto tcp ip daddr 10.0.0.1 tcp dport 80 tcp sport 40000 \
              tcp flags & (syn | ack) == syn meta skuid 1000 meta skgid 1001 meta nftrace set 1"
+        );
+    }
+
+    #[test]
+    fn our_tables_are_captures_in_hosting_order() {
+        assert_eq!(
+            our_tables().collect::<Vec<_>>(),
+            [
+                "istio-proxy-nat",
+                "istio-proxy-mangle",
+                "istio-proxy-raw",
+                "istio-ambient-nat",
+                "istio-ambient-mangle",
+                "istio-ambient-raw",
+            ]
         );
     }
 }

@@ -25,10 +25,11 @@ impl TraceSocket {
     pub fn open() -> Result<TraceSocket, TraceError> {
         let fd = nfnl::open("the trace socket", SockFlag::SOCK_NONBLOCK)?;
         let group = libc::NFNLGRP_NFTRACE;
-        setsockopt(&fd, SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, &group)
+        netlink::setsockopt(fd.as_fd(), SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, &group)
             .map_err(nl_err("subscribing to nftables trace events"))?;
-        if setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &RCVBUF).is_err() {
-            let _ = setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUF, &RCVBUF);
+        if netlink::setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &RCVBUF).is_err()
+        {
+            let _ = netlink::setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, &RCVBUF);
         }
         Ok(TraceSocket {
             fd,
@@ -66,24 +67,6 @@ impl TraceSocket {
                 }
             }
         }
-    }
-}
-
-fn setsockopt<T>(fd: &OwnedFd, level: i32, opt: i32, v: &T) -> io::Result<()> {
-    // SAFETY: `v` points to a live value of the size passed.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            opt,
-            (v as *const T).cast(),
-            std::mem::size_of::<T>() as u32,
-        )
-    };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
     }
 }
 
@@ -156,7 +139,7 @@ fn decode(hdr: &libc::nlmsghdr) -> Option<TraceEvent> {
     };
     Some(TraceEvent {
         id: t.u32(sys::NFTNL_TRACE_ID)?,
-        family: family_name(t.u32(sys::NFTNL_TRACE_FAMILY).unwrap_or(0)).into(),
+        family: nft_backend::live::family_name(t.u32(sys::NFTNL_TRACE_FAMILY).unwrap_or(0)).into(),
         table: t.str(sys::NFTNL_TRACE_TABLE).unwrap_or_default(),
         chain: t.str(sys::NFTNL_TRACE_CHAIN).unwrap_or_default(),
         rule_handle: handle,
@@ -184,18 +167,6 @@ pub fn verdict(code: i32, target: Option<String>) -> Verdict {
             _ => Verdict::Other(c),
         },
         c => Verdict::Other(c),
-    }
-}
-
-fn family_name(f: u32) -> &'static str {
-    match f as i32 {
-        libc::NFPROTO_INET => "inet",
-        libc::NFPROTO_IPV4 => "ip",
-        libc::NFPROTO_IPV6 => "ip6",
-        libc::NFPROTO_ARP => "arp",
-        libc::NFPROTO_BRIDGE => "bridge",
-        libc::NFPROTO_NETDEV => "netdev",
-        _ => "unknown",
     }
 }
 

@@ -38,6 +38,6 @@ pub(super) fn recv_timeout(fd: &OwnedFd, secs: libc::time_t, name: &str) -> Resu
         tv_sec: secs,
         tv_usec: 0,
     };
-    netlink::setsockopt(fd.as_fd(), libc::SO_RCVTIMEO, &timeout)
+    netlink::setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, &timeout)
         .map_err(|e| nl_err(&format!("setting {name}'s timeout"))(e))
 }

@@ -31,7 +31,7 @@ extern "C" fn on_signal(sig: libc::c_int) {
     }
 }
 
-/// While alive, SIGINT and SIGTERM are caught (see [`received`]).
+/// While alive, SIGINT and SIGTERM are caught (see [`Guard::received`]).
 pub struct Guard {
     wake: i32,
 }

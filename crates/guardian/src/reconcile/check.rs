@@ -4,8 +4,8 @@
 //! backend, `redirect::apply_until`) and read back. Blocking: run it on a blocking thread.
 
 use crate::podplan;
+use capture::{Config, Plan};
 use netns::NsId;
-use redirect::capture::{Config, Plan};
 use redirect::{Backend, BackendChoice};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -147,9 +147,10 @@ fn prepare(t: &mut Target, proc_root: &Path) -> Result<(PathBuf, Plan), String> 
             t.ip, t.ip
         ));
     }
-    let ns = podplan::locate(proc_root, t.ip, t.uid.as_deref())?;
+    let ns =
+        node_view::running::locate(proc_root, t.ip, t.uid.as_deref()).map_err(|e| e.to_string())?;
     let id = NsId::of_path(&ns).map_err(|e| format!("reading {}: {e}", ns.display()))?;
-    let (plan, _) = podplan::plan_in(&t.config, &ns)?;
+    let (plan, _) = podplan::plan_in(&t.config, &ns).map_err(|e| e.to_string())?;
     t.netns = Some(Found {
         path: ns.clone(),
         id,

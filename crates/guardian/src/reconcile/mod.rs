@@ -16,13 +16,14 @@ pub mod check;
 pub mod controller;
 pub mod tracker;
 
-use crate::podplan::{self, Verdict};
+use crate::podplan;
 use crate::settings::{Node, ReconcileSettings, RepairSettings};
 use check::{Outcome, Target};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use node_status::metrics::{Counters, Gauge};
 use node_view::cache::{CacheEvent, NamespaceCache, PodCache, PodEvent, Subscription};
+use pod_policy::Decision;
 use redirect::BackendChoice;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -74,7 +75,7 @@ impl Settings {
 
     /// `Ok(target)` when the pod's rules are ours to keep, `Err(why)` otherwise.
     pub fn eligible(&self, pod: &Pod) -> Result<Target, String> {
-        if let Some(why) = podplan::finished(pod) {
+        if let Some(why) = pod_policy::bypass::finished(pod) {
             return Err(why);
         }
         if let Some(r) = &self.repair
@@ -87,13 +88,14 @@ impl Settings {
         {
             return Err(format!("not opted in ({})", controller::INITIALIZE));
         }
-        let config = match podplan::verdict(pod, &self.node.policy)? {
-            Verdict::Skip(why) => return Err(why),
-            Verdict::Mesh(pc) => pc.config,
+        let config = match podplan::verdict(pod, &self.node.policy).map_err(|e| e.to_string())? {
+            Decision::Skip(why) => return Err(why),
+            Decision::Ambient(_) => return Err(podplan::AMBIENT_POD.into()),
+            Decision::Sidecar(pc) => pc.config,
         };
         Ok(Target {
             key: node_view::cache::key(pod),
-            ip: podplan::pod_ip(pod)?,
+            ip: pod_policy::bypass::pod_ip(pod).map_err(|e| e.to_string())?,
             uid: pod.metadata.uid.clone(),
             config: Box::new(config),
             netns: None,

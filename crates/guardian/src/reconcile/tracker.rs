@@ -268,9 +268,9 @@ mod tests {
             }
             Ok(Target {
                 key: node_view::cache::key(p),
-                ip: crate::podplan::pod_ip(p)?,
+                ip: pod_policy::bypass::pod_ip(p).map_err(|e| e.to_string())?,
                 uid: p.metadata.uid.clone(),
-                config: Box::new(redirect::capture::Config::cni_default()),
+                config: Box::new(capture::Config::cni_default()),
                 netns: None,
                 lost: false,
             })

@@ -5,8 +5,8 @@
 //! The controller watches this node's pods, picks the broken ones with Istio's filter
 //! ([`filter::matches`]) and, in Istio's precedence:
 //! * repair: finds the pod's network namespace through the host's /proc by the pod IP
-//!   ([`procfs::find_pod_netns`]) and programs exactly what the plugin would (the plugin's own
-//!   pod → config mapping, `pod_policy::decide`, and the node's backend);
+//!   (`node_view::running::locate`) and programs exactly what the plugin would (the plugin's
+//!   own pod → config mapping, `pod_policy::decide`, and the node's backend);
 //! * else delete the pod (UID + resourceVersion preconditions);
 //! * else label it through the status subresource.
 //!
@@ -64,15 +64,15 @@ pub struct Failure {
 }
 
 impl Failure {
-    fn retry(message: impl Into<String>) -> Failure {
+    fn retry(message: impl std::fmt::Display) -> Failure {
         Failure {
-            message: message.into(),
+            message: message.to_string(),
             permanent: false,
         }
     }
-    fn permanent(message: impl Into<String>) -> Failure {
+    fn permanent(message: impl std::fmt::Display) -> Failure {
         Failure {
-            message: message.into(),
+            message: message.to_string(),
             permanent: true,
         }
     }
@@ -81,17 +81,19 @@ impl Failure {
 /// The plugin's verdict and rules for `pod`, programmed into its namespace found under the
 /// proc root ([`crate::podplan`]'s steps). Blocking (namespace threads, netlink).
 pub fn repair_pod(s: &Settings, pod: &Pod) -> Result<Done, Failure> {
-    use crate::podplan::{self, Verdict};
+    use crate::podplan;
+    use pod_policy::Decision;
     let pc = match podplan::verdict(pod, &s.node.policy) {
-        Ok(Verdict::Skip(why)) => return Ok(Done::Skip(why)),
-        Ok(Verdict::Mesh(pc)) => pc,
+        Ok(Decision::Skip(why)) => return Ok(Done::Skip(why)),
+        Ok(Decision::Ambient(_)) => return Ok(Done::Skip(podplan::AMBIENT_POD.into())),
+        Ok(Decision::Sidecar(pc)) => pc,
         Err(e) => return Err(Failure::permanent(e)),
     };
     for w in &pc.warnings {
         tracing::warn!(pod = %filter::key(pod), warning = %w, "pod configuration");
     }
-    let ip = podplan::pod_ip(pod).map_err(Failure::retry)?;
-    let netns = podplan::locate(&s.node.proc_root, ip, pod.metadata.uid.as_deref())
+    let ip = pod_policy::bypass::pod_ip(pod).map_err(Failure::retry)?;
+    let netns = node_view::running::locate(&s.node.proc_root, ip, pod.metadata.uid.as_deref())
         .map_err(Failure::retry)?;
     let (plan, _) = podplan::plan_in(&pc.config, &netns).map_err(Failure::retry)?;
     let d = redirect::apply(&plan, Some(&netns), BackendChoice::Fixed(s.node.backend))

@@ -29,7 +29,7 @@ pub struct RepairArgs {
     #[arg(long, env = "REPAIR_RUN_AS_DAEMON", default_value = "true", value_parser = parse_bool, action = ArgAction::Set)]
     pub repair_run_as_daemon: bool,
 
-    /// Extra field selectors for the pod watch (spec.nodeName=<node> is always added).
+    /// Extra field selectors for the pod watch (`spec.nodeName=<node>` is always added).
     #[arg(long, env = "REPAIR_FIELD_SELECTORS", default_value = "")]
     pub repair_field_selectors: String,
 

@@ -47,7 +47,7 @@ pub struct ViewArgs {
     pub kubernetes_node_name: String,
 
     /// The host's /proc as mounted in the container (pod network namespaces are found there;
-    /// <dir>/1/ns/net is the host's).
+    /// `<dir>/1/ns/net` is the host's).
     #[arg(long, env = "REPAIR_PROC_ROOT", default_value = "/host/proc")]
     pub repair_proc_root: PathBuf,
 

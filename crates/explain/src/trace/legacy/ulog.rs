@@ -79,8 +79,9 @@ impl LogSocket {
     pub fn open(pf: u8) -> Result<LogSocket, TraceError> {
         let fd = nfnl::open("the nfnetlink_log socket", SockFlag::empty())?;
         nfnl::recv_timeout(&fd, 2, "the nfnetlink_log socket")?;
-        if netlink::setsockopt(fd.as_fd(), libc::SO_RCVBUFFORCE, &RCVBUF).is_err() {
-            let _ = netlink::setsockopt(fd.as_fd(), libc::SO_RCVBUF, &RCVBUF);
+        if netlink::setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &RCVBUF).is_err()
+        {
+            let _ = netlink::setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, &RCVBUF);
         }
         let previous = std::fs::read_to_string("/proc/thread-self/net/netfilter/nf_log")
             .ok()
