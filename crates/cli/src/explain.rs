@@ -117,7 +117,8 @@ pub struct ExplainArgs {
     /// rule-by-rule path; no --wait).
     #[arg(long)]
     trace: bool,
-    /// With --trace: wait up to SECONDS for a real connection instead of making one.
+    /// With --trace: wait up to SECONDS (at most 3600) for a real connection instead of making
+    /// one.
     #[arg(long, value_name = "SECONDS", requires = "trace")]
     wait: Option<f64>,
     /// Print JSON (see below) instead of text.
@@ -306,12 +307,17 @@ fn traced(
     explanation: &ex::Explanation,
 ) -> Result<Result<Agreement, ExitCode>, ExplainError> {
     let how = match a.wait {
-        Some(s) if s > 0.0 && s.is_finite() => TraceHow::Wait(Duration::from_secs_f64(s)),
+        Some(s) if s > 0.0 && s <= trace::MAX_WAIT.as_secs_f64() => {
+            TraceHow::Wait(Duration::from_secs_f64(s))
+        }
         Some(s) => {
             return Err(ExplainError::BadInput {
                 arg: "--wait",
                 value: s.to_string(),
-                why: "must be a positive number of seconds".into(),
+                why: format!(
+                    "must be a positive number of seconds, at most {}",
+                    trace::MAX_WAIT.as_secs()
+                ),
             });
         }
         None => TraceHow::Connect,

@@ -414,6 +414,19 @@ fn bad_input_names_the_argument_and_exits_2() {
             vec!["--network-namespace", &ns, "--dst", &world, "--wait", "3"],
             vec!["--wait", "--trace"],
         ),
+        (
+            // Longer than a run may live: its chain would be taken for a dead run's.
+            vec![
+                "--network-namespace",
+                &ns,
+                "--dst",
+                &world,
+                "--trace",
+                "--wait",
+                "3601",
+            ],
+            vec!["--wait", "3601", "at most 3600"],
+        ),
         (vec!["--network-namespace", &ns], vec!["--dst"]),
     ];
     for (args, needles) in cases {
