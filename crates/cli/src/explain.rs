@@ -273,10 +273,16 @@ fn run(a: &ExplainArgs) -> Result<ExitCode, ExplainError> {
             Err(code) => return Ok(code),
         },
     };
+    let note = agreement
+        .as_ref()
+        .and_then(|ag| probe_snat_note(&conn, &rs, ag));
     if a.json {
         let mut v = serde_json::to_value(&explanation).expect("serialisable");
         if let Some(ag) = &agreement {
             v["trace"] = serde_json::to_value(ag).expect("serialisable");
+            if let Some(n) = &note {
+                v["trace"]["note"] = n.as_str().into();
+            }
         }
         println!(
             "{}",
@@ -286,6 +292,9 @@ fn run(a: &ExplainArgs) -> Result<ExitCode, ExplainError> {
         print!("{}", ex::render_text(&explanation));
         if let Some(ag) = &agreement {
             print!("{}", render_agreement(ag));
+        }
+        if let Some(n) = &note {
+            println!("note: {n}");
         }
     }
     if matches!(explanation.outcome, ex::Outcome::CannotEvaluate { .. }) {
@@ -372,6 +381,31 @@ fn render_record(r: &ex::compare::RecordShown) -> String {
         None => "",
     });
     o
+}
+
+/// Why an inbound trace of an ambient pod may see nothing: made from an ambient node's own
+/// namespace, the host probe rule SNATs the connection to the probe address on the way out,
+/// so the trace rule (which matches the source given) never sees it.
+fn probe_snat_note(conn: &Connection, rs: &ex::ir::Ruleset, ag: &Agreement) -> Option<String> {
+    use capture::ambient_constants::{HOST_PROBE_SNAT_V4, HOST_PROBE_SNAT_V6};
+    let probe = match conn.is_ipv6() {
+        false => IpAddr::from(HOST_PROBE_SNAT_V4),
+        true => IpAddr::from(HOST_PROBE_SNAT_V6),
+    };
+    let ambient = rs
+        .chains
+        .iter()
+        .any(|c| c.table.starts_with("istio-ambient") || c.name == "ISTIO_PRERT");
+    let nothing = ag.record.is_none() && ag.kernel_steps.is_empty();
+    (conn.direction == Direction::Inbound && ambient && nothing && conn.src != Some(probe)).then(
+        || {
+            format!(
+                "the kernel saw nothing of this connection. Made from an ambient node's own \
+                 namespace, a connection to an ambient pod is SNATed to {probe} by the node's \
+                 host probe rule before it reaches the pod: explain and trace it with --src {probe}"
+            )
+        },
+    )
 }
 
 fn render_agreement(ag: &Agreement) -> String {

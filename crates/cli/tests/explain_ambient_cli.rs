@@ -443,3 +443,32 @@ fn c_port(c: &str) -> &str {
         .and_then(|src| src.rsplit(':').next())
         .unwrap_or("")
 }
+
+/// An inbound `--trace` of an ambient pod made from its node's namespace: the node's host
+/// probe rule SNATs the connection (kubelet's uid 0 here, or Istio's legacy rule: any local
+/// socket) to 169.254.7.127, so the trace rule, matching the source given, sees nothing. That
+/// is "not confirmed" (4), not a disagreement, and the output says why and what to trace.
+#[test]
+fn inbound_trace_from_an_ambient_node_is_not_confirmed_and_says_why() {
+    require_root();
+    for (w, _host) in [
+        integration::host_probe::nft_pod_on_node(0),
+        integration::host_probe::legacy_pod_on_node(),
+    ] {
+        let _ztunnel = Probe::start(w.pod.path(), "pod", &ZTUNNEL).unwrap();
+        let (dst, src) = (format!("{}:8080", w.pod_v4), w.world_v4.to_string());
+        let o = Command::new("nsenter")
+            .arg(format!("--net={}", w.world.path().display()))
+            .args([CLI.as_str(), "explain", "--network-namespace"])
+            .arg(w.pod.path())
+            .args(["--direction", "inbound", "--dst", &dst, "--src", &src])
+            .arg("--trace")
+            .output()
+            .unwrap();
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(4), "{t}");
+        assert!(t.contains("agree: not confirmed"), "{t}");
+        assert!(t.contains("kernel: nothing reported"), "{t}");
+        assert!(t.contains("--src 169.254.7.127"), "{t}");
+    }
+}

@@ -235,6 +235,9 @@ fn static_class(o: &Outcome) -> String {
     }
 }
 
+/// The kernel's outcome when it reported nothing of the connection.
+pub const NOTHING_REPORTED: &str = "nothing reported";
+
 /// Compares the kernel's path with the static explanation.
 pub fn compare(rs: &Ruleset, ex: &Explanation, kp: &KernelPath) -> Agreement {
     let ks = kernel_steps(rs, kp);
@@ -283,13 +286,19 @@ pub fn compare(rs: &Ruleset, ex: &Explanation, kp: &KernelPath) -> Agreement {
             ));
         }
     }
-    let mut kernel_outcome = class_of(rs, &ks);
+    let mut kernel_outcome = if ks.is_empty() {
+        NOTHING_REPORTED.to_string()
+    } else {
+        class_of(rs, &ks)
+    };
     if kernel_outcome.starts_with("redirected") && kp.attempt == trace::Attempt::TimedOut {
         // Redirected, and never answered: dropped after our rules (the reroute).
         kernel_outcome += ", then dropped";
     }
     let mine = static_class(&ex.outcome);
-    if kernel_outcome != mine {
+    // The kernel reported nothing of the connection (it never reached the pod as given, e.g.
+    // SNATed on the way): nothing disagrees, nothing is confirmed (`not_traced`).
+    if kernel_outcome != mine && !ks.is_empty() {
         differences.push(format!(
             "outcome: static path says {mine}, the kernel's path {kernel_outcome}"
         ));
