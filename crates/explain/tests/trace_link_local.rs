@@ -85,3 +85,43 @@ fn a_waited_for_link_local_connection_dropped_after_the_redirect_agrees() {
         assert_eq!(ag.kernel_outcome, "redirected to port 15001", "{backend}");
     }
 }
+
+/// An inbound connection to the pod's link-local address, redirected (REDIRECT mode) to
+/// 15006: the kernel (nf_nat_redirect_ipv6) redirects it to an address of eth0 whose scope
+/// the destination's has, fe80::2, not the pod's first address (its global one). The
+/// explanation must name the address the real connection reached, with both backends.
+#[test]
+fn an_inbound_link_local_redirect_goes_to_a_link_local_address() {
+    require_root();
+    for legacy in [false, true] {
+        let backend = if legacy { "iptables-legacy" } else { "nft" };
+        let w = pod(legacy);
+        let sidecar = Probe::sidecar(w.pod.path()).unwrap();
+        let conn = Connection::new(
+            Direction::Inbound,
+            Protocol::Tcp,
+            SocketAddr::new(POD_LL.into(), 8080),
+        )
+        .src(WORLD_LL.into());
+        let rs = if legacy {
+            ex::live_legacy_ruleset(Some(w.pod.path())).unwrap()
+        } else {
+            ex::live_ruleset(Some(w.pod.path())).unwrap()
+        };
+        let facts = ex::namespace_facts(Some(w.pod.path()), &conn).unwrap();
+        let e = ex::explain_with(&rs, &conn, &facts).unwrap();
+        let landed = w.open(&conn, Some("eth0"));
+        // The socket's local address, without its scope id.
+        let got = sidecar
+            .accepted()
+            .last()
+            .map(|a| (a.local.ip(), a.local.port()));
+        assert_eq!(got, Some((POD_LL.into(), 15006)), "{backend}: {landed}");
+        match &e.outcome {
+            ex::Outcome::Redirected { to, .. } => {
+                assert_eq!(Some((to.ip(), to.port())), got, "{backend}")
+            }
+            o => panic!("{backend}: {o:?}\n{}", ex::render_text(&e)),
+        }
+    }
+}
