@@ -260,7 +260,10 @@ fn run(a: &ExplainArgs) -> Result<ExitCode, ExplainError> {
         });
     }
     let facts = ex::namespace_facts(netns, &conn)?;
-    let explanation = ex::explain_with(&rs, &conn, &facts)?;
+    let mut explanation = ex::explain_with(&rs, &conn, &facts)?;
+    if a.host {
+        explanation.notes.extend(ex::host_notes(netns, &rs)?);
+    }
     let agreement = match a.trace {
         false => None,
         // Not traced (TRACE would rebind the node's own packet logger): the kernel's record.

@@ -472,3 +472,54 @@ fn inbound_trace_from_an_ambient_node_is_not_confirmed_and_says_why() {
         assert!(t.contains("--src 169.254.7.127"), "{t}");
     }
 }
+
+/// Other NAT rules on the node beside the host probe rule. Legacy: nat POSTROUTING's rules
+/// before the jump to ISTIO_POSTRT are evaluated and numbered as the kernel numbers them (one
+/// the evaluator cannot read is named, exit 1, instead of claiming the probe SNAT the kernel
+/// did not apply); those after it are named in a note. nft: other NAT base chains at
+/// postrouting are named in a note.
+#[test]
+fn other_nat_rules_on_the_node_are_evaluated_or_named() {
+    require_root();
+    let (w, _host) = integration::host_probe::legacy_pod_on_node();
+    let _ztunnel = Probe::start(w.pod.path(), "pod", &ZTUNNEL).unwrap();
+    let dst = format!("{}:8080", w.pod_v4);
+    let ipt = |rule: &str| {
+        w.world
+            .sh(&format!("iptables-legacy -t nat {rule}"))
+            .unwrap()
+    };
+    ipt("-I POSTROUTING 1 -d 192.0.2.1/32 -j MASQUERADE");
+    ipt("-A POSTROUTING -d 192.0.2.2/32 -j MASQUERADE");
+    let o = explain_host(&w, &dst, &["--uid", "4242"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("rule 2 -> jump ISTIO_POSTRT"), "{t}");
+    assert!(t.contains("source NATed to 169.254.7.127"), "{t}");
+    assert!(
+        t.contains("ip nat POSTROUTING: rule 3 after the jump to ISTIO_POSTRT (rule 2)"),
+        "{t}"
+    );
+    // A rule before our jump that NATs this very connection, as the kernel's conntrack shows.
+    ipt(&format!(
+        "-I POSTROUTING 1 -d {}/32 -p tcp --dport 8080 -j MASQUERADE",
+        w.pod_v4
+    ));
+    let o = explain_host(&w, &dst, &["--uid", "4242"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(!t.contains("source NATed to 169.254.7.127"), "{t}");
+    assert!(t.contains("MASQUERADE"), "{t}");
+
+    let (w, _host) = integration::host_probe::nft_pod_on_node(KUBELET);
+    w.world
+        .sh("nft add table ip kubeish && nft add chain ip kubeish post '{ type nat hook postrouting priority 100; }'")
+        .unwrap();
+    let o = explain_host(&w, &format!("{}:8080", w.pod_v4), &["--uid", "4242"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(
+        t.contains("ip kubeish post (priority 100) is a NAT chain at postrouting too"),
+        "{t}"
+    );
+}
