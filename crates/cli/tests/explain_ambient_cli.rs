@@ -262,8 +262,24 @@ fn bad_pods_exit_2_naming_the_pod() {
         Some("10.254.254.7".into()),
         false,
     ));
-    let cases: [(&str, &[&str]); 5] = [
+    let mut done = pod_json("default", "done", Some("10.254.254.8".into()), false);
+    done["status"]["phase"] = "Succeeded".into();
+    node.kube.add(done);
+    node.kube.add(pod_json(
+        "default",
+        "web",
+        Some("10.254.254.9".into()),
+        false,
+    ));
+    let cases: [(&str, &[&str]); 8] = [
         ("default/nope", &["default/nope", "no such pod"]),
+        ("default/done", &["default/done", "phase Succeeded"]),
+        // Not a pod name: refused before any request (it would GET pods/web).
+        (
+            "default/web?x=1",
+            &["--pod", "web?x=1", "not a valid pod name"],
+        ),
+        ("Default/web", &["--pod", "not a valid namespace name"]),
         ("nope", &["--pod", "NAMESPACE/NAME"]),
         ("default/pending", &["default/pending", "no IP", "Pending"]),
         ("default/hostnet", &["default/hostnet", "host network"]),

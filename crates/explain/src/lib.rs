@@ -163,6 +163,7 @@ pub fn namespace_facts(netns: Option<&Path>, conn: &Connection) -> Result<NsFact
 }
 
 fn read_facts(conn: &Connection) -> Result<NsFacts, ExplainError> {
+    connection::refuse_mapped(conn)?;
     let mut f = NsFacts::read().map_err(|source| ExplainError::Io {
         context: "reading the namespace's addresses".into(),
         source,
