@@ -112,7 +112,7 @@ pub fn ruleset_of(save_text: &str, v6: bool) -> Ruleset {
 }
 
 /// Whether a save rule is a TRACE rule of `explain --trace` (tagged
-/// `istio-explain-<pid>-<n>`): not part of the pod's rules, so never explained; the kernel's
+/// `istio-explain-…`): not part of the pod's rules, so never explained; the kernel's
 /// rule numbers count it ([`KernelNumbers`]).
 pub fn is_trace_rule(rule: &str) -> bool {
     rule.trim_end().ends_with("-j TRACE")

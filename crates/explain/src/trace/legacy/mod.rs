@@ -5,7 +5,8 @@
 //! outbound, `PREROUTING` for inbound; outbound also `PREROUTING -i lo` with the probe's
 //! source port for the packet's second pass over lo), makes the connection or waits, deletes
 //! the rules and puts the previous logger back. The rules are tagged `-m comment --comment
-//! istio-explain-<pid>-<n>` (the nft tracer's chain names), inserted and deleted through the
+//! istio-explain-<pid>-<start>-<pidns>-<created>-<n>` (the nft tracer's chain names, see
+//! `owner`), inserted and deleted through the
 //! backend's own restore under the namespace's lock (`iptables_legacy::trace_rules`);
 //! removal is guaranteed as for nft: a guard, SIGINT/SIGTERM handled for the duration of the
 //! call, and the next run deleting the rules of a process that is gone ([`remove_stale`]).
