@@ -117,7 +117,8 @@ pub struct ExplainArgs {
     /// rule-by-rule path; no --wait).
     #[arg(long)]
     trace: bool,
-    /// With --trace: wait up to SECONDS for a real connection instead of making one.
+    /// With --trace: wait up to SECONDS (at most 3600) for a real connection instead of making
+    /// one.
     #[arg(long, value_name = "SECONDS", requires = "trace")]
     wait: Option<f64>,
     /// Print JSON (see below) instead of text.
@@ -259,7 +260,10 @@ fn run(a: &ExplainArgs) -> Result<ExitCode, ExplainError> {
         });
     }
     let facts = ex::namespace_facts(netns, &conn)?;
-    let explanation = ex::explain_with(&rs, &conn, &facts)?;
+    let mut explanation = ex::explain_with(&rs, &conn, &facts)?;
+    if a.host {
+        explanation.notes.extend(ex::host_notes(netns, &rs)?);
+    }
     let agreement = match a.trace {
         false => None,
         // Not traced (TRACE would rebind the node's own packet logger): the kernel's record.
@@ -272,10 +276,16 @@ fn run(a: &ExplainArgs) -> Result<ExitCode, ExplainError> {
             Err(code) => return Ok(code),
         },
     };
+    let note = agreement
+        .as_ref()
+        .and_then(|ag| probe_snat_note(&conn, &rs, ag));
     if a.json {
         let mut v = serde_json::to_value(&explanation).expect("serialisable");
         if let Some(ag) = &agreement {
             v["trace"] = serde_json::to_value(ag).expect("serialisable");
+            if let Some(n) = &note {
+                v["trace"]["note"] = n.as_str().into();
+            }
         }
         println!(
             "{}",
@@ -285,6 +295,9 @@ fn run(a: &ExplainArgs) -> Result<ExitCode, ExplainError> {
         print!("{}", ex::render_text(&explanation));
         if let Some(ag) = &agreement {
             print!("{}", render_agreement(ag));
+        }
+        if let Some(n) = &note {
+            println!("note: {n}");
         }
     }
     if matches!(explanation.outcome, ex::Outcome::CannotEvaluate { .. }) {
@@ -306,12 +319,17 @@ fn traced(
     explanation: &ex::Explanation,
 ) -> Result<Result<Agreement, ExitCode>, ExplainError> {
     let how = match a.wait {
-        Some(s) if s > 0.0 && s.is_finite() => TraceHow::Wait(Duration::from_secs_f64(s)),
+        Some(s) if s > 0.0 && s <= trace::MAX_WAIT.as_secs_f64() => {
+            TraceHow::Wait(Duration::from_secs_f64(s))
+        }
         Some(s) => {
             return Err(ExplainError::BadInput {
                 arg: "--wait",
                 value: s.to_string(),
-                why: "must be a positive number of seconds".into(),
+                why: format!(
+                    "must be a positive number of seconds, at most {}",
+                    trace::MAX_WAIT.as_secs()
+                ),
             });
         }
         None => TraceHow::Connect,
@@ -366,6 +384,31 @@ fn render_record(r: &ex::compare::RecordShown) -> String {
         None => "",
     });
     o
+}
+
+/// Why an inbound trace of an ambient pod may see nothing: made from an ambient node's own
+/// namespace, the host probe rule SNATs the connection to the probe address on the way out,
+/// so the trace rule (which matches the source given) never sees it.
+fn probe_snat_note(conn: &Connection, rs: &ex::ir::Ruleset, ag: &Agreement) -> Option<String> {
+    use capture::ambient_constants::{HOST_PROBE_SNAT_V4, HOST_PROBE_SNAT_V6};
+    let probe = match conn.is_ipv6() {
+        false => IpAddr::from(HOST_PROBE_SNAT_V4),
+        true => IpAddr::from(HOST_PROBE_SNAT_V6),
+    };
+    let ambient = rs
+        .chains
+        .iter()
+        .any(|c| c.table.starts_with("istio-ambient") || c.name == "ISTIO_PRERT");
+    let nothing = ag.record.is_none() && ag.kernel_steps.is_empty();
+    (conn.direction == Direction::Inbound && ambient && nothing && conn.src != Some(probe)).then(
+        || {
+            format!(
+                "the kernel saw nothing of this connection. Made from an ambient node's own \
+                 namespace, a connection to an ambient pod is SNATed to {probe} by the node's \
+                 host probe rule before it reaches the pod: explain and trace it with --src {probe}"
+            )
+        },
+    )
 }
 
 fn render_agreement(ag: &Agreement) -> String {

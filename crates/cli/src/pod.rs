@@ -21,14 +21,44 @@ fn bad(pod: &str, why: impl Into<String>) -> ExplainError {
     }
 }
 
-/// `NAMESPACE/NAME`, both non-empty.
+/// `NAMESPACE/NAME`: a namespace name (an RFC 1123 label) and a pod name (an RFC 1123
+/// subdomain), as the API server accepts them; anything else is refused before it could
+/// reach a URL.
 pub fn parse(spec: &str) -> Result<(String, String), ExplainError> {
-    match spec.split_once('/') {
-        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
-            Ok((ns.to_string(), name.to_string()))
-        }
-        _ => Err(bad(spec, "expected NAMESPACE/NAME")),
+    let Some((ns, name)) = spec.split_once('/') else {
+        return Err(bad(spec, "expected NAMESPACE/NAME"));
+    };
+    if !is_label(ns) {
+        return Err(bad(
+            spec,
+            format!(
+                "namespace {ns:?} is not a valid namespace name (at most 63 lower-case \
+                 letters, digits and '-', starting and ending with a letter or digit)"
+            ),
+        ));
     }
+    if name.len() > 253 || !name.split('.').all(is_label) {
+        return Err(bad(
+            spec,
+            format!(
+                "{name:?} is not a valid pod name (at most 253 characters: lower-case \
+                 letters, digits, '-' and '.', each dot-separated part starting and ending \
+                 with a letter or digit)"
+            ),
+        ));
+    }
+    Ok((ns.to_string(), name.to_string()))
+}
+
+/// An RFC 1123 label: 1-63 of `[a-z0-9-]`, starting and ending alphanumeric.
+fn is_label(s: &str) -> bool {
+    let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && alnum(b[0])
+        && alnum(b[b.len() - 1])
+        && b.iter().all(|&c| alnum(c) || c == b'-')
 }
 
 /// How to reach the API server: the kubeconfig given, else `KUBECONFIG`, else in-cluster.
@@ -119,8 +149,16 @@ fn get(api: &ApiServer, ns: &str, name: &str, spec: &str) -> Result<Pod, Explain
     found.ok_or_else(|| bad(spec, "no such pod"))
 }
 
-/// The pod's first IP; host-network and IP-less pods are refused by name.
+/// The pod's first IP; host-network, finished (phase Succeeded or Failed: the node daemon
+/// treats them as gone, their namespace may hold another pod's IP) and IP-less pods are
+/// refused by name.
 fn pod_ip(pod: &Pod, spec: &str) -> Result<IpAddr, ExplainError> {
+    if let Some(phase) = pod_policy::bypass::terminal(pod) {
+        return Err(bad(
+            spec,
+            format!("has finished ({phase}): its containers are not running"),
+        ));
+    }
     if pod_policy::bypass::host_network(pod) {
         return Err(bad(
             spec,
@@ -149,7 +187,31 @@ mod tests {
             parse("default/web-1").unwrap(),
             ("default".into(), "web-1".into())
         );
-        for bad in ["web", "/web", "default/", "a/b/c", ""] {
+        assert_eq!(
+            parse("kube-system/web.v1-0").unwrap(),
+            ("kube-system".into(), "web.v1-0".into())
+        );
+        let long_ns = format!("{}/web", "a".repeat(64));
+        let long_name = format!("default/{}", vec!["a".repeat(63); 4].join("."));
+        for bad in [
+            "web",
+            "/web",
+            "default/",
+            "a/b/c",
+            "",
+            "default/web?x=1",
+            "default/web%2Fx",
+            "default/web#x",
+            "Default/web",
+            "default/Web",
+            "default/-web",
+            "default/web.",
+            "default/web..x",
+            "de fault/web",
+            "../web",
+            &long_ns,
+            &long_name,
+        ] {
             let e = parse(bad).unwrap_err();
             assert!(e.is_bad_input());
             assert!(e.to_string().contains("--pod"), "{e}");

@@ -262,8 +262,24 @@ fn bad_pods_exit_2_naming_the_pod() {
         Some("10.254.254.7".into()),
         false,
     ));
-    let cases: [(&str, &[&str]); 5] = [
+    let mut done = pod_json("default", "done", Some("10.254.254.8".into()), false);
+    done["status"]["phase"] = "Succeeded".into();
+    node.kube.add(done);
+    node.kube.add(pod_json(
+        "default",
+        "web",
+        Some("10.254.254.9".into()),
+        false,
+    ));
+    let cases: [(&str, &[&str]); 8] = [
         ("default/nope", &["default/nope", "no such pod"]),
+        ("default/done", &["default/done", "phase Succeeded"]),
+        // Not a pod name: refused before any request (it would GET pods/web).
+        (
+            "default/web?x=1",
+            &["--pod", "web?x=1", "not a valid pod name"],
+        ),
+        ("Default/web", &["--pod", "not a valid namespace name"]),
         ("nope", &["--pod", "NAMESPACE/NAME"]),
         ("default/pending", &["default/pending", "no IP", "Pending"]),
         ("default/hostnet", &["default/hostnet", "host network"]),
@@ -442,4 +458,81 @@ fn c_port(c: &str) -> &str {
         .nth(1)
         .and_then(|src| src.rsplit(':').next())
         .unwrap_or("")
+}
+
+/// An inbound `--trace` of an ambient pod made from its node's namespace: the node's host
+/// probe rule SNATs the connection (kubelet's uid 0 here, or Istio's legacy rule: any local
+/// socket) to 169.254.7.127, so the trace rule, matching the source given, sees nothing. That
+/// is "not confirmed" (4), not a disagreement, and the output says why and what to trace.
+#[test]
+fn inbound_trace_from_an_ambient_node_is_not_confirmed_and_says_why() {
+    require_root();
+    for (w, _host) in [common::nft_pod_on_node(0), common::legacy_pod_on_node()] {
+        let _ztunnel = Probe::start(w.pod.path(), "pod", &ZTUNNEL).unwrap();
+        let (dst, src) = (format!("{}:8080", w.pod_v4), w.world_v4.to_string());
+        let o = Command::new("nsenter")
+            .arg(format!("--net={}", w.world.path().display()))
+            .args([CLI.as_str(), "explain", "--network-namespace"])
+            .arg(w.pod.path())
+            .args(["--direction", "inbound", "--dst", &dst, "--src", &src])
+            .arg("--trace")
+            .output()
+            .unwrap();
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(4), "{t}");
+        assert!(t.contains("agree: not confirmed"), "{t}");
+        assert!(t.contains("kernel: nothing reported"), "{t}");
+        assert!(t.contains("--src 169.254.7.127"), "{t}");
+    }
+}
+
+/// Other NAT rules on the node beside the host probe rule. Legacy: nat POSTROUTING's rules
+/// before the jump to ISTIO_POSTRT are evaluated and numbered as the kernel numbers them (one
+/// the evaluator cannot read is named, exit 1, instead of claiming the probe SNAT the kernel
+/// did not apply); those after it are named in a note. nft: other NAT base chains at
+/// postrouting are named in a note.
+#[test]
+fn other_nat_rules_on_the_node_are_evaluated_or_named() {
+    require_root();
+    let (w, _host) = common::legacy_pod_on_node();
+    let _ztunnel = Probe::start(w.pod.path(), "pod", &ZTUNNEL).unwrap();
+    let dst = format!("{}:8080", w.pod_v4);
+    let ipt = |rule: &str| {
+        w.world
+            .sh(&format!("iptables-legacy -t nat {rule}"))
+            .unwrap()
+    };
+    ipt("-I POSTROUTING 1 -d 192.0.2.1/32 -j MASQUERADE");
+    ipt("-A POSTROUTING -d 192.0.2.2/32 -j MASQUERADE");
+    let o = explain_host(&w, &dst, &["--uid", "4242"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("rule 2 -> jump ISTIO_POSTRT"), "{t}");
+    assert!(t.contains("source NATed to 169.254.7.127"), "{t}");
+    assert!(
+        t.contains("ip nat POSTROUTING: rule 3 after the jump to ISTIO_POSTRT (rule 2)"),
+        "{t}"
+    );
+    // A rule before our jump that NATs this very connection, as the kernel's conntrack shows.
+    ipt(&format!(
+        "-I POSTROUTING 1 -d {}/32 -p tcp --dport 8080 -j MASQUERADE",
+        w.pod_v4
+    ));
+    let o = explain_host(&w, &dst, &["--uid", "4242"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(!t.contains("source NATed to 169.254.7.127"), "{t}");
+    assert!(t.contains("MASQUERADE"), "{t}");
+
+    let (w, _host) = common::nft_pod_on_node(KUBELET);
+    w.world
+        .sh("nft add table ip kubeish && nft add chain ip kubeish post '{ type nat hook postrouting priority 100; }'")
+        .unwrap();
+    let o = explain_host(&w, &format!("{}:8080", w.pod_v4), &["--uid", "4242"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(
+        t.contains("ip kubeish post (priority 100) is a NAT chain at postrouting too"),
+        "{t}"
+    );
 }

@@ -414,7 +414,37 @@ fn bad_input_names_the_argument_and_exits_2() {
             vec!["--network-namespace", &ns, "--dst", &world, "--wait", "3"],
             vec!["--wait", "--trace"],
         ),
+        (
+            // Longer than a run may live: its chain would be taken for a dead run's.
+            vec![
+                "--network-namespace",
+                &ns,
+                "--dst",
+                &world,
+                "--trace",
+                "--wait",
+                "3601",
+            ],
+            vec!["--wait", "3601", "at most 3600"],
+        ),
         (vec!["--network-namespace", &ns], vec!["--dst"]),
+        (
+            vec!["--network-namespace", &ns, "--dst", "[::ffff:10.77.0.1]:80"],
+            vec!["--dst", "IPv4-mapped", "10.77.0.1:80"],
+        ),
+        (
+            vec![
+                "--network-namespace",
+                &ns,
+                "--direction",
+                "inbound",
+                "--dst",
+                &pod_in,
+                "--src",
+                "::ffff:10.77.0.1",
+            ],
+            vec!["--src", "IPv4-mapped", "10.77.0.1"],
+        ),
     ];
     for (args, needles) in cases {
         let o = explain(&args);

@@ -227,13 +227,19 @@ fn static_class(o: &Outcome) -> String {
         Outcome::Dropped {
             redirected_to: Some(to),
             ..
-        } => format!("redirected to port {}, then dropped", to.port()),
+        } => format!("redirected to port {}{THEN_DROPPED}", to.port()),
         Outcome::Dropped { .. } => "dropped".into(),
         Outcome::Snatted { from, .. } => format!("source NATed to {from}"),
         Outcome::NotCaptured { .. } | Outcome::Untouched { .. } => "not captured".into(),
         Outcome::CannotEvaluate { .. } => "cannot evaluate".into(),
     }
 }
+
+/// The kernel's outcome when it reported nothing of the connection.
+pub const NOTHING_REPORTED: &str = "nothing reported";
+
+/// A redirect the kernel drops after our rules (no route to the new destination).
+const THEN_DROPPED: &str = ", then dropped";
 
 /// Compares the kernel's path with the static explanation.
 pub fn compare(rs: &Ruleset, ex: &Explanation, kp: &KernelPath) -> Agreement {
@@ -283,13 +289,27 @@ pub fn compare(rs: &Ruleset, ex: &Explanation, kp: &KernelPath) -> Agreement {
             ));
         }
     }
-    let mut kernel_outcome = class_of(rs, &ks);
+    let mut kernel_outcome = if ks.is_empty() {
+        NOTHING_REPORTED.to_string()
+    } else {
+        class_of(rs, &ks)
+    };
     if kernel_outcome.starts_with("redirected") && kp.attempt == trace::Attempt::TimedOut {
         // Redirected, and never answered: dropped after our rules (the reroute).
-        kernel_outcome += ", then dropped";
+        kernel_outcome += THEN_DROPPED;
     }
-    let mine = static_class(&ex.outcome);
-    if kernel_outcome != mine {
+    let mut mine = static_class(&ex.outcome);
+    if kp.attempt == trace::Attempt::Observed
+        && let Some(rules) = mine.strip_suffix(THEN_DROPPED)
+    {
+        // A connection waited for, not made: nothing times out, and the drop after our rules
+        // (the reroute) is no rule's, so no event reports it. What the kernel reported is
+        // compared: the rules' outcome.
+        mine = rules.to_string();
+    }
+    // The kernel reported nothing of the connection (it never reached the pod as given, e.g.
+    // SNATed on the way): nothing disagrees, nothing is confirmed (`not_traced`).
+    if kernel_outcome != mine && !ks.is_empty() {
         differences.push(format!(
             "outcome: static path says {mine}, the kernel's path {kernel_outcome}"
         ));

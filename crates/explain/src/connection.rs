@@ -53,6 +53,34 @@ impl Described {
     }
 }
 
+/// An IPv4-mapped IPv6 address (`::ffff:10.0.0.1`) in `--dst` or `--src`: refused naming it,
+/// with the IPv4 form to give instead (a packet on the wire is IPv4 or IPv6, and such an
+/// address is neither a pod's IPv6 address nor, written so, its IPv4 one).
+pub(crate) fn refuse_mapped(conn: &Connection) -> Result<(), ExplainError> {
+    let mapped = |ip: IpAddr| match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped(),
+        IpAddr::V4(_) => None,
+    };
+    if let Some(v4) = mapped(conn.dst.ip()) {
+        return Err(bad(
+            "--dst",
+            conn.dst_shown(),
+            format!(
+                "an IPv4-mapped IPv6 address: give the IPv4 address, {v4}:{}",
+                conn.dst.port()
+            ),
+        ));
+    }
+    if let Some((src, v4)) = conn.src.and_then(|s| Some((s, mapped(s)?))) {
+        return Err(bad(
+            "--src",
+            src,
+            format!("an IPv4-mapped IPv6 address: give the IPv4 address, {v4}"),
+        ));
+    }
+    Ok(())
+}
+
 fn bad(arg: &'static str, value: impl ToString, why: impl Into<String>) -> ExplainError {
     ExplainError::BadInput {
         arg,
@@ -63,6 +91,7 @@ fn bad(arg: &'static str, value: impl ToString, why: impl Into<String>) -> Expla
 
 /// Checks the connection makes sense for this namespace (before any evaluation).
 pub fn validate(conn: &Connection, facts: &NsFacts) -> Result<(), ExplainError> {
+    refuse_mapped(conn)?;
     if conn.dst.port() == 0 {
         return Err(bad(
             "--dst",

@@ -75,8 +75,10 @@ fn v6(a: IpAddr) -> Ipv6Addr {
 pub trait World {
     /// A TCP socket listening on `port` for that family (TPROXY's listener lookup).
     fn has_listener(&self, ipv6: bool, port: u16) -> bool;
-    /// The first address of `iface` of that family (where a prerouting `redirect` sends to).
-    fn primary_address(&self, iface: &str, ipv6: bool) -> Option<IpAddr>;
+    /// Where a prerouting `redirect` of a packet to `dst` arriving on `iface` sends it: the
+    /// first address of `iface` of that family, for IPv6 of a scope the destination's has
+    /// (a link-local destination is redirected to a link-local address).
+    fn redirect_address(&self, iface: &str, dst: IpAddr) -> Option<IpAddr>;
 }
 
 /// What kind of step the walk recorded (the kernel's trace event types).
@@ -572,12 +574,12 @@ impl<'a> Walker<'a> {
         })
     }
 
-    /// Where `redirect` sends: loopback for locally generated packets, else the first address
-    /// of the input interface.
+    /// Where `redirect` sends: loopback for locally generated packets, else an address of the
+    /// input interface ([`World::redirect_address`]).
     fn redirect_target(&self, port: u16) -> Option<SocketAddr> {
         let v6 = self.pkt.is_ipv6();
         let addr = match (&self.pkt.iif, self.hook) {
-            (Some(iif), Hook::Prerouting) => self.world.primary_address(iif, v6)?,
+            (Some(iif), Hook::Prerouting) => self.world.redirect_address(iif, self.pkt.dst.ip())?,
             _ if v6 => IpAddr::V6(Ipv6Addr::LOCALHOST),
             _ => IpAddr::V4(Ipv4Addr::LOCALHOST),
         };
@@ -670,7 +672,7 @@ mod tests {
         fn has_listener(&self, _: bool, _: u16) -> bool {
             false
         }
-        fn primary_address(&self, _: &str, _: bool) -> Option<IpAddr> {
+        fn redirect_address(&self, _: &str, _: IpAddr) -> Option<IpAddr> {
             None
         }
     }

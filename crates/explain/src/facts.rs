@@ -161,17 +161,51 @@ impl World for NsFacts {
         })
     }
 
-    fn primary_address(&self, iface: &str, ipv6: bool) -> Option<IpAddr> {
+    fn redirect_address(&self, iface: &str, dst: IpAddr) -> Option<IpAddr> {
+        // The kernel's order (getifaddrs dumps each interface's list as the kernel keeps it:
+        // IPv6 by scope, widest first). IPv6 (nf_nat_redirect_ipv6): the first address whose
+        // scope the destination's has, where only link-local (and loopback) destinations have
+        // a scope to match; never an IPv4-mapped one.
+        let link_local = |a: &IpAddr| matches!(a, IpAddr::V6(v6) if v6.is_unicast_link_local());
         self.addresses
             .iter()
-            .find(|(n, a)| n == iface && a.is_ipv6() == ipv6)
+            .filter(|(n, a)| n == iface && a.is_ipv6() == dst.is_ipv6())
             .map(|(_, a)| *a)
+            .filter(|a| !matches!(a, IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some()))
+            .find(|a| !link_local(&dst) || link_local(a))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redirect_address_matches_the_destination_s_scope() {
+        let a = |s: &str| s.parse::<IpAddr>().unwrap();
+        let f = NsFacts {
+            addresses: [
+                ("eth0", "10.0.0.2"),
+                ("eth0", "fd77::2"),
+                ("eth0", "fe80::2"),
+                ("eth1", "fe80::9"),
+            ]
+            .iter()
+            .map(|(n, x)| (n.to_string(), a(x)))
+            .collect(),
+            ..NsFacts::default()
+        };
+        let to = |dst| f.redirect_address("eth0", a(dst));
+        assert_eq!(to("fe80::2"), Some(a("fe80::2")));
+        assert_eq!(to("fd77::2"), Some(a("fd77::2")));
+        assert_eq!(to("10.0.0.2"), Some(a("10.0.0.2")));
+        // No link-local address on the interface: no target (the kernel drops the packet).
+        let g = NsFacts {
+            addresses: vec![("eth0".into(), a("fd77::2"))],
+            ..NsFacts::default()
+        };
+        assert_eq!(g.redirect_address("eth0", a("fe80::2")), None);
+    }
 
     #[test]
     fn proc_net_tcp_listeners() {

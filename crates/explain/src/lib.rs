@@ -125,6 +125,31 @@ pub fn live_legacy_host_ruleset(netns: Option<&Path>) -> Result<Ruleset, Explain
     })
 }
 
+/// What an explanation of the node's host probe rule (`--host`) through `rs` leaves out, in
+/// the node namespace at `netns`: with nft's rule, the other NAT base chains at postrouting
+/// (any table and priority: the connection crosses them too); with Istio's legacy rule, nat
+/// POSTROUTING's rules after the jump to it. One note each.
+pub fn host_notes(netns: Option<&Path>, rs: &Ruleset) -> Result<Vec<String>, ExplainError> {
+    in_netns(netns, || match rs.backend {
+        Backend::Nft => {
+            let sock = nft_backend::live::socket()?;
+            let others = live_nft::other_nat_postrouting(&sock)?;
+            Ok(others
+                .into_iter()
+                .map(|c| {
+                    format!(
+                        "{c} is a NAT chain at postrouting too, not evaluated: it may NAT \
+                         this connection"
+                    )
+                })
+                .collect())
+        }
+        Backend::IptablesLegacy => {
+            live_legacy::host_notes().map_err(|e| legacy_error("the host probe rule", e))
+        }
+    })
+}
+
 fn legacy_error(what: &str, e: iptables_legacy::LegacyError) -> ExplainError {
     ExplainError::Io {
         context: format!("reading {what} from iptables-legacy"),
@@ -138,6 +163,7 @@ pub fn namespace_facts(netns: Option<&Path>, conn: &Connection) -> Result<NsFact
 }
 
 fn read_facts(conn: &Connection) -> Result<NsFacts, ExplainError> {
+    connection::refuse_mapped(conn)?;
     let mut f = NsFacts::read().map_err(|source| ExplainError::Io {
         context: "reading the namespace's addresses".into(),
         source,

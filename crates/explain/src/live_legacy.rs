@@ -6,17 +6,21 @@
 //! namespace holds only our rules; anything else there is traversed too); a match or target
 //! this reader does not know becomes an `Unknown` expression, reported rather than guessed.
 //!
-//! On the node ([`host_ruleset`]) only Istio's legacy host probe rule is read: `nat
-//! ISTIO_POSTRT` and the POSTROUTING jumps to it (kube-proxy's chains beside it are not ours),
-//! with the ipsets it matches (`-m set --match-set istio-inpod-probes-v4 dst`) as sets.
+//! On the node ([`host_ruleset`], module `host`) Istio's legacy host probe rule is read: `nat
+//! POSTROUTING` up to its jump to `ISTIO_POSTRT`, the chains those rules jump to, with the
+//! ipsets they match (`-m set --match-set istio-inpod-probes-v4 dst`) as sets.
 
 use crate::ir::{Backend, BaseHook, Chain, Expr, Hook, Rule, Ruleset, Set, TableFamily, Verdict};
 use crate::trace::TRACE_CHAIN_PREFIX;
-use iptables_legacy::live::{SavedTable, ipset_members, our_save, parse};
+use iptables_legacy::live::{our_save, parse};
 use iptables_legacy::trace_rules::comment_of;
 use iptables_legacy::{LegacyError, Tools};
 use std::collections::HashMap;
 use std::net::IpAddr;
+
+mod host;
+
+pub use host::{HOST_CHAIN, host_notes, host_rule_only, host_ruleset, host_ruleset_with};
 
 const REG1: u32 = 1;
 
@@ -47,44 +51,6 @@ fn read_saves(
         }
     }
     Ok(rs)
-}
-
-/// The chain of Istio's legacy host probe rule (nat, jumped to from POSTROUTING).
-pub const HOST_CHAIN: &str = "ISTIO_POSTRT";
-
-/// The node's host probe rule (both families), with the ipsets it matches; an empty ruleset
-/// when there is none.
-pub fn host_ruleset() -> Result<Ruleset, LegacyError> {
-    host_ruleset_with(&Tools::default())
-}
-
-/// [`host_ruleset`] with explicit binary lookup.
-pub fn host_ruleset_with(tools: &Tools) -> Result<Ruleset, LegacyError> {
-    let mut rs = read_saves(tools, |text| host_rule_only(&text))?;
-    load_ipsets(&mut rs, |name| {
-        Ok(ipset_members(tools, name)?.iter().map(|m| m.addr).collect())
-    });
-    Ok(rs)
-}
-
-/// The save text of `nat` reduced to the host probe rule: POSTROUTING's jumps to
-/// [`HOST_CHAIN`] and that chain; `None` without it.
-pub fn host_rule_only(save_text: &str) -> Option<String> {
-    let tables = parse(save_text);
-    let nat: &SavedTable = tables.iter().find(|t| t.name == "nat")?;
-    if !nat.chains.iter().any(|c| c == HOST_CHAIN) {
-        return None;
-    }
-    let jump = format!("-j {HOST_CHAIN}");
-    let mut out = format!("*nat\n:POSTROUTING ACCEPT [0:0]\n:{HOST_CHAIN} - [0:0]\n");
-    for r in nat.rules_of("POSTROUTING").filter(|r| r.trim() == jump) {
-        out.push_str(&format!("-A POSTROUTING {r}\n"));
-    }
-    for r in nat.rules_of(HOST_CHAIN) {
-        out.push_str(&format!("-A {HOST_CHAIN} {r}\n"));
-    }
-    out.push_str("COMMIT\n");
-    Some(out)
 }
 
 /// Fills in the ipsets the rules look up (`--match-set`), each from `members`; one that
@@ -146,7 +112,7 @@ pub fn ruleset_of(save_text: &str, v6: bool) -> Ruleset {
 }
 
 /// Whether a save rule is a TRACE rule of `explain --trace` (tagged
-/// `istio-explain-<pid>-<n>`): not part of the pod's rules, so never explained; the kernel's
+/// `istio-explain-…`): not part of the pod's rules, so never explained; the kernel's
 /// rule numbers count it ([`KernelNumbers`]).
 pub fn is_trace_rule(rule: &str) -> bool {
     rule.trim_end().ends_with("-j TRACE")
@@ -742,6 +708,9 @@ fn target(w: &[String], goto: bool, out: &mut Vec<Expr>) {
             }
             None => out.push(Expr::Unknown(format!("-j {}", w.join(" ")))),
         },
+        // Extension targets that need no option (`-j MASQUERADE`): not evaluated, named.
+        "MASQUERADE" | "REJECT" | "LOG" | "NFLOG" | "NOTRACK" | "TRACE" | "AUDIT" | "CHECKSUM"
+        | "TCPMSS" | "NETMAP" | "DNAT" => out.push(Expr::Unknown(format!("-j {}", w.join(" ")))),
         // Any other target is a user chain (`-j ISTIO_OUTPUT`): targets with options are
         // upper-case names we handled above or do not know (they fail the lookup below).
         chain if !chain.is_empty() && w.len() == 1 => {

@@ -79,6 +79,54 @@ pub fn live(sock: &Socket) -> Result<Ruleset, NftError> {
     })
 }
 
+/// The node's base chains of type nat at the postrouting hook other than ours (any family,
+/// table and priority), as `family table chain (priority N)`: a connection from the node
+/// crosses them too, and the host explanation does not evaluate them.
+pub fn other_nat_postrouting(sock: &Socket) -> Result<Vec<String>, NftError> {
+    let mut out = Vec::new();
+    let req = netlink::dump_request(
+        libc::NFT_MSG_GETCHAIN as u32,
+        libc::NFPROTO_UNSPEC as u16,
+        1,
+        |_| {},
+    );
+    sock.dump(&req, |hdr, raw| {
+        if hdr.nlmsg_type != msg_type(libc::NFT_MSG_NEWCHAIN as u32) {
+            return;
+        }
+        // SAFETY: `raw` is a complete chain message; the chain object is freed below.
+        unsafe {
+            let c = sys::nftnl_chain_alloc();
+            if sys::nftnl_chain_nlmsg_parse(raw, c) >= 0
+                && sys::nftnl_chain_is_set(c, sys::NFTNL_CHAIN_HOOKNUM as u16)
+                && sys::nftnl_chain_get_u32(c, sys::NFTNL_CHAIN_HOOKNUM as u16)
+                    == libc::NF_INET_POST_ROUTING as u32
+                && cstr_to_string(sys::nftnl_chain_get_str(c, sys::NFTNL_CHAIN_TYPE as u16))
+                    == "nat"
+            {
+                let family =
+                    match sys::nftnl_chain_get_u32(c, sys::NFTNL_CHAIN_FAMILY as u16) as i32 {
+                        libc::NFPROTO_IPV4 => "ip",
+                        libc::NFPROTO_IPV6 => "ip6",
+                        libc::NFPROTO_INET => "inet",
+                        _ => "?",
+                    };
+                let table =
+                    cstr_to_string(sys::nftnl_chain_get_str(c, sys::NFTNL_CHAIN_TABLE as u16));
+                let name =
+                    cstr_to_string(sys::nftnl_chain_get_str(c, sys::NFTNL_CHAIN_NAME as u16));
+                let prio = sys::nftnl_chain_get_s32(c, sys::NFTNL_CHAIN_PRIO as u16);
+                if !(family == "inet" && ours(&table)) {
+                    out.push(format!("{family} {table} {name} (priority {prio})"));
+                }
+            }
+            sys::nftnl_chain_free(c);
+        }
+    })
+    .map_err(io("dumping the nftables chains"))?;
+    Ok(out)
+}
+
 fn parse_chain(raw: *const libc::nlmsghdr) -> Option<Chain> {
     // SAFETY: `raw` is a complete chain message; the chain object is freed below.
     unsafe {

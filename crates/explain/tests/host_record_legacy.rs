@@ -202,3 +202,32 @@ fn a_wrong_static_outcome_is_reported_as_disagreement() {
         "{d}"
     );
 }
+
+/// A probe nothing answers but with a reset (no listener on the port): the RST ends the
+/// unassured conntrack entry before it could be read, so the record comes from conntrack's
+/// events, subscribed before the connection. Both families, in the set (SNATed) and not.
+#[test]
+fn a_refused_connection_is_recorded_from_conntrack_events() {
+    require_root();
+    let n = Node::new();
+    for (dst, snat) in n
+        .in_set
+        .into_iter()
+        .map(|d| (d, Some(snat_of(d))))
+        .chain(n.not_in_set.into_iter().map(|d| (d, None)))
+    {
+        // Nothing listens on 8081.
+        let conn = to_app(dst, KUBELET_UID);
+        let conn = Connection {
+            dst: SocketAddr::new(dst, 8081),
+            ..conn
+        };
+        let (e, rec) = n.explained_and_recorded(&conn);
+        let what = format!("{dst}: {rec:?}\n{}", ex::render_text(&e));
+        assert_eq!(rec.attempt, Attempt::Refused, "{what}");
+        let entry = rec.conntrack.as_ref().expect("a conntrack entry");
+        assert_eq!(entry.snat(), snat, "{what}");
+        let ag = compare_record(&e, &rec);
+        assert!(ag.agree && ag.not_traced.is_empty(), "{ag:?}\n{what}");
+    }
+}

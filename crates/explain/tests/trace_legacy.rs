@@ -10,7 +10,7 @@
 mod common;
 
 use capture::*;
-use common::wait_for_trace_rules;
+use common::{apply_legacy, wait_for_trace_rules};
 use explain::trace::*;
 use explain::{self as ex, ir::TableFamily};
 use std::net::{IpAddr, SocketAddr};
@@ -19,13 +19,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use testbed::legacy_trace::{NftMonitor, left_in_legacy_pod, loggers};
 use testbed::*;
-
-/// Programs `plan` into the namespace at `netns` with the iptables-legacy backend (the
-/// product's own path: `redirect::apply`).
-fn apply_legacy(netns: &Path, plan: &Plan) {
-    let fixed = redirect::BackendChoice::Fixed(redirect::Backend::IptablesLegacy);
-    redirect::apply(plan, Some(netns), fixed).expect("apply with iptables-legacy");
-}
 
 const APP_UID: u32 = 1000;
 /// Set in the child process the signal tests start (the pod namespace's path).

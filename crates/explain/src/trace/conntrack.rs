@@ -2,7 +2,9 @@
 //! with the connection's original tuple): the kernel's own record of what NAT it applied to a
 //! connection. The reply tuple is the original one reversed, with the NAT applied: its
 //! destination is the address an SNAT gave the connection, its source the one a DNAT gave it.
-//! Reading changes nothing (no logger, no rule, no event subscription).
+//! Reading changes nothing (no logger, no rule). [`Events`] also keeps the entry of a
+//! connection the kernel has already destroyed (a refused one: the RST ends an unassured
+//! entry at once) from conntrack's NEW/DESTROY events, subscribed before it is made.
 
 use super::nfnl::{self, nl_err};
 use super::{Protocol, TraceError};
@@ -17,6 +19,12 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_NEW: u16 = 0;
 const IPCTNL_MSG_CT_GET: u16 = 1;
+const IPCTNL_MSG_CT_DELETE: u16 = 2;
+const NFNLGRP_CONNTRACK_NEW: u32 = 1;
+const NFNLGRP_CONNTRACK_DESTROY: u32 = 3;
+/// Both groups as `nl_groups` bits (group N is bit N - 1).
+const EVENT_GROUPS: u32 =
+    (1 << (NFNLGRP_CONNTRACK_NEW - 1)) | (1 << (NFNLGRP_CONNTRACK_DESTROY - 1));
 const CTA_TUPLE_ORIG: u16 = 1;
 const CTA_TUPLE_REPLY: u16 = 2;
 const CTA_STATUS: u16 = 3;
@@ -254,6 +262,58 @@ fn made_by(entry: Option<CtEntry>, t: &CtTuple) -> Option<CtEntry> {
             None
         }
         None => None,
+    }
+}
+
+/// Conntrack's NEW and DESTROY events in the namespace the socket was opened in, from then on
+/// (nonblocking; events are what the kernel reports anyway, nothing is changed).
+pub struct Events {
+    fd: OwnedFd,
+}
+
+impl Events {
+    /// Subscribes in the CURRENT namespace (call inside it).
+    pub fn subscribe() -> Result<Events, TraceError> {
+        let name = "the conntrack event socket";
+        let fd = nix::sys::socket::socket(
+            nix::sys::socket::AddressFamily::Netlink,
+            nix::sys::socket::SockType::Raw,
+            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+            nix::sys::socket::SockProtocol::NetlinkNetFilter,
+        )
+        .map_err(|e| nl_err(&format!("opening {name}"))(e.into()))?;
+        let addr = nix::sys::socket::NetlinkAddr::new(0, EVENT_GROUPS);
+        nix::sys::socket::bind(fd.as_raw_fd(), &addr)
+            .map_err(|e| nl_err(&format!("subscribing {name}"))(e.into()))?;
+        Ok(Events { fd })
+    }
+
+    /// The entry whose original tuple is `t` among the events queued so far (its NEW event
+    /// when the kernel sent it, else its DESTROY event); `None` if none is. Events lost to
+    /// an overflowing queue (a busy node) are skipped.
+    pub fn find(&self, protocol: Protocol, t: &CtTuple) -> Result<Option<CtEntry>, TraceError> {
+        let what = format!("reading conntrack events for {} {t}", protocol.name());
+        let mut buf = vec![0u64; netlink::RECV_WORDS];
+        let kinds =
+            [IPCTNL_MSG_CT_NEW, IPCTNL_MSG_CT_DELETE].map(|k| (NFNL_SUBSYS_CTNETLINK << 8) | k);
+        let mut found = None;
+        loop {
+            let n = match netlink::recv(self.fd.as_fd(), &mut buf, 0) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(found),
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => continue,
+                Err(e) => return Err(nl_err(&what)(e)),
+            };
+            for (hdr, payload) in netlink::messages(netlink::bytes_of(&buf, n)) {
+                if found.is_none()
+                    && kinds.contains(&hdr.nlmsg_type)
+                    && let Some(e) = decode_entry(protocol, payload)
+                    && e.original == *t
+                {
+                    found = Some(e);
+                }
+            }
+        }
     }
 }
 

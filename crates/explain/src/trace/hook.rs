@@ -3,6 +3,7 @@
 
 use super::{
     Connection, Direction, Protocol, TRACE_CHAIN_PREFIX, TRACE_PRIORITY, TraceError, ns::Netns,
+    owner,
 };
 use capture::Table;
 use nft_backend::expr::{self, Expr};
@@ -12,7 +13,6 @@ use nftnl::{Batch, Chain, ChainType, Hook, MsgType, Policy, ProtoFamily, Rule};
 use std::ffi::CString;
 use std::io;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Our tables (`capture::Table`'s nft names), in the order we prefer to host the temporary
 /// chain: the sidecar's, then ambient's, each in creation order (nat, mangle, raw).
@@ -45,16 +45,6 @@ fn open() -> Result<Socket, TraceError> {
         what: "opening a netfilter netlink socket".into(),
         source,
     })
-}
-
-/// A fresh chain name: `istio-explain-<pid>-<n>`.
-pub fn unique_name() -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "{TRACE_CHAIN_PREFIX}{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
 }
 
 /// The first of our tables that exists in the current namespace.
@@ -349,27 +339,11 @@ fn cstring(p: *const libc::c_char) -> String {
         .into_owned()
 }
 
-/// The pid in `istio-explain-<pid>-<n>`.
-pub fn owner_pid(chain: &str) -> Option<u32> {
-    let rest = chain.strip_prefix(TRACE_CHAIN_PREFIX)?;
-    let (pid, n) = rest.split_once('-')?;
-    n.parse::<u32>().ok()?;
-    pid.parse().ok()
-}
-
-pub fn process_alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
-}
-
-/// Removes temporary chains whose process is gone (current namespace).
+/// Removes temporary chains whose run is provably gone (current namespace; see `owner`).
 pub fn remove_stale() -> Result<Vec<String>, TraceError> {
     let mut removed = Vec::new();
     for (table, chain) in list()? {
-        let stale = match owner_pid(&chain) {
-            Some(pid) => !process_alive(pid),
-            None => false, // not a name we make: leave it
-        };
-        if stale {
+        if owner::is_dead(&chain) {
             remove(&table, std::slice::from_ref(&chain))?;
             tracing::info!(table, chain, "removed a trace chain left by a killed run");
             removed.push(chain);
@@ -402,8 +376,8 @@ impl TempChain {
         let mut guard = TempChain {
             netns: netns.clone(),
             table,
-            name: unique_name(),
-            looped: (conn.direction == Direction::Outbound).then(unique_name),
+            name: owner::unique_name(),
+            looped: (conn.direction == Direction::Outbound).then(owner::unique_name),
             removed: false,
         };
         let (t, n, l, c) = (
@@ -449,14 +423,6 @@ impl Drop for TempChain {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn owner_pid_parses_only_our_names() {
-        assert_eq!(owner_pid("istio-explain-123-4"), Some(123));
-        assert_eq!(owner_pid("istio-explain-123"), None);
-        assert_eq!(owner_pid("istio-explain-x-1"), None);
-        assert_eq!(owner_pid("istio-output"), None);
-    }
 
     #[test]
     fn rule_text_names_every_match() {

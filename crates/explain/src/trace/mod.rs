@@ -54,6 +54,7 @@ mod legacy;
 mod listen;
 mod nfnl;
 mod ns;
+mod owner;
 mod signals;
 mod watch;
 
@@ -61,8 +62,10 @@ use ns::Netns;
 
 pub use conntrack::{CtEntry, CtTuple};
 pub use legacy::host::{KernelRecord, RuleCounter};
+pub use owner::{MAX_RUN, MAX_WAIT};
 
-/// Name prefix of the temporary chains: `istio-explain-<pid>-<n>`.
+/// Name prefix of the temporary chains: `istio-explain-<pid>-<start>-<pidns>-<created>-<n>`
+/// (see `owner`).
 pub const TRACE_CHAIN_PREFIX: &str = "istio-explain-";
 
 /// Priority of the temporary chain: below raw (-300), the lowest priority of our chains, so the
@@ -408,6 +411,7 @@ pub fn trace(
     how: TraceHow,
 ) -> Result<KernelPath, TraceError> {
     validate(conn)?;
+    validate_wait(how)?;
     let ns = Netns::open(netns)?;
     refuse_inbound_from_inside(&ns, conn, how)?;
     match ns.run(|| backend(&ns, None))? {
@@ -424,6 +428,7 @@ pub fn trace_with(
     backend: crate::ir::Backend,
 ) -> Result<KernelPath, TraceError> {
     validate(conn)?;
+    validate_wait(how)?;
     let ns = Netns::open(netns)?;
     refuse_inbound_from_inside(&ns, conn, how)?;
     match ns.run(|| self::backend(&ns, Some(backend)))? {
@@ -444,6 +449,19 @@ pub fn record_host(netns: Option<&Path>, conn: &Connection) -> Result<KernelReco
         ));
     }
     legacy::host::record(&Netns::open(netns)?, conn)
+}
+
+/// A wait longer than [`MAX_WAIT`] is refused: the next run takes a chain older than
+/// [`MAX_RUN`] from another PID namespace for a dead run's.
+fn validate_wait(how: TraceHow) -> Result<(), TraceError> {
+    match how {
+        TraceHow::Wait(d) if d > MAX_WAIT => Err(TraceError::InvalidConnection(format!(
+            "waiting {}s, longer than the longest wait ({}s)",
+            d.as_secs_f64(),
+            MAX_WAIT.as_secs()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 fn refuse_inbound_from_inside(
@@ -662,9 +680,11 @@ impl Collector {
     }
 }
 
-/// Removes temporary chains (`istio-explain-<pid>-<n>`) in our nft tables and TRACE rules
-/// tagged so in the iptables-legacy raw table whose process is gone (a run killed with
-/// SIGKILL). Returns the names removed. [`trace`] calls it itself.
+/// Removes temporary chains (`istio-explain-…`) in our nft tables and TRACE rules tagged so in
+/// the iptables-legacy raw table whose run is provably gone (a run killed with SIGKILL): in
+/// our PID namespace its process is gone, a zombie or another process with its pid; from
+/// another PID namespace (e.g. `kubectl exec` and the host) the tag is older than [`MAX_RUN`].
+/// Returns the names removed. [`trace`] calls it itself.
 pub fn remove_stale_chains(netns: Option<&Path>) -> Result<Vec<String>, TraceError> {
     let ns = Netns::open(netns)?;
     ns.run(|| {

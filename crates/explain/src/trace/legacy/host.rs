@@ -67,12 +67,18 @@ pub(in crate::trace) fn record(ns: &Netns, conn: &Connection) -> Result<KernelRe
     let tools = Tools::default();
     let v6 = conn.is_ipv6();
     let before = ns.run(|| counters(&tools, v6))?;
+    // Subscribed before the connection: its entry is kept even if the kernel destroys it
+    // before it is read (a refused connection's RST ends the unassured entry at once).
+    let events = ns.run(conntrack::Events::subscribe)?;
     let prober = connect::Prober::start(ns, conn)?;
     prober.go();
     let attempt = prober.wait(ATTEMPT_WAIT).unwrap_or(Attempt::TimedOut);
     let original = prober.sent_from().map(|src| CtTuple { src, dst: conn.dst });
     let entry = match &original {
-        Some(t) => ns.run(|| conntrack::get(conn.protocol, t))?,
+        Some(t) => match ns.run(|| conntrack::get(conn.protocol, t))? {
+            Some(e) => Some(e),
+            None => events.find(conn.protocol, t)?,
+        },
         None => None,
     };
     let after = ns.run(|| counters(&tools, v6))?;

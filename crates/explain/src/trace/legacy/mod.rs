@@ -5,7 +5,8 @@
 //! outbound, `PREROUTING` for inbound; outbound also `PREROUTING -i lo` with the probe's
 //! source port for the packet's second pass over lo), makes the connection or waits, deletes
 //! the rules and puts the previous logger back. The rules are tagged `-m comment --comment
-//! istio-explain-<pid>-<n>` (the nft tracer's chain names), inserted and deleted through the
+//! istio-explain-<pid>-<start>-<pidns>-<created>-<n>` (the nft tracer's chain names, see
+//! `owner`), inserted and deleted through the
 //! backend's own restore under the namespace's lock (`iptables_legacy::trace_rules`);
 //! removal is guaranteed as for nft: a guard, SIGINT/SIGTERM handled for the duration of the
 //! call, and the next run deleting the rules of a process that is gone ([`remove_stale`]).
@@ -41,7 +42,7 @@ mod ulog;
 
 use super::{
     Connection, Direction, KernelPath, Protocol, TRACE_CHAIN_PREFIX, TraceError, TraceHow,
-    after_removal, hook, ns::Netns, start, watch,
+    after_removal, hook, ns::Netns, owner, start, watch,
 };
 use crate::live_legacy::{KernelNumbers, ruleset_of};
 use iptables_legacy::Tools;
@@ -76,14 +77,19 @@ pub(super) fn trace(
     how: TraceHow,
 ) -> Result<KernelPath, TraceError> {
     let tools = Tools::default();
-    ns.run(|| remove_stale(ns, &tools))?;
     let pf = if conn.is_ipv6() {
         libc::NFPROTO_IPV6
     } else {
         libc::NFPROTO_IPV4
     } as u8;
-    // Bound before the rules exist: no line of the traced packet can be missed.
+    // Bound before the rules exist: no line of the traced packet can be missed. And before
+    // stale rules are deleted: a run refused because another trace holds the namespace
+    // changes nothing.
     let mut listener = ns.run(|| ulog::LogSocket::open(pf))?;
+    if let Err(e) = ns.run(|| remove_stale(ns, &tools)) {
+        let _ = ns.run(|| listener.restore());
+        return Err(e);
+    }
     let st = match start(ns, conn, how) {
         Ok(st) => st,
         Err(e) => {
@@ -180,9 +186,10 @@ fn ours(tools: &Tools, select: impl Fn(&str) -> bool) -> Result<Vec<Tagged>, Tra
         .map_err(legacy_err("reading the raw table"))
 }
 
-/// Deletes trace rules whose process is gone (current namespace). Returns their tags.
+/// Deletes trace rules whose run is provably gone (current namespace; see `owner`). Returns
+/// their tags.
 pub fn remove_stale(ns: &Netns, tools: &Tools) -> Result<Vec<String>, TraceError> {
-    let dead = |tag: &str| hook::owner_pid(tag).is_some_and(|pid| !hook::process_alive(pid));
+    let dead = owner::is_dead;
     if ours(tools, dead)?.is_empty() {
         return Ok(Vec::new());
     }
@@ -248,7 +255,7 @@ impl TempRules {
         let mut guard = TempRules {
             netns: ns.clone(),
             tools: tools.clone(),
-            tag: hook::unique_name(),
+            tag: owner::unique_name(),
             save: String::new(),
             removed: false,
         };
