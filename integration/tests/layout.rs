@@ -456,3 +456,79 @@ fn architecture_md_lists_the_real_normal_dependencies() {
         g.names.len()
     );
 }
+
+/// The levels of ARCHITECTURE.md's picture (the ```text block after "## Who uses whom"): each
+/// line names crates, a line starting with a number opens that level. `crate → level`.
+fn picture_levels(text: &str, names: &BTreeSet<String>) -> BTreeMap<String, usize> {
+    let after = text.split("## Who uses whom").nth(1).unwrap_or("");
+    let block = after.split("```text").nth(1).unwrap_or("");
+    let block = block.split("```").next().unwrap_or("");
+    let mut levels = BTreeMap::new();
+    let mut level = None;
+    for line in block.lines() {
+        let mut words = line.split_whitespace().peekable();
+        if let Some(n) = words.peek().and_then(|w| w.parse::<usize>().ok()) {
+            level = Some(n);
+            words.next();
+        }
+        let Some(l) = level else { continue };
+        for w in words.take_while(|w| names.contains(*w)) {
+            levels.insert(w.to_string(), l);
+        }
+    }
+    levels
+}
+
+#[test]
+fn architecture_md_puts_each_product_crate_on_its_level() {
+    let meta = metadata();
+    let g = Graph::of(&meta);
+    let text = std::fs::read_to_string(workspace_root(&meta).join("ARCHITECTURE.md")).unwrap();
+    let drawn = picture_levels(&text, &g.names);
+    let uses = |c: &str| -> Vec<String> {
+        g.edges
+            .iter()
+            .filter(|((f, _), kinds)| f == c && kinds.contains("normal"))
+            .map(|((_, t), _)| t.clone())
+            .collect()
+    };
+    // A crate's level: the length of its longest chain of normal dependencies.
+    fn level(
+        c: &str,
+        uses: &dyn Fn(&str) -> Vec<String>,
+        memo: &mut BTreeMap<String, usize>,
+    ) -> usize {
+        if let Some(l) = memo.get(c) {
+            return *l;
+        }
+        let l = uses(c)
+            .iter()
+            .map(|d| level(d, uses, memo) + 1)
+            .max()
+            .unwrap_or(0);
+        memo.insert(c.to_string(), l);
+        l
+    }
+    let mut memo = BTreeMap::new();
+    let mut offenders = Vec::new();
+    // The test rigs and tools live outside the picture (their own table).
+    let product = g
+        .names
+        .iter()
+        .filter(|c| !g.dirs[*c].starts_with("integration"));
+    for c in product {
+        let real = level(c, &uses, &mut memo);
+        match drawn.get(c) {
+            None => offenders.push(format!("{c} is not in the picture (its level is {real})")),
+            Some(l) if *l != real => {
+                offenders.push(format!("{c} is drawn on level {l}, its level is {real}"))
+            }
+            Some(_) => {}
+        }
+    }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+    println!(
+        "layout: ARCHITECTURE.md's picture puts {} crates on their levels",
+        drawn.len()
+    );
+}
