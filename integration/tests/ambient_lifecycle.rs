@@ -13,10 +13,12 @@ use integration::ambient::{
     sleep_binary, spawn_in, tables,
 };
 use integration::cni::require_cni_tools;
+use integration::node::GATEWAY_V4;
 use integration::pods::{DemoPod, PodKind};
 use integration::ztunnel::ztunnel_binary;
 use integration::{Listen, Probe, TestNetns};
 use serde_json::json;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -87,8 +89,14 @@ fn a_pod_that_left_ambient_while_the_agent_was_down_is_taken_out_of_the_mesh() {
     });
     assert_eq!(n.probe_set(), [pb.ip()]);
     assert!(n.served(&pb));
-    // Plain traffic again: B reaches it (through B's ztunnel, passthrough), the node too.
-    lands(&n, &n.from_pod(&pb, pa.ip(), APP), "left", APP);
+    // Plain traffic again, both ways (before: refused, its redirect pointing at a ztunnel that
+    // no longer served it). Pod-to-pod is not asked: the rig's ztunnel still lists A as a mesh
+    // workload, which istiod would correct once the mark is gone.
+    let outside = Probe::world(n.node.ns.path()).unwrap();
+    let gateway: IpAddr = GATEWAY_V4.parse().unwrap();
+    lands(&n, &n.from_pod(&pa, gateway, 80), "world", 80);
+    assert_eq!(outside.accepted().last().unwrap().peer.ip(), pa.ip());
+    lands(&n, &n.from_pod(&pa, pb.ip(), APP), "stays", APP);
     lands(&n, &n.from_node(OTHER_UID, pa.ip(), APP), "left", APP);
 }
 

@@ -2,13 +2,11 @@
 //! subscriber, late subscribers get a replay, and a re-list emits `Deleted` for pods that
 //! vanished while the watch was down.
 
-mod common;
-
-use common::kube_api::{FakeKube, broken_pod};
 use kube::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use node_view::cache::{PodCache, PodEvent, Subscription};
 use std::time::Duration;
+use testbed::kube_api::{FakeKube, broken_pod};
 
 const T: Duration = Duration::from_secs(15);
 
