@@ -8,7 +8,7 @@
 #   CNI ADD               integration/bench/src/bin/bench-cni.rs     (cnitool through the full chain on an install-cni node)
 #   RunPodSandbox         integration/bench/src/bin/bench-cri.rs     (containerd 1.6 over the CRI, with/without istio-cni)
 #   ambient ADD, RSS      integration/bench/src/bin/bench-ambient.rs (chain -> agent -> rules -> real ztunnel Ack; agent RSS)
-#   plugin size/RSS       crates/cni-plugin/tests/bench.rs           (-> integration/results/cni-plugin.txt)
+#   plugin size/RSS       crates/istio-cni/tests/bench.rs           (-> integration/results/cni-plugin.txt)
 #   daemon RSS/repair     crates/install-cni/tests/bench.rs          (-> integration/results/install-cni.txt)
 # Env: SAMPLES (apply, default 30), CONNS (default 3000), MIGRATE_PODS (default 50), PODS (200),
 #      PAR (100), SANDBOXES (30), ROUNDS (3), AMBIENT_PODS (500), SKIP_CRATE_BENCHES=1.

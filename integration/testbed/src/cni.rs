@@ -1,6 +1,6 @@
 //! CNI client side of a node: the real `cnitool`, a local Kubernetes API server that serves
 //! Pod JSON, and helpers to read what a command printed. Shared by the plugin's end-to-end
-//! tests (`crates/cni-plugin/tests`) and the whole-product harness ([`crate::node`]).
+//! tests (`crates/istio-cni/tests`) and the whole-product harness ([`crate::node`]).
 
 use crate::TestNetns;
 use serde_json::{Value, json};

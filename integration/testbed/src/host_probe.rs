@@ -1,5 +1,5 @@
 //! Shared scaffolding of the host probe rule's kernel tests (the nft backend's
-//! `crates/nft/tests/ambient_host.rs`, the legacy backend's
+//! `crates/nft-backend/tests/ambient_host.rs`, the legacy backend's
 //! `crates/iptables-legacy/tests/ambient_host.rs`, `crates/redirect/tests/host_probe.rs`, and
 //! explain's host rule tests): a
 //! "node" namespace (the world side of a [`crate::PodWorld`]) holding the host rule, a pod
