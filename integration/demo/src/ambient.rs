@@ -10,10 +10,12 @@ use std::time::Duration;
 use testbed::Outcome;
 use testbed::Probe;
 use testbed::ambient::{
-    APP_PORT, AmbientNode, AmbientOptions, KUBELET_UID, Mode, Pod, PodPlan, opened,
+    APP_PORT, AmbientNode, AmbientOptions, KUBELET_UID, Mode, Pod, PodPlan, opened, tables,
 };
 use testbed::node::{GATEWAY_V4, wait_until};
-use testbed::ztunnel::{hbone_labels, passthrough_labels, ztunnel_binary};
+use testbed::ztunnel::{
+    INPOD_PORTS, hbone_labels, listening_tcp_ports, passthrough_labels, ztunnel_binary,
+};
 
 fn plans() -> [PodPlan; 3] {
     [
@@ -33,7 +35,9 @@ pub fn run() -> Res<bool> {
         "== node agent ready, ztunnel ({}) connected over ZDS",
         zt.display()
     );
-    let (pa, pb, pp) = (n.start_pod(&a), n.start_pod(&b), n.start_pod(&plain));
+    let (Some(pa), Some(pb), Some(pp)) = (add(&n, &a)?, add(&n, &b)?, add(&n, &plain)?) else {
+        return Ok(false);
+    };
     let mut all_ok = print_enrolled(&n, &[&pa, &pb, &pp]);
     let _world = Probe::world(n.node.ns.path())?;
     println!("\n== connections (ztunnel's own counters confirm who carried what)\n");
@@ -43,6 +47,39 @@ pub fn run() -> Res<bool> {
     all_ok &= explain_both(&n, &pa, &pb)?;
     all_ok &= release(&n, &[&pa, &pb, &pp]);
     Ok(all_ok)
+}
+
+/// Creates the pod and ADDs it through the chain; a failed ADD is a FAILED line, not a panic.
+fn add(n: &AmbientNode, plan: &PodPlan) -> Res<Option<Pod>> {
+    let pod = n.create_pod(plan)?;
+    let run = n.add(&pod);
+    if !run.ok {
+        println!(
+            "cnitool add {}: {}\n{}{}\n{}",
+            plan.name,
+            verdict(false),
+            run.stdout,
+            run.stderr,
+            n.logs()
+        );
+        return Ok(None);
+    }
+    Ok(Some(pod))
+}
+
+/// ztunnel's in-pod ports that listen in the pod's namespace (15053: DNS).
+fn ztunnel_ports(p: &Pod) -> String {
+    let listening = listening_tcp_ports(p.ns.path()).unwrap_or_default();
+    let ports: Vec<String> = INPOD_PORTS
+        .iter()
+        .filter(|port| listening.contains(port))
+        .map(u16::to_string)
+        .collect();
+    if ports.is_empty() {
+        "no".into()
+    } else {
+        format!("listening ({})", ports.join("/"))
+    }
 }
 
 fn print_enrolled(n: &AmbientNode, pods: &[&Pod]) -> bool {
@@ -61,11 +98,7 @@ fn print_enrolled(n: &AmbientNode, pods: &[&Pod]) -> bool {
             p.name(),
             p.ip(),
             tables.join(", "),
-            if served {
-                "listening (15001/15006/15008)"
-            } else {
-                "no"
-            }
+            ztunnel_ports(p)
         );
     }
     let set = n.probe_set();
@@ -188,9 +221,12 @@ fn release(n: &AmbientNode, pods: &[&Pod]) -> bool {
     good &= pods
         .iter()
         .all(|p| n.not_served(p) && n.ambient_tables(p).is_empty());
-    let host_gone = n.probe_set().is_empty();
+    // The last pod took the node's host probe rule with it: its table, not only its set.
+    let host_gone = tables(&n.node.ns)
+        .iter()
+        .all(|t| !t.contains("istio-ambient-nat"));
     println!(
-        "\n== cnitool del of 3 pods: ztunnel released them, rules gone, node probe rule gone: {}",
+        "\n== cnitool del of 3 pods: ztunnel released them, rules gone, node probe table gone: {}",
         verdict(good && host_gone)
     );
     good && host_gone
