@@ -550,7 +550,8 @@ def main():
                     for v in r["verbs"]:
                         # a rule limited by resourceNames is a different (narrower) permission
                         perms.add((g, res, v) + ((",".join(sorted(r["resourceNames"])),) if r.get("resourceNames") else ()))
-        want = {("", "pods", "get")}
+        # the plugin's pod GET; on SIGTERM the daemon's own DaemonSet (rollout vs uninstall), both modes
+        want = {("", "pods", "get"), ("apps", "daemonsets", "get", ds["metadata"]["name"])}
         if vals["repair"]["enabled"] or reconcile or ambient:
             want |= {("", "pods", "list"), ("", "pods", "watch")}
         if repair_mode == "delete":
@@ -564,9 +565,9 @@ def main():
         if vals["controllerMode"]["enabled"]:  # initialized annotation, namespace opt-in
             want |= {("", "pods", "patch"), ("", "namespaces", "get"), ("", "namespaces", "list"),
                      ("", "namespaces", "watch")}
-        if ambient:  # redirection annotation (pods/status, as Istio), namespace selectors, safe upgrade
+        if ambient:  # redirection annotation (pods/status, as Istio), namespace selectors
             want |= {("", "pods/status", "patch"), ("", "namespaces", "get"), ("", "namespaces", "list"),
-                     ("", "namespaces", "watch"), ("apps", "daemonsets", "get", ds["metadata"]["name"])}
+                     ("", "namespaces", "watch")}
         check(f"[{name}] ClusterRole least privilege (repair mode {repair_mode or 'off'}, "
               f"reconcile {reconcile}, taint {vals['taint']['enabled']}, ambient {ambient})", perms == want,
               f"extra {sorted(perms - want)} missing {sorted(want - perms)}")

@@ -512,3 +512,57 @@ fn a_host_probe_rule_deleted_on_the_node_is_written_again() {
         n.logs()
     );
 }
+
+/// The restarted agent prunes the probe set (Istio's startup `pruneHostIPset`): a rollout keeps
+/// the host table (SIGTERM while the DaemonSet exists), pod B is DELeted while the agent is away
+/// (its address stays) and leaves the API, an address is added by hand; once the agent has
+/// found A (at startup, and on every reconcile pass) the set holds exactly A's address, whose
+/// kubelet probe is still SNATed.
+#[test]
+fn a_restarted_agent_prunes_probe_addresses_of_pods_deleted_while_it_was_down() {
+    let Some(bin) = prerequisites() else { return };
+    let a = PodPlan::new("a", [10, 88, 7, 10], Mode::Ambient);
+    let b = PodPlan::new("b", [10, 88, 7, 11], Mode::Ambient);
+    let opts = AmbientOptions {
+        env: vec![("RECONCILE_INTERVAL".into(), "1s".into())],
+        ..AmbientOptions::default()
+    };
+    let mut n = AmbientNode::start(&bin, &opts, &[a.clone(), b.clone()]).unwrap();
+    n.kube().put_daemonset("istio-system", "istio-cni-node");
+    let (pa, pb) = (n.start_pod(&a), n.start_pod(&b));
+    assert!(n.served(&pa) && n.served(&pb), "{}", n.logs());
+
+    let (_, log) = n.node.stop_daemon().unwrap();
+    assert!(log.contains("safe upgrade"), "{log}");
+    n.del(&pb).assert_ok();
+    n.kube().delete(&pb.uid());
+    let by_hand: IpAddr = "10.88.7.99".parse().unwrap();
+    let element = format!("{{ {by_hand} }}");
+    let add = ["add", "element", "inet", "istio-ambient-nat"];
+    let add = [&add[..], &["istio-inpod-probes-v4", element.as_str()]].concat();
+    n.node.ns.exec_ok("nft", &add).unwrap();
+    let mut stale = n.probe_set();
+    stale.sort();
+    assert_eq!(stale, [pa.ip(), pb.ip(), by_hand]);
+
+    n.node.start_daemon().unwrap();
+    let pruned = "removed from the host probe sets";
+    n.eventually("the restarted agent prunes", || {
+        n.node.daemon().log().contains(pruned)
+    });
+    assert_eq!(n.probe_set(), [pa.ip()], "{}", n.host_table());
+    let log = n.node.daemon().log();
+    let line = log.lines().find(|l| l.contains(pruned)).unwrap();
+    let (b_ip, hand) = (pb.ip().to_string(), by_hand.to_string());
+    assert!(line.contains(&b_ip) && line.contains(&hand), "{line}");
+    lands(&n, &n.from_node(KUBELET_UID, pa.ip(), APP), "a", APP);
+    assert_eq!(last_peer(&pa), IpAddr::V4(HOST_PROBE_SNAT_V4));
+    // Each reconcile pass prunes too: an address added now goes within the 1 s interval.
+    let element = "{ 10.88.7.98 }";
+    let add = ["add", "element", "inet", "istio-ambient-nat"];
+    let add = [&add[..], &["istio-inpod-probes-v4", element]].concat();
+    n.node.ns.exec_ok("nft", &add).unwrap();
+    n.eventually("a reconcile pass prunes the new stray", || {
+        n.probe_set() == [pa.ip()]
+    });
+}

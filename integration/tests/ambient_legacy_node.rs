@@ -2,7 +2,8 @@
 //! with the real ztunnel (`integration::ambient` is the rig): the pods' rules AND the host
 //! probe rule are iptables-legacy, as Istio pairs them (Istio's legacy host rule: `nat
 //! ISTIO_POSTRT` and the ipset `istio-inpod-probes-v4`), and the node never gets an nftables
-//! table. The set follows the pods; the last DEL removes the rule and the set.
+//! table. The set follows the pods; the last DEL removes the rule and the set; a restarted
+//! agent prunes what a DEL missed while it was away.
 //!
 //! Needs root, cnitool, ipset, the product's binaries (`cargo build --bins`) and the ztunnel
 //! binary (`integration/scripts/build-ztunnel.sh`); under `CI=true` nothing skips.
@@ -147,4 +148,55 @@ fn a_legacy_host_rule_and_ipset_removed_on_the_node_come_back() {
     lands(&n, &n.from_node(KUBELET_UID, pa.ip(), APP), "a", APP);
     assert_eq!(last_peer(&pa), IpAddr::V4(HOST_PROBE_SNAT_V4));
     no_nft(&n, node, "the node");
+}
+
+/// Istio prunes its probe sets at startup (`syncHostIPSets` → `pruneHostIPset`): the set holds
+/// exactly the pods the agent serves. A rollout keeps the host rule and its ipset (SIGTERM while
+/// the DaemonSet exists); meanwhile the runtime DELs pod B (the agent is away, so its address
+/// stays) and B leaves the API, and someone adds an address by hand. The restarted agent
+/// removes both once it has found A (at startup, and on every reconcile pass: one added later
+/// goes too), keeps A's, and kubelet's probe of A is still SNATed. Left there, B's address, once reused by a pod that is not ambient, would get that pod's kubelet
+/// probes SNATed.
+#[test]
+fn a_restarted_agent_prunes_probe_addresses_of_pods_deleted_while_it_was_down() {
+    let Some(bin) = prerequisites() else { return };
+    let mut opts = legacy_node();
+    opts.env.push(("RECONCILE_INTERVAL".into(), "1s".into()));
+    let mut n = AmbientNode::start(&bin, &opts, &[a(), b()]).unwrap();
+    n.kube().put_daemonset("istio-system", "istio-cni-node");
+    let (pa, pb) = (n.start_pod(&a()), n.start_pod(&b()));
+    assert!(n.served(&pa) && n.served(&pb), "{}", n.logs());
+
+    let (_, log) = n.node.stop_daemon().unwrap();
+    assert!(log.contains("safe upgrade"), "{log}");
+    n.del(&pb).assert_ok();
+    n.kube().delete(&pb.uid());
+    let by_hand = "10.88.1.99";
+    let add = ["add", PROBE_SET_V4, by_hand, "comment", "by-hand"];
+    n.node.ns.exec_ok("ipset", &add).unwrap();
+    let stale: Vec<IpAddr> = members(&n).into_iter().map(|(ip, _)| ip).collect();
+    assert_eq!(stale, [pa.ip(), pb.ip(), by_hand.parse().unwrap()]);
+
+    n.node.start_daemon().unwrap();
+    let pruned = "removed from the host probe sets";
+    n.eventually("the restarted agent prunes", || {
+        n.node.daemon().log().contains(pruned)
+    });
+    assert_eq!(members(&n), [(pa.ip(), pa.uid())], "{}", n.logs());
+    let line = n.node.daemon().log();
+    let line = line.lines().find(|l| l.contains(pruned)).unwrap();
+    assert!(
+        line.contains(&pb.ip().to_string()) && line.contains(by_hand),
+        "{line}"
+    );
+    assert!(n.served(&pa), "{}", n.logs());
+    lands(&n, &n.from_node(KUBELET_UID, pa.ip(), APP), "a", APP);
+    assert_eq!(last_peer(&pa), IpAddr::V4(HOST_PROBE_SNAT_V4));
+    // Each reconcile pass prunes too: an address added now goes within the 1 s interval.
+    let add = ["add", PROBE_SET_V4, "10.88.1.98"];
+    n.node.ns.exec_ok("ipset", &add).unwrap();
+    n.eventually("a reconcile pass prunes the new stray", || {
+        members(&n) == [(pa.ip(), pa.uid())]
+    });
+    assert!(legacy_save(n.node.ns.path(), false).contains(LEGACY_HOST_RULE));
 }

@@ -1,7 +1,9 @@
 //! Rollouts without a gap (issue 21 item 7): SIGTERM to install-cni while its DaemonSet still
 //! exists (a rolling update) keeps the plugin installed, so a sidecar pod ADDed before the next
 //! daemon is up is programmed by the plugin itself and captured from its first packet; once the
-//! DaemonSet is being deleted (an uninstall), SIGTERM removes everything, as before.
+//! DaemonSet is being deleted (an uninstall), SIGTERM removes everything, as before; so does
+//! a DaemonSet the daemon may not read (403 once `helm uninstall` deleted its ServiceAccount):
+//! an error is not an upgrade, as in Istio.
 //!
 //! Real chain (cnitool, Debian's bridge + host-local, istio-cni), real traffic; the API server
 //! is the harness's, serving the pod and the `istio-cni-node` DaemonSet.
@@ -91,4 +93,34 @@ fn a_rollout_keeps_the_plugin_and_an_uninstall_removes_it() {
     println!(
         "rollout: plugin kept across SIGTERM while the DaemonSet lives; a pod ADDed in the gap: {probed}/{probed} connections where its rules send them; uninstall (deleting, gone) removed everything"
     );
+}
+
+/// `helm uninstall` deletes the ServiceAccount with the DaemonSet, so the daemon's GET of its
+/// DaemonSet is refused (403) while the DaemonSet may still be there. That is no upgrade (Istio's
+/// `ShouldStopForUpgrade`: an error cleans up): SIGTERM removes the plugin, its files and
+/// kubeconfig, and the log names the refusal. Before the fix the plugin was kept ("fail
+/// closed"), and every later pod's ADD on the node failed for good.
+#[test]
+fn a_daemonset_the_daemon_may_not_read_is_an_uninstall() {
+    let mut node = node();
+    node.api.put_daemonset(DS.0, DS.1, Some(false));
+    node.start_daemon().unwrap();
+    assert!(node.chain().contains(&"istio-cni".to_string()));
+    node.api.forbid_daemonset(DS.0, DS.1);
+    let (st, log) = node.stop_daemon().unwrap();
+    assert!(st.success(), "{log}");
+    assert!(log.contains("removing the install"), "{log}");
+    assert!(
+        log.contains("forbidden"),
+        "the log names the refusal:\n{log}"
+    );
+    assert_eq!(node.chain(), ["bridge", "portmap"], "{log}");
+    assert!(!node.bin_dir.join("istio-cni").exists());
+    assert!(!node.run_dir.join("istio-cni-kubeconfig").exists());
+    assert_eq!(
+        node.conflist_json().unwrap(),
+        node.primary_conflist(),
+        "{CONFLIST} is the primary's again"
+    );
+    println!("rollout: a DaemonSet GET refused with 403 uninstalled everything on SIGTERM");
 }

@@ -110,6 +110,25 @@ struct Inner {
     /// Enrolls between their host-rule check and their end, by UID, with the addresses they
     /// put in the probe sets: the host rule and those addresses stay for them.
     in_flight: HashMap<String, Vec<IpAddr>>,
+    /// Ambient pods the startup snapshot kept for ztunnel without finding their namespace, by
+    /// UID, with their addresses: these stay in the probe sets until the pod is enrolled or
+    /// released.
+    kept: HashMap<String, Vec<IpAddr>>,
+    /// Startup discovery is over ([`Agent::discovered`]): the probe sets may be pruned to the
+    /// pods above. Before it, a valid pod not yet adopted would lose its address.
+    discovered: bool,
+}
+
+impl Inner {
+    /// Every address a served, enrolling or kept pod holds, with its pod's UID.
+    fn held(&self) -> Vec<(String, Vec<IpAddr>)> {
+        let served = self.pods.iter().map(|(uid, e)| (uid, &e.pod.ips));
+        served
+            .chain(self.in_flight.iter())
+            .chain(self.kept.iter())
+            .map(|(uid, ips)| (uid.clone(), ips.clone()))
+            .collect()
+    }
 }
 
 pub struct Agent {
@@ -210,6 +229,42 @@ impl Agent {
         Ok(())
     }
 
+    /// Startup discovery is done: every running ambient pod found was adopted; `kept` are those
+    /// whose namespace was not found (`(UID, its addresses)`), which ztunnel keeps serving.
+    /// The probe sets are pruned now to the pods the agent serves or keeps (Istio's startup
+    /// `pruneHostIPset`: a previous agent kept the host rule across its SIGTERM for a rollout,
+    /// and pods DELeted meanwhile left their addresses), and again by each
+    /// [`Agent::reconcile_host`] pass. With no such pod, the leftover host rule goes now, as it
+    /// goes with the last pod.
+    pub async fn discovered(&self, kept: Vec<(String, Vec<IpAddr>)>) {
+        let mut g = self.inner.lock().await;
+        g.kept.extend(kept);
+        g.discovered = true;
+        let (plan, host) = (self.settings.host_plan.clone(), self.settings.host);
+        if g.host_installed {
+            let held = g.held();
+            let prune = move || host.sync_pods_ips(&plan, &pod_ips(&held));
+            match blocking(prune).await {
+                Ok(Ok(pruned)) => self.log_pruned(&pruned),
+                Ok(Err(e)) => tracing::warn!(error = %e, "startup: pruning the probe sets failed"),
+                Err(e) => tracing::warn!(error = %e, "startup: pruning the probe sets failed"),
+            }
+            return;
+        }
+        if !g.held().is_empty() {
+            return;
+        }
+        match blocking(move || host.remove_all()).await {
+            Ok(Ok(true)) => tracing::info!(
+                rule = host.describe(),
+                "no ambient pod on the node: the host probe rule a previous agent left removed"
+            ),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "removing a leftover host probe rule failed"),
+            Err(e) => tracing::warn!(error = %e, "removing a leftover host probe rule failed"),
+        }
+    }
+
     /// Serves a pod: rules, probe IPs, ztunnel. Enrolling an enrolled pod again re-applies its
     /// rules and re-sends it (idempotent), e.g. a sandbox re-ADDed by the runtime.
     pub async fn enroll(&self, pod: AmbientPodRef, netns: OwnedFd) -> Result<(), AgentError> {
@@ -270,6 +325,9 @@ impl Agent {
     ) -> Option<Enrolled> {
         let mut g = self.inner.lock().await;
         g.in_flight.remove(&pod.uid);
+        if served {
+            g.kept.remove(&pod.uid);
+        }
         if !served {
             return g.pods.remove(&pod.uid);
         }
@@ -324,10 +382,23 @@ impl Agent {
     }
 
     async fn release_locked(&self, uid: &str, why: &str) -> bool {
-        let Some(e) = self.inner.lock().await.pods.remove(uid) else {
-            // A pod kept in the snapshot (its namespace not found at startup) leaves it too.
+        let (removed, kept) = {
+            let mut g = self.inner.lock().await;
+            let removed = g.pods.remove(uid);
+            let kept = removed.is_none().then(|| g.kept.remove(uid)).flatten();
+            (removed, kept)
+        };
+        let Some(e) = removed else {
+            // A pod kept in the snapshot (its namespace not found at startup) leaves it too,
+            // and its addresses the probe sets.
             if self.zds.known_workloads().iter().any(|k| k == uid) {
                 let _ = self.zds.del_workload(uid).await;
+            }
+            if let Some(ips) = kept {
+                if let Err(err) = self.remove_probe_ips(uid, &ips).await {
+                    tracing::warn!(uid, error = %err, "removing a kept pod's probe IPs failed");
+                }
+                self.drop_host_if_idle(&mut *self.inner.lock().await).await;
             }
             return false;
         };
@@ -412,7 +483,7 @@ impl Agent {
 
     /// The host rule goes with the last ambient pod.
     async fn drop_host_if_idle(&self, g: &mut Inner) {
-        if !g.pods.is_empty() || !g.in_flight.is_empty() || !g.host_installed {
+        if !g.held().is_empty() || !g.host_installed {
             return;
         }
         let host = self.settings.host;
@@ -457,13 +528,12 @@ impl Agent {
     /// the map's lock, so an enroll that begins meanwhile puts its addresses in after.
     async fn remove_probe_ips(&self, uid: &str, ips: &[IpAddr]) -> Result<(), String> {
         let g = self.inner.lock().await;
-        let others = g
-            .pods
-            .iter()
-            .map(|(u, e)| (u, &e.pod.ips))
-            .chain(g.in_flight.iter())
-            .filter(|(u, _)| u.as_str() != uid);
-        let held: Vec<IpAddr> = others.flat_map(|(_, ips)| ips.iter().copied()).collect();
+        let held: Vec<IpAddr> = g
+            .held()
+            .into_iter()
+            .filter(|(u, _)| u.as_str() != uid)
+            .flat_map(|(_, ips)| ips)
+            .collect();
         let (kept, ips): (Vec<IpAddr>, Vec<IpAddr>) =
             ips.iter().copied().partition(|ip| held.contains(ip));
         if !kept.is_empty() {
@@ -483,44 +553,51 @@ impl Agent {
     }
 
     /// Keeps the host probe rule true while it should be there (someone may flush the node's
-    /// nat table or delete our table): checks it, writes it again on drift, then re-adds every
-    /// served or enrolling pod's addresses (idempotent: an element taken out comes back).
-    /// Under the map's lock, as probe-set removals are, so a released pod is never put back.
-    /// Returns the differences found (empty: in sync, or no host rule is due).
+    /// nat table or delete our table): checks it, writes it again on drift, then makes the
+    /// probe sets hold exactly the served, enrolling and kept pods' addresses: one taken out
+    /// comes back, and (once startup discovery is over) one no such pod holds goes, e.g. a pod
+    /// DELeted while the agent was down, whose address may go to a pod that is not ambient
+    /// (Istio prunes its sets at startup). Under the map's lock, as probe-set removals are, so
+    /// a released pod is never put back. Returns the differences found (empty: in sync, or no
+    /// host rule is due).
     pub async fn reconcile_host(&self) -> Result<Vec<String>, AgentError> {
         let g = self.inner.lock().await;
         if !g.host_installed {
             return Ok(Vec::new());
         }
-        let held: Vec<(String, Vec<IpAddr>)> = g
-            .pods
-            .iter()
-            .map(|(uid, e)| (uid.clone(), e.pod.ips.clone()))
-            .chain(
-                g.in_flight
-                    .iter()
-                    .map(|(uid, ips)| (uid.clone(), ips.clone())),
-            )
-            .collect();
+        let (held, prune) = (g.held(), g.discovered);
         let (plan, host) = (self.settings.host_plan.clone(), self.settings.host);
         let repair = move || {
             let drift = host.check(&plan)?;
             if !drift.is_empty() {
                 host.ensure(&plan)?;
             }
-            let pods: Vec<(&str, &[IpAddr])> = held
-                .iter()
-                .map(|(uid, ips)| (uid.as_str(), ips.as_slice()))
-                .collect();
-            host.add_pods_ips(&plan, &pods)?;
-            Ok::<_, redirect::RedirectError>(drift)
+            let pods = pod_ips(&held);
+            let pruned = if prune {
+                host.sync_pods_ips(&plan, &pods)?
+            } else {
+                host.add_pods_ips(&plan, &pods)?;
+                Vec::new()
+            };
+            Ok::<_, redirect::RedirectError>((drift, pruned))
         };
-        let drift = blocking(repair)
+        let (drift, pruned) = blocking(repair)
             .await
             .map_err(AgentError::HostCheck)?
             .map_err(|e| AgentError::HostCheck(e.to_string()))?;
         drop(g);
+        self.log_pruned(&pruned);
         Ok(drift)
+    }
+
+    fn log_pruned(&self, pruned: &[IpAddr]) {
+        if !pruned.is_empty() {
+            tracing::info!(
+                ?pruned,
+                rule = self.settings.host.describe(),
+                "addresses no served pod holds removed from the host probe sets"
+            );
+        }
     }
 
     /// Checks an enrolled pod's rules against its plan; re-applies on drift. Returns the
@@ -563,6 +640,13 @@ impl Agent {
         }
         Ok(drift)
     }
+}
+
+/// `(UID, IPs)` pairs as the host rule takes them.
+fn pod_ips(held: &[(String, Vec<IpAddr>)]) -> Vec<(&str, &[IpAddr])> {
+    held.iter()
+        .map(|(uid, ips)| (uid.as_str(), ips.as_slice()))
+        .collect()
 }
 
 /// The pod's in-pod rules, one batch under its namespace's lock.

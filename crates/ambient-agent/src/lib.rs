@@ -8,7 +8,8 @@
 //! caches have listed, every ambient pod already running is found through the host's /proc
 //! (`node_view::running`, the running-pod discovery every job shares), its rules reconciled,
 //! and it is put into the ZDS snapshot BEFORE the socket opens, so the first ztunnel to connect
-//! never drops a pod.
+//! never drops a pod; then the host probe sets are pruned to the pods found
+//! (`Agent::discovered`).
 
 pub mod agent;
 pub mod plugin_server;
@@ -240,6 +241,9 @@ struct Runner {
 
 type Events<K> = UnboundedReceiver<CacheEvent<K>>;
 
+/// An ambient pod kept for ztunnel without its namespace: its UID and addresses.
+type Kept = (String, Vec<IpAddr>);
+
 async fn synced<K>(events: &mut Events<K>) {
     while let Some(ev) = events.recv().await {
         if matches!(ev, CacheEvent::Synced) {
@@ -292,8 +296,8 @@ impl Runner {
         let mut builder = zds::ZdsServer::builder(&self.ztunnel_socket);
         // Ambient pods whose namespace was not found: ztunnel keeps what it has for them
         // (KeepWorkload) rather than dropping pods it may be serving.
-        for uid in unlocated {
-            builder = builder.keep(uid);
+        for (uid, _) in &unlocated {
+            builder = builder.keep(uid.clone());
         }
         let mut adopted: Vec<(AmbientPodRef, OwnedFd)> = Vec::new();
         for (pod, netns) in found {
@@ -323,13 +327,15 @@ impl Runner {
                 tracing::warn!(error = %e, "startup: adopting the pod failed");
             }
         }
+        // Every pod is known now: reconcile passes may prune the probe sets.
+        agent.discovered(unlocated).await;
         tracing::info!(pods = n, socket = %self.ztunnel_socket.display(), reconciled = self.reconcile_on_startup, "ambient node agent started");
         Ok(agent)
     }
 
     /// Running ambient pods of the node with their namespaces (found through /proc by IP),
-    /// and the uids of ambient pods with an IP whose namespace was not found.
-    async fn running_ambient_pods(&self) -> (Vec<(AmbientPodRef, OwnedFd)>, Vec<String>) {
+    /// and the uids (with their IPs) of ambient pods with an IP whose namespace was not found.
+    async fn running_ambient_pods(&self) -> (Vec<(AmbientPodRef, OwnedFd)>, Vec<Kept>) {
         let (mut found, mut unlocated) = (Vec::new(), Vec::new());
         for pod in self.pods.snapshot() {
             if !self.wants(&pod) {
@@ -339,8 +345,9 @@ impl Runner {
                 Ok(f) => found.push(f),
                 Err(e) => {
                     tracing::warn!(pod = %node_view::cache::key(pod.as_ref()), error = %e, "startup: ambient pod's namespace not found; ztunnel keeps what it has for it");
-                    if !pod_ips(&pod).is_empty() {
-                        unlocated.extend(pod.metadata.uid.clone());
+                    let ips = pod_ips(&pod);
+                    if let (false, Some(uid)) = (ips.is_empty(), pod.metadata.uid.clone()) {
+                        unlocated.push((uid, ips));
                     }
                 }
             }

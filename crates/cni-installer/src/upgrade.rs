@@ -5,11 +5,17 @@
 //! an ambient pod fails closed instead of starting without ztunnel, and the host probe rule
 //! stays for the pods ztunnel keeps serving. When the DaemonSet is gone or being deleted
 //! (uninstall), or the daemon does not run as one, everything is cleaned up.
+//!
+//! A lookup that fails (no answer, 403 because `helm uninstall` already deleted the
+//! ServiceAccount or its binding, any other error) is NOT an upgrade, as in Istio's
+//! `ShouldStopForUpgrade`: the plugin is removed and the error logged. Keeping it instead would
+//! leave a plugin behind on every node after an uninstall, failing every pod's ADD.
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use std::time::Duration;
 
-/// The DaemonSet's name in the chart (`deploy/helm/istio-cni`); RBAC grants `get` on it alone.
+/// The DaemonSet's name in the chart (`deploy/helm/istio-cni`); RBAC grants `get` on it alone,
+/// in both modes.
 pub const DAEMONSET_NAME: &str = "istio-cni-node";
 const GET_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -48,7 +54,8 @@ pub fn needs_lookup(ctx: &Context) -> Option<Shutdown> {
     None
 }
 
-/// Pure: the decision from the DaemonSet lookup.
+/// Pure: the decision from the DaemonSet lookup. Only a DaemonSet that was read and is not
+/// being deleted is an upgrade; an error is an uninstall (Istio's `ShouldStopForUpgrade`).
 pub fn decide(lookup: Result<Option<DaemonSet>, String>) -> Shutdown {
     match lookup {
         Ok(Some(ds)) if ds.metadata.deletion_timestamp.is_none() => Shutdown::Upgrade(format!(
@@ -56,10 +63,11 @@ pub fn decide(lookup: Result<Option<DaemonSet>, String>) -> Shutdown {
         )),
         Ok(Some(_)) => Shutdown::Uninstall(format!("DaemonSet {DAEMONSET_NAME} is being deleted")),
         Ok(None) => Shutdown::Uninstall(format!("DaemonSet {DAEMONSET_NAME} is gone")),
-        // Cannot tell: keeping the plugin captures sidecar pods and fails ambient pods closed;
-        // removing it could let them start unprotected. Fail closed.
-        Err(e) => Shutdown::Upgrade(format!(
-            "DaemonSet {DAEMONSET_NAME} could not be read ({e}); keeping the plugin (fail closed)"
+        // Cannot tell. After `helm uninstall` the ServiceAccount is gone (403), and a plugin
+        // kept then fails every pod's ADD on the node for good; a rollout's next daemon
+        // installs the plugin again. Istio: an error is not an upgrade.
+        Err(e) => Shutdown::Uninstall(format!(
+            "DaemonSet {DAEMONSET_NAME} could not be read ({e}): not an upgrade, as in Istio"
         )),
     }
 }
@@ -76,6 +84,9 @@ pub async fn shutdown(
         Ok(c) => lookup(c, &ctx.namespace).await,
         Err(e) => Err(e),
     };
+    if let Err(e) = &lookup {
+        tracing::warn!(error = %e, daemonset = DAEMONSET_NAME, "reading the DaemonSet failed: not an upgrade, removing the install");
+    }
     decide(lookup)
 }
 
@@ -107,7 +118,6 @@ mod tests {
         assert!(matches!(decide(Ok(Some(ds(false)))), Shutdown::Upgrade(_)));
         assert!(matches!(decide(Ok(Some(ds(true)))), Shutdown::Uninstall(_)));
         assert!(matches!(decide(Ok(None)), Shutdown::Uninstall(_)));
-        assert!(matches!(decide(Err("x".into())), Shutdown::Upgrade(_)));
         let ctx = |disabled, namespace: &str| Context {
             disabled,
             namespace: namespace.into(),
@@ -121,5 +131,22 @@ mod tests {
             Some(Shutdown::Uninstall(_))
         ));
         assert_eq!(needs_lookup(&ctx(false, "istio-system")), None);
+    }
+
+    /// After `helm uninstall` the ServiceAccount is gone and the GET is refused: keeping the
+    /// plugin then would fail every pod's ADD on the node. As Istio: an error is an uninstall,
+    /// and the reason names it.
+    #[test]
+    fn an_unreadable_daemonset_is_an_uninstall_naming_the_error() {
+        for err in [
+            "ApiError: daemonsets.apps \"istio-cni-node\" is forbidden: Forbidden (403)",
+            "no answer within 5s",
+            "connection refused",
+        ] {
+            match decide(Err(err.into())) {
+                Shutdown::Uninstall(why) => assert!(why.contains(err), "{why}"),
+                other => panic!("{err}: {other:?}"),
+            }
+        }
     }
 }

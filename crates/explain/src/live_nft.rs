@@ -6,7 +6,7 @@ use super::ir::{BaseHook, Chain, Expr, Hook, Rule, Ruleset, Set, TableFamily, Ve
 use super::text;
 use capture::Table;
 use nft_backend::NftError;
-use nft_backend::live::{cstr_to_string, msg_type, rule_text};
+use nft_backend::live::{cstr_to_string, msg_type, rule_text, set_elements};
 use nft_backend::netlink::{self, Socket};
 use nftnl::nftnl_sys as sys;
 
@@ -370,7 +370,7 @@ fn sets(sock: &Socket) -> Result<Vec<Set>, NftError> {
     found
         .into_iter()
         .map(|(table, name, flags)| {
-            let elements = elements(sock, &table, &name)?;
+            let elements = set_elements(sock, &table, &name)?;
             Ok(Set {
                 table,
                 name,
@@ -379,61 +379,4 @@ fn sets(sock: &Socket) -> Result<Vec<Set>, NftError> {
             })
         })
         .collect()
-}
-
-fn elements(sock: &Socket, table: &str, name: &str) -> Result<Vec<(Vec<u8>, bool)>, NftError> {
-    let t = std::ffi::CString::new(table).expect("no NUL");
-    let n = std::ffi::CString::new(name).expect("no NUL");
-    // SAFETY: the set object only names the table and set for the request; freed below.
-    let req = unsafe {
-        let s = sys::nftnl_set_alloc();
-        sys::nftnl_set_set_str(s, sys::NFTNL_SET_TABLE as u16, t.as_ptr());
-        sys::nftnl_set_set_str(s, sys::NFTNL_SET_NAME as u16, n.as_ptr());
-        let req = netlink::dump_request(
-            libc::NFT_MSG_GETSETELEM as u32,
-            libc::NFPROTO_INET as u16,
-            4,
-            |hdr| sys::nftnl_set_elems_nlmsg_build_payload(hdr, s),
-        );
-        sys::nftnl_set_free(s);
-        req
-    };
-    let mut out = Vec::new();
-    sock.dump(&req, |_, raw| {
-        // SAFETY: `raw` is a complete set-element message; objects freed below.
-        unsafe {
-            let s = sys::nftnl_set_alloc();
-            if sys::nftnl_set_elems_nlmsg_parse(raw, s) >= 0 {
-                let it = sys::nftnl_set_elems_iter_create(s);
-                loop {
-                    let e = sys::nftnl_set_elems_iter_next(it);
-                    if e.is_null() {
-                        break;
-                    }
-                    let mut len = 0u32;
-                    let p = sys::nftnl_set_elem_get(e, sys::NFTNL_SET_ELEM_KEY as u16, &mut len);
-                    let key = if p.is_null() {
-                        Vec::new()
-                    } else {
-                        std::slice::from_raw_parts(p.cast::<u8>(), len as usize).to_vec()
-                    };
-                    // Unset flags read as NULL (get_u32 would dereference it).
-                    let mut flen = 0u32;
-                    let fp =
-                        sys::nftnl_set_elem_get(e, sys::NFTNL_SET_ELEM_FLAGS as u16, &mut flen);
-                    let flags = if fp.is_null() || flen < 4 {
-                        0
-                    } else {
-                        fp.cast::<u32>().read_unaligned()
-                    };
-                    out.push((key, flags & libc::NFT_SET_ELEM_INTERVAL_END as u32 != 0));
-                }
-                sys::nftnl_set_elems_iter_destroy(it);
-            }
-            sys::nftnl_set_free(s);
-        }
-    })
-    .map_err(io("dumping our nftables set elements"))?;
-    out.sort();
-    Ok(out)
 }

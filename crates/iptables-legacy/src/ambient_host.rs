@@ -2,8 +2,9 @@
 //! nodes: the ipsets `istio-inpod-probes-v4/v6` (`hash:ip`, one element per ambient pod IP,
 //! commented with the pod's UID, as Istio's `cni/pkg/ipset`) and `nat ISTIO_POSTRT`, jumped to
 //! first in `POSTROUTING`, SNATing probes to them to 169.254.7.127 (payload byte-identical to
-//! Istio's `hostprobe` goldens with `capture::ProbeSource::AnyLocalSocket`). The same four
-//! calls as `nft_backend::ambient_host`.
+//! Istio's `hostprobe` goldens with `capture::ProbeSource::AnyLocalSocket`). The same calls
+//! as `nft_backend::ambient_host`; `sync_pods_ips` is Istio's startup prune of the sets
+//! (`pruneHostIPset`), one `ipset restore` per sync.
 //!
 //! Every function works in the calling thread's network namespace, the node's own (enter it
 //! first when it is not the caller's). In it, only `ISTIO_POSTRT` and the jumps to it are
@@ -122,6 +123,69 @@ pub fn add_pods_ips_with(
     tools.find(IPSET)?;
     let _held = lock()?;
     tools.ipset(&["restore"], Some(&input)).map(drop)
+}
+
+/// The addresses in the plan's sets (a set that is not there holds none).
+pub fn pod_ips(plan: &Plan) -> Result<Vec<IpAddr>, LegacyError> {
+    pod_ips_with(plan, &Tools::default())
+}
+
+/// [`pod_ips`] with explicit binary lookup.
+pub fn pod_ips_with(plan: &Plan, tools: &Tools) -> Result<Vec<IpAddr>, LegacyError> {
+    tools.find(IPSET)?;
+    let _held = lock()?;
+    Ok(live_members(plan, tools)?
+        .into_iter()
+        .map(|(_, ip)| ip)
+        .collect())
+}
+
+/// Makes the plan's sets hold exactly the addresses of `pods` (`(pod UID, its IPs)`): each
+/// added (or its comment updated) with its pod's UID, every other one removed, in one `ipset
+/// restore` (after one `ipset save` per set to read them). Returns the addresses removed.
+pub fn sync_pods_ips(plan: &Plan, pods: &[(&str, &[IpAddr])]) -> Result<Vec<IpAddr>, LegacyError> {
+    sync_pods_ips_with(plan, pods, &Tools::default())
+}
+
+/// [`sync_pods_ips`] with explicit binary lookup.
+pub fn sync_pods_ips_with(
+    plan: &Plan,
+    pods: &[(&str, &[IpAddr])],
+    tools: &Tools,
+) -> Result<Vec<IpAddr>, LegacyError> {
+    let mut input = String::new();
+    let mut wanted: Vec<(&str, IpAddr)> = Vec::new();
+    for (uid, ips) in pods {
+        check_uid(uid)?;
+        for (set, ip) in elements(plan, ips) {
+            input += &format!("add {set} {ip} comment \"{uid}\" -exist\n");
+            wanted.push((set, ip));
+        }
+    }
+    tools.find(IPSET)?;
+    let _held = lock()?;
+    let stale: Vec<(String, IpAddr)> = live_members(plan, tools)?
+        .into_iter()
+        .filter(|(set, ip)| !wanted.contains(&(set.as_str(), *ip)))
+        .collect();
+    for (set, ip) in &stale {
+        input += &format!("del {set} {ip} -exist\n");
+    }
+    if !input.is_empty() {
+        tools.ipset(&["restore"], Some(&input))?;
+    }
+    Ok(stale.into_iter().map(|(_, ip)| ip).collect())
+}
+
+/// Every member of the plan's sets that exist, with its set (the lock held by the caller).
+fn live_members(plan: &Plan, tools: &Tools) -> Result<Vec<(String, IpAddr)>, LegacyError> {
+    let existing = existing_sets(tools)?;
+    let mut out = Vec::new();
+    for set in plan.sets.iter().filter(|s| existing.contains(&s.name)) {
+        let members = crate::live::ipset_members(tools, &set.name)?;
+        out.extend(members.into_iter().map(|m| (set.name.clone(), m.addr)));
+    }
+    Ok(out)
 }
 
 /// Removes IPs from the plan's sets. IPs (or sets) that are not there are ignored (a DEL may

@@ -5,8 +5,10 @@
 //! rule is (re)written without touching the elements.
 //!
 //! Typical use by the node agent: `ensure(&plan)` at start (plan from
-//! `capture::Plan::ambient_host` with the kubelet's uid, `node_view::kubelet::kubelet_uid`), `add_pod_ips` / `remove_pod_ips` per
-//! pod, `remove_all` when the last ambient pod is gone and on uninstall.
+//! `capture::Plan::ambient_host` with the kubelet's uid, `node_view::kubelet::kubelet_uid`),
+//! `add_pod_ips` / `remove_pod_ips` per pod, `sync_pods_ips` on each reconcile pass (the sets
+//! made exactly the served pods' addresses: what a missed DEL left is pruned), `remove_all`
+//! when the last ambient pod is gone and on uninstall.
 
 use crate::{NftError, batch, io_err, netlink, open_err};
 use capture::{NamedSet, Plan, Table};
@@ -79,6 +81,95 @@ pub fn remove_pod_ips(plan: &Plan, ips: &[IpAddr]) -> Result<(), NftError> {
     })
 }
 
+/// The addresses in the plan's sets (a set that is not there holds none).
+pub fn pod_ips(plan: &Plan) -> Result<Vec<IpAddr>, NftError> {
+    let sock = netlink::Socket::open().map_err(open_err)?;
+    let mut out = Vec::new();
+    for set in &plan.sets {
+        out.extend(live_keys(&sock, set)?.iter().filter_map(|k| key_ip(k)));
+    }
+    Ok(out)
+}
+
+/// Makes the plan's sets hold exactly the addresses of `pods` (`(pod UID, its IPs)`): the
+/// missing ones added, commented with their pod's UID, every other one removed, in one atomic
+/// batch. Returns the addresses removed.
+pub fn sync_pods_ips(plan: &Plan, pods: &[(&str, &[IpAddr])]) -> Result<Vec<IpAddr>, NftError> {
+    let sock = netlink::Socket::open().map_err(open_err)?;
+    let (mut add, mut del, mut removed) = (Vec::new(), Vec::new(), Vec::new());
+    for set in &plan.sets {
+        let live = live_keys(&sock, set)?;
+        let mut wanted: Vec<(Vec<u8>, Option<String>)> = Vec::new();
+        for (uid, ips) in pods {
+            for key in set_keys(set, ips) {
+                if !wanted.iter().any(|(k, _)| *k == key) {
+                    wanted.push((key, Some(uid.to_string())));
+                }
+            }
+        }
+        let stale: Vec<(Vec<u8>, Option<String>)> = live
+            .iter()
+            .filter(|k| !wanted.iter().any(|(w, _)| w == *k))
+            .map(|k| (k.clone(), None))
+            .collect();
+        removed.extend(stale.iter().filter_map(|(k, _)| key_ip(k)));
+        wanted.retain(|(k, _)| !live.contains(k));
+        let msg = |elements| batch::SetElements {
+            table: set.table.nft_name(),
+            set: &set.name,
+            elements,
+        };
+        if !wanted.is_empty() {
+            add.push(msg(wanted));
+        }
+        if !stale.is_empty() {
+            del.push(msg(stale));
+        }
+    }
+    if add.is_empty() && del.is_empty() {
+        return Ok(removed);
+    }
+    let names: Vec<&str> = plan.sets.iter().map(|s| s.name.as_str()).collect();
+    send(
+        &sock,
+        &batch::set_elements_sync(&add, &del),
+        &names.join(", "),
+    )?;
+    Ok(removed)
+}
+
+/// The keys in one of the plan's sets; none when the set (or its table) is not there.
+fn live_keys(sock: &netlink::Socket, set: &NamedSet) -> Result<Vec<Vec<u8>>, NftError> {
+    match crate::check::set_elements(sock, set.table.nft_name(), &set.name) {
+        Ok(elements) => Ok(elements.into_iter().map(|(k, _)| k).collect()),
+        Err(NftError::Io { source, .. }) if source.raw_os_error() == Some(libc::ENOENT) => {
+            Ok(Vec::new())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// A set key as an address (4 bytes: IPv4, 16: IPv6).
+fn key_ip(key: &[u8]) -> Option<IpAddr> {
+    match key.len() {
+        4 => Some(IpAddr::from(<[u8; 4]>::try_from(key).ok()?)),
+        16 => Some(IpAddr::from(<[u8; 16]>::try_from(key).ok()?)),
+        _ => None,
+    }
+}
+
+/// The keys of `ips` that go into `set` (IPv4-mapped IPv6 counts as IPv4).
+fn set_keys(set: &NamedSet, ips: &[IpAddr]) -> Vec<Vec<u8>> {
+    ips.iter()
+        .map(|ip| ip.to_canonical())
+        .filter_map(|ip| match ip {
+            IpAddr::V4(a) if !set.v6 => Some(a.octets().to_vec()),
+            IpAddr::V6(a) if set.v6 => Some(a.octets().to_vec()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Deletes the host table (rule and sets). Returns whether it existed.
 pub fn remove_all() -> Result<bool, NftError> {
     crate::cleanup_tables(&[Table::AmbientNat])
@@ -91,15 +182,7 @@ fn for_each_set(
 ) -> Result<(), NftError> {
     let sock = netlink::Socket::open().map_err(open_err)?;
     for set in &plan.sets {
-        let keys: Vec<Vec<u8>> = ips
-            .iter()
-            .map(|ip| ip.to_canonical())
-            .filter_map(|ip| match ip {
-                IpAddr::V4(a) if !set.v6 => Some(a.octets().to_vec()),
-                IpAddr::V6(a) if set.v6 => Some(a.octets().to_vec()),
-                _ => None,
-            })
-            .collect();
+        let keys = set_keys(set, ips);
         if !keys.is_empty() {
             f(&sock, set, keys)?;
         }

@@ -439,7 +439,20 @@ unsafe impl nftnl::NlMsg for SetElements<'_> {
 
 /// One batch adding or removing set elements.
 pub fn set_elements(msg: &SetElements<'_>, add: bool) -> FinalizedBatch {
+    set_elements_sync(
+        if add { std::slice::from_ref(msg) } else { &[] },
+        if add { &[] } else { std::slice::from_ref(msg) },
+    )
+}
+
+/// One atomic batch adding the elements of `add` and removing those of `del` (any sets).
+pub fn set_elements_sync(add: &[SetElements<'_>], del: &[SetElements<'_>]) -> FinalizedBatch {
     let mut batch = Batch::new();
-    batch.add(msg, if add { MsgType::Add } else { MsgType::Del });
+    for msg in add {
+        batch.add(msg, MsgType::Add);
+    }
+    for msg in del {
+        batch.add(msg, MsgType::Del);
+    }
     batch.finalize()
 }

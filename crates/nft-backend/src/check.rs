@@ -84,6 +84,72 @@ pub fn tables(sock: &Socket) -> Result<Vec<(String, String)>, NftError> {
     Ok(out)
 }
 
+/// The elements of the named set `table`/`name` (family inet): each key's bytes and whether
+/// it ends an interval, sorted. A missing set is an error (ENOENT).
+pub fn set_elements(
+    sock: &Socket,
+    table: &str,
+    name: &str,
+) -> Result<Vec<(Vec<u8>, bool)>, NftError> {
+    let t = std::ffi::CString::new(table).expect("no NUL");
+    let n = std::ffi::CString::new(name).expect("no NUL");
+    // SAFETY: the set object only names the table and set for the request; freed below.
+    let req = unsafe {
+        let s = sys::nftnl_set_alloc();
+        sys::nftnl_set_set_str(s, sys::NFTNL_SET_TABLE as u16, t.as_ptr());
+        sys::nftnl_set_set_str(s, sys::NFTNL_SET_NAME as u16, n.as_ptr());
+        let req = netlink::dump_request(
+            libc::NFT_MSG_GETSETELEM as u32,
+            libc::NFPROTO_INET as u16,
+            4,
+            |hdr| sys::nftnl_set_elems_nlmsg_build_payload(hdr, s),
+        );
+        sys::nftnl_set_free(s);
+        req
+    };
+    let mut out = Vec::new();
+    sock.dump(&req, |_, raw| {
+        // SAFETY: `raw` is a complete set-element message; objects freed below.
+        unsafe {
+            let s = sys::nftnl_set_alloc();
+            if sys::nftnl_set_elems_nlmsg_parse(raw, s) >= 0 {
+                let it = sys::nftnl_set_elems_iter_create(s);
+                loop {
+                    let e = sys::nftnl_set_elems_iter_next(it);
+                    if e.is_null() {
+                        break;
+                    }
+                    let mut len = 0u32;
+                    let p = sys::nftnl_set_elem_get(e, sys::NFTNL_SET_ELEM_KEY as u16, &mut len);
+                    let key = if p.is_null() {
+                        Vec::new()
+                    } else {
+                        std::slice::from_raw_parts(p.cast::<u8>(), len as usize).to_vec()
+                    };
+                    // Unset flags read as NULL (get_u32 would dereference it).
+                    let mut flen = 0u32;
+                    let fp =
+                        sys::nftnl_set_elem_get(e, sys::NFTNL_SET_ELEM_FLAGS as u16, &mut flen);
+                    let flags = if fp.is_null() || flen < 4 {
+                        0
+                    } else {
+                        fp.cast::<u32>().read_unaligned()
+                    };
+                    out.push((key, flags & libc::NFT_SET_ELEM_INTERVAL_END as u32 != 0));
+                }
+                sys::nftnl_set_elems_iter_destroy(it);
+            }
+            sys::nftnl_set_free(s);
+        }
+    })
+    .map_err(|source| NftError::Io {
+        context: "dumping our nftables set elements",
+        source,
+    })?;
+    out.sort();
+    Ok(out)
+}
+
 /// One chain as printed: its header line and its rules.
 #[derive(Default, Debug, PartialEq, Eq)]
 struct Listed {

@@ -24,7 +24,9 @@ pub use model::{expand_for_nft, render_text};
 /// it (the `explain` crate): a netfilter netlink socket, the table list, and the text and
 /// attributes of dumped objects.
 pub mod live {
-    pub use crate::check::{cstr_to_string, family_name, msg_type, rule_text, tables};
+    pub use crate::check::{
+        cstr_to_string, family_name, msg_type, rule_text, set_elements, tables,
+    };
 
     /// A netfilter netlink socket in the calling thread's namespace.
     pub fn socket() -> Result<crate::netlink::Socket, crate::NftError> {

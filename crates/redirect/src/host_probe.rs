@@ -105,6 +105,29 @@ impl HostProbeRule {
         Ok(())
     }
 
+    /// The addresses in the sets now.
+    pub fn pod_ips(&self, plan: &Plan) -> Result<Vec<IpAddr>, RedirectError> {
+        Ok(match self.backend {
+            Backend::Nft => nft_backend::ambient_host::pod_ips(plan)?,
+            Backend::IptablesLegacy => iptables_legacy::ambient_host::pod_ips(plan)?,
+        })
+    }
+
+    /// Makes the sets hold exactly the addresses of `pods` (`(pod UID, its IPs)`): missing ones
+    /// added with their pod's UID, every other one removed (one batch on nft, one `ipset
+    /// restore` on iptables-legacy), as Istio prunes its sets (`pruneHostIPset`). Returns the
+    /// addresses removed.
+    pub fn sync_pods_ips(
+        &self,
+        plan: &Plan,
+        pods: &[(&str, &[IpAddr])],
+    ) -> Result<Vec<IpAddr>, RedirectError> {
+        Ok(match self.backend {
+            Backend::Nft => nft_backend::ambient_host::sync_pods_ips(plan, pods)?,
+            Backend::IptablesLegacy => iptables_legacy::ambient_host::sync_pods_ips(plan, pods)?,
+        })
+    }
+
     /// Removes IPs from the sets; IPs that are not there are ignored.
     pub fn remove_pod_ips(&self, plan: &Plan, ips: &[IpAddr]) -> Result<(), RedirectError> {
         match self.backend {

@@ -256,3 +256,90 @@ fn nft_host_rule_damage_is_seen_and_repaired() {
 fn legacy_host_rule_damage_is_seen_and_repaired() {
     check_sees_damage_and_ensure_repairs(Backend::IptablesLegacy);
 }
+
+/// Adds `ip` to the node's probe set of its family by hand (as an admin, or an agent's missed
+/// DEL, would leave it).
+fn add_by_hand(node: &TestNetns, backend: Backend, ip: IpAddr) {
+    let set = if ip.is_ipv6() {
+        "istio-inpod-probes-v6"
+    } else {
+        "istio-inpod-probes-v4"
+    };
+    match backend {
+        Backend::Nft => {
+            let element = format!("{{ {ip} }}");
+            let args = ["add", "element", "inet", "istio-ambient-nat", set, &element];
+            node.exec_ok("nft", &args).unwrap();
+        }
+        Backend::IptablesLegacy => {
+            node.exec_ok("ipset", &["add", set, &ip.to_string()])
+                .unwrap();
+        }
+    }
+}
+
+/// `sync_pods_ips` makes the sets hold exactly the wanted pods' addresses (Istio's
+/// `pruneHostIPset`): a stray element of each family (one left by an add, others added by
+/// hand) is removed and returned, the wanted one stays and its probe is still SNATed, an
+/// address taken out comes back, a second sync changes nothing, and no wanted pod empties the
+/// sets.
+fn sync_prunes_strays_and_keeps_the_wanted(backend: Backend) {
+    let (w, ztunnel, rule, _) = pod_on_node(backend);
+    let plan = host_plan(rule.probe_source(Some(KUBELET_UID)), true);
+    let (node, pod) = (w.world.path(), IpAddr::V4(w.pod_v4));
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    let strays = [ip("10.99.0.7"), ip("10.99.0.8"), ip("fd00:99::8")];
+    in_ns(node, || {
+        rule.ensure(&plan)?;
+        rule.add_pod_ips(&plan, &[pod], "uid-a")?;
+        rule.add_pod_ips(&plan, &strays[..1], "uid-gone")
+    })
+    .unwrap();
+    for s in &strays[1..] {
+        add_by_hand(&w.world, backend, *s);
+    }
+    let sorted = |mut v: Vec<IpAddr>| {
+        v.sort();
+        v
+    };
+    let live = || sorted(in_ns(node, || rule.pod_ips(&plan)).unwrap());
+    assert_eq!(live(), sorted([&[pod][..], &strays[..]].concat()));
+    let wanted: [(&str, &[IpAddr]); 1] = [("uid-a", &[pod])];
+
+    let removed = in_ns(node, || rule.sync_pods_ips(&plan, &wanted)).unwrap();
+    assert_eq!(sorted(removed), strays);
+    assert_eq!(live(), [pod]);
+    let kubelet = ConnectSpec::new(pod, 8080).uid(KUBELET_UID);
+    let snatted = (8080, IpAddr::V4(HOST_PROBE_SNAT_V4));
+    assert_eq!(seen_from(&ztunnel, node, &kubelet), snatted);
+    assert!(
+        in_ns(node, || rule.sync_pods_ips(&plan, &wanted))
+            .unwrap()
+            .is_empty()
+    );
+
+    in_ns(node, || rule.remove_pod_ips(&plan, &[pod])).unwrap();
+    assert!(live().is_empty());
+    assert!(
+        in_ns(node, || rule.sync_pods_ips(&plan, &wanted))
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(live(), [pod]);
+    assert_eq!(seen_from(&ztunnel, node, &kubelet), snatted);
+
+    let removed = in_ns(node, || rule.sync_pods_ips(&plan, &[])).unwrap();
+    assert_eq!(removed, [pod]);
+    assert!(live().is_empty());
+    in_ns(node, remove_all_backends).unwrap();
+}
+
+#[test]
+fn nft_sync_prunes_stray_probe_addresses() {
+    sync_prunes_strays_and_keeps_the_wanted(Backend::Nft);
+}
+
+#[test]
+fn legacy_sync_prunes_stray_probe_addresses() {
+    sync_prunes_strays_and_keeps_the_wanted(Backend::IptablesLegacy);
+}

@@ -96,7 +96,8 @@ impl ApiMode {
 }
 
 /// `GET /api/v1/namespaces/{ns}/pods/{name}` (and the istio-cni DaemonSet, for the safe upgrade)
-/// from a map keyed by the object's path; a 404 `Status` otherwise. Plain HTTP/1.1, one thread
+/// from a map keyed by the object's path (a stored 403 `Status` is answered as such); a 404
+/// `Status` otherwise. Plain HTTP/1.1, one thread
 /// per connection, bound to 127.0.0.1 inside a namespace.
 pub struct FakeApi {
     pub port: u16,
@@ -164,6 +165,16 @@ impl FakeApi {
                 objects.insert(path, ds);
             }
         }
+    }
+
+    /// The DaemonSet `namespace/name` answers 403 Forbidden, as the API server does once `helm
+    /// uninstall` deleted the ServiceAccount (or RBAC grants no `get` on it).
+    pub fn forbid_daemonset(&self, namespace: &str, name: &str) {
+        let path = format!("/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}");
+        let forbidden = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "reason": "Forbidden", "code": 403,
+            "message": format!("daemonsets.apps \"{name}\" is forbidden: User \"system:serviceaccount:{namespace}:istio-cni\" cannot get resource \"daemonsets\" in API group \"apps\" in the namespace \"{namespace}\"")});
+        self.pods.lock().unwrap().insert(path, forbidden);
     }
 
     pub fn set_mode(&self, mode: ApiMode) {
@@ -240,6 +251,8 @@ fn serve(
         .to_string();
     let pod = pods.lock().unwrap().get(&path).cloned();
     let (status, body) = match pod {
+        // A stored Status is answered with its code (`forbid_daemonset`).
+        Some(p) if p["kind"] == "Status" && p["code"] == 403 => ("403 Forbidden", p),
         Some(p) => ("200 OK", p),
         None => (
             "404 Not Found",

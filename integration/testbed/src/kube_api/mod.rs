@@ -5,7 +5,7 @@
 //! `spec.nodeName=<node>` field selector is honoured), GET/DELETE pod, PATCH pod and
 //! pods/status, the namespace GET, LIST and WATCH, GET/PATCH node (merge patch; a
 //! resourceVersion in the patch that is not the node's current one gets `409 Conflict`, as on a
-//! real API server) and POST events, every request recorded (method, path, query, content
+//! real API server), GET daemonset and POST events, every request recorded (method, path, query, content
 //! type, body). Faults for the adversarial tests: ERROR events, undecodable lines, 410, hung
 //! watches (open, silent), reset connections.
 
@@ -93,6 +93,8 @@ struct Inner {
     race_node_gets: AtomicU64,
     /// Namespaces by name.
     namespaces: Mutex<std::collections::BTreeMap<String, Value>>,
+    /// DaemonSets by `namespace/name` (install-cni's safe upgrade GETs its own).
+    daemonsets: Mutex<HashMap<String, Value>>,
 }
 
 pub struct FakeKube {
@@ -183,6 +185,16 @@ impl FakeKube {
             .unwrap()
             .push((rv.parse().unwrap_or(0), line.clone(), None));
         ws.retain_mut(|s| s.write_all(chunked(&line).as_bytes()).is_ok());
+    }
+
+    /// Serves the DaemonSet `namespace/name` (a rollout: on SIGTERM the daemon keeps the
+    /// plugin and the host probe rule for the next one); without it the GET is a 404.
+    pub fn put_daemonset(&self, namespace: &str, name: &str) {
+        let ds = json!({"kind": "DaemonSet", "apiVersion": "apps/v1",
+            "metadata": {"name": name, "namespace": namespace, "uid": "ds-uid"},
+            "spec": {"selector": {}, "template": {}}});
+        let key = format!("{namespace}/{name}");
+        self.inner.daemonsets.lock().unwrap().insert(key, ds);
     }
 
     /// Namespace watch requests seen so far.

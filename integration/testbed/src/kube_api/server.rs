@@ -146,6 +146,13 @@ pub(super) fn serve(mut conn: TcpStream, inner: &Inner) {
             patch_pod_annotations(&mut conn, inner, ns, name, body)
         }
         ("GET", ["api", "v1", "nodes", name]) => get_node(&mut conn, inner, name),
+        ("GET", ["apis", "apps", "v1", "namespaces", ns, "daemonsets", name]) => {
+            let key = format!("{ns}/{name}");
+            match inner.daemonsets.lock().unwrap().get(&key).cloned() {
+                Some(ds) => reply(&mut conn, "200 OK", &ds),
+                None => not_found(&mut conn, &format!("daemonsets.apps \"{name}\" not found")),
+            }
+        }
         ("PATCH", ["api", "v1", "nodes", name]) => patch_node(&mut conn, inner, name, body),
         ("POST", ["api", "v1", "namespaces", _, "events"]) if take(&inner.hang_event_posts) => {
             inner.hung.lock().unwrap().push(conn)
