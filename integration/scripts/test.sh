@@ -10,6 +10,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
+echo "== cargo doc (no broken or private links in any crate's docs)"
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps --document-private-items -q
 echo "== integration/scripts/build-bins.sh (the one release build: static binaries)"
 # The image, every test that runs a product binary and the deploy checks use these bytes.
 bins=$(integration/scripts/build-bins.sh | tail -1)

@@ -3,7 +3,7 @@
 //! and iptables-nft-restore (Istio's payload), and in-process through the nft backend; plus
 //! scaling with excluded CIDRs. Every sample uses a new namespace, created outside the timing.
 //!
-//! Usage: bench-apply <istio-nftables> [samples] — prints a Markdown table.
+//! Usage: `bench-apply <istio-nftables> [samples]` — prints a Markdown table.
 
 use capture::{Config, Facts, IpNet, Ipv6Mode, Plan};
 use std::io::Write;

@@ -8,7 +8,7 @@
 //! runs (not timed). The plugin's own ADD time (from its log) is reported too: on a loaded
 //! machine it is the steadier measure of our share.
 //!
-//! Usage: bench-cri [sequential] [concurrent] [rounds] — prints a Markdown table.
+//! Usage: `bench-cri [sequential] [concurrent] [rounds]` — prints a Markdown table.
 //! Needs the `pause` binary next to itself (the `pause` package: `cargo build --release
 //! --workspace --bins`, as bench.sh does) and
 //! the image (`$ISTIO_CNI_IMAGE`, else deploy/scripts/build-image.sh builds it).

@@ -3,7 +3,7 @@
 //! program, read-back, removal and final verification included. Every sample uses a new pod
 //! namespace, set up outside the timing.
 //!
-//! Usage: bench-migrate [samples] — prints a Markdown table.
+//! Usage: `bench-migrate [samples]` — prints a Markdown table.
 
 use capture::{Config, Ipv6Mode, Plan};
 use redirect::{Backend, BackendChoice};

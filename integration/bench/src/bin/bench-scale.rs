@@ -4,7 +4,7 @@
 //! server). CPU is the daemon's own utime + stime from /proc (10 ms ticks; enough events per
 //! sample that the tick does not matter).
 //!
-//! Usage: bench-scale [pods on the node] [watch events] [lookups] — prints a Markdown table.
+//! Usage: `bench-scale [pods on the node] [watch events] [lookups]` — prints a Markdown table.
 
 use cni_config::lookup::{POD_LOOKUP_SOCKET, PodQuery};
 use serde_json::Value;

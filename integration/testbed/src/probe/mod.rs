@@ -47,7 +47,7 @@ pub enum ListenKind {
     Udp,
 }
 
-/// One listening port, bound on 0.0.0.0 and (when the namespace has IPv6) on [::].
+/// One listening port, bound on 0.0.0.0 and (when the namespace has IPv6) on `[::]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Listen {
     pub port: u16,
