@@ -86,6 +86,9 @@ pub struct NodeContext {
 /// retried this often.
 const RETRY: Duration = Duration::from_secs(5);
 
+/// How many former ambient pods' clean-ups are remembered (see `Runner::remove_from_mesh`).
+const MAX_UNMARKED: usize = 4096;
+
 /// Whether ztunnel should serve the pod now: the plugin's decision (`pod_policy::decide`, in
 /// ambient mode), and a pod whose containers are done is not. A terminating pod still is, as in
 /// Istio: its containers drain their connections through the grace period. A pod the selectors
@@ -466,13 +469,15 @@ impl Runner {
             pod.metadata.uid.clone(),
             pod.metadata.resource_version.clone(),
         );
-        if !self
-            .unmarked
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(version)
         {
-            return;
+            let mut seen = self.unmarked.lock().unwrap_or_else(|e| e.into_inner());
+            // Bounded: forgetting only means one more (idempotent) clean-up of a pod.
+            if seen.len() >= MAX_UNMARKED {
+                seen.clear();
+            }
+            if !seen.insert(version) {
+                return;
+            }
         }
         let key = node_view::cache::key(pod);
         match self.locate(pod).await {
