@@ -64,9 +64,11 @@ fn add_body(pod: &Pod, netns: &str) -> Vec<u8> {
     .unwrap()
 }
 
+/// A DEL as the plugin sends it: naming the sandbox's namespace it tears down.
 fn del_body(pod: &Pod) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({
-        "PodName": pod.name(), "PodNamespace": "default", "PodUID": pod.uid(),
+        "Netns": netns_path(pod), "PodName": pod.name(), "PodNamespace": "default",
+        "PodUID": pod.uid(),
     }))
     .unwrap()
 }
@@ -597,5 +599,45 @@ fn releasing_a_pod_keeps_a_probe_address_a_served_pod_holds() {
     assert!(n.probe_set().is_empty(), "{:?}", n.probe_set());
     n.eventually("the host rule gone with the last pod", || {
         NodeKind::Nft.host_rule_gone(&n)
+    });
+}
+
+/// The DEL containerd repeats when it removes a sandbox whose namespace is already gone names
+/// no namespace: it must not release the pod from the sandbox it is served in (kubelet removes
+/// a pod's old sandbox after its new one was served). The DEL naming the served sandbox does.
+#[test]
+fn a_del_that_names_no_namespace_releases_nothing() {
+    let Some(zt) = prerequisites() else { return };
+    let a = PodPlan::new("no-netns-del", [10, 88, 8, 10], Mode::Ambient);
+    let n = AmbientNode::start(&zt, &AmbientOptions::default(), std::slice::from_ref(&a)).unwrap();
+    let pod = n.create_pod(&a).unwrap();
+    let sock = socket(&n);
+    let (status, text) = post(&sock, "POST", "/cmdadd", &add_body(&pod, &netns_path(&pod)));
+    assert_eq!(status, 200, "{text}");
+    for netns in [None, Some(""), Some("/var/run/netns/gone-long-ago")] {
+        let mut body = serde_json::json!({
+            "PodName": pod.name(), "PodNamespace": "default", "PodUID": pod.uid(),
+        });
+        if let Some(path) = netns {
+            body["Netns"] = path.into();
+        }
+        let (status, text) = post(
+            &sock,
+            "POST",
+            "/cmddel",
+            &serde_json::to_vec(&body).unwrap(),
+        );
+        assert_eq!(status, 200, "{text}");
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            n.served(&pod) && whole(&n, &pod),
+            "released by a DEL naming {netns:?}\n{}",
+            n.logs()
+        );
+        assert_eq!(n.probe_set(), vec![pod.ip()]);
+    }
+    assert_eq!(post(&sock, "POST", "/cmddel", &del_body(&pod)).0, 200);
+    n.eventually("released by the DEL naming its sandbox", || {
+        n.not_served(&pod)
     });
 }

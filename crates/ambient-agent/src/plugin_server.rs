@@ -141,8 +141,10 @@ impl Handler {
             Some(req.pod_uid.clone())
         };
         if let Some(uid) = uid {
-            let netns = std::path::Path::new(&req.netns);
-            self.agent.release_sandbox(&uid, netns, "CNI DEL").await;
+            // Read as the ADD's was: a DEL names the sandbox it tears down. One with no
+            // namespace left (a repeated DEL, e.g. kubelet removing an old sandbox) names none.
+            let netns = resolve_netns(&req.netns, &self.proc_root);
+            self.agent.release_sandbox(&uid, &netns, "CNI DEL").await;
         }
         reply(StatusCode::OK, "")
     }
@@ -184,14 +186,19 @@ fn open_netns(path: &str, proc_root: &Path) -> Result<OwnedFd, String> {
     if path.is_empty() || !path.starts_with('/') {
         return Err(format!("Netns {path:?} must be an absolute path"));
     }
-    let resolved = match path.strip_prefix("/proc/") {
-        Some(rest) if proc_root != Path::new("/proc") => proc_root.join(rest),
-        _ => PathBuf::from(path),
-    };
+    let resolved = resolve_netns(path, proc_root);
     netns::ensure_foreign(&resolved).map_err(|e| format!("Netns {path:?}: {e}"))?;
     std::fs::File::open(&resolved)
         .map(OwnedFd::from)
         .map_err(|e| format!("Netns {path:?}: opening {}: {e}", resolved.display()))
+}
+
+/// Where the agent finds a namespace path the runtime gave: `/proc/...` under the host's /proc.
+fn resolve_netns(path: &str, proc_root: &Path) -> PathBuf {
+    match path.strip_prefix("/proc/") {
+        Some(rest) if proc_root != Path::new("/proc") => proc_root.join(rest),
+        _ => PathBuf::from(path),
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
