@@ -148,10 +148,9 @@ fn fd_path(fd: &OwnedFd) -> PathBuf {
 /// Whether `path` names the namespace `fd` holds (device and inode: a namespace's identity).
 /// A path that cannot be read (empty, gone) is not provably the same.
 fn same_namespace(fd: &OwnedFd, path: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let id = |m: std::fs::Metadata| (m.dev(), m.ino());
-    match (std::fs::metadata(fd_path(fd)), std::fs::metadata(path)) {
-        (Ok(a), Ok(b)) => id(a) == id(b),
+    use netns::NsId;
+    match (NsId::of_path(&fd_path(fd)), NsId::of_path(path)) {
+        (Ok(a), Ok(b)) => a == b,
         _ => false,
     }
 }

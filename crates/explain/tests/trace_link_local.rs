@@ -40,6 +40,15 @@ fn pod(legacy: bool) -> PodWorld {
     w
 }
 
+/// The pod's live rules, read as `explain` reads them for its backend.
+fn live_rules(w: &PodWorld, legacy: bool) -> ex::ir::Ruleset {
+    if legacy {
+        ex::live_legacy_ruleset(Some(w.pod.path())).unwrap()
+    } else {
+        ex::live_ruleset(Some(w.pod.path())).unwrap()
+    }
+}
+
 #[test]
 fn a_waited_for_link_local_connection_dropped_after_the_redirect_agrees() {
     require_root();
@@ -55,11 +64,7 @@ fn a_waited_for_link_local_connection_dropped_after_the_redirect_agrees() {
         .uid(1000)
         .gid(1000)
         .zone(Zone::Name("eth0".into()));
-        let rs = if legacy {
-            ex::live_legacy_ruleset(Some(w.pod.path())).unwrap()
-        } else {
-            ex::live_ruleset(Some(w.pod.path())).unwrap()
-        };
+        let rs = live_rules(&w, legacy);
         let facts = ex::namespace_facts(Some(w.pod.path()), &conn).unwrap();
         let e = ex::explain_with(&rs, &conn, &facts).unwrap();
         assert_eq!(e.outcome.landing(), Landing::Dropped, "{backend}");
@@ -106,11 +111,7 @@ fn an_inbound_link_local_redirect_goes_to_a_link_local_address() {
             SocketAddr::new(POD_LL.into(), 8080),
         )
         .src(WORLD_LL.into());
-        let rs = if legacy {
-            ex::live_legacy_ruleset(Some(w.pod.path())).unwrap()
-        } else {
-            ex::live_ruleset(Some(w.pod.path())).unwrap()
-        };
+        let rs = live_rules(&w, legacy);
         let facts = ex::namespace_facts(Some(w.pod.path()), &conn).unwrap();
         let e = ex::explain_with(&rs, &conn, &facts).unwrap();
         let world = ConnectSpec::new(POD_LL.into(), 8080)
