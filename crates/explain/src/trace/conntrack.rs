@@ -39,7 +39,7 @@ const CTA_PROTO_SRC_PORT: u16 = 2;
 const CTA_PROTO_DST_PORT: u16 = 3;
 const NLA_F_NESTED: u16 = 1 << 15;
 /// How long the kernel may take to answer (it answers at once; a bound, not a wait).
-const ANSWER_TIMEOUT_SECS: libc::time_t = 2;
+const ANSWER_TIMEOUT_SECS: u32 = 2;
 
 /// One direction of a connection as conntrack records it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

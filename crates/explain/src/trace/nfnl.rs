@@ -33,9 +33,9 @@ pub(super) fn open(name: &str, flags: SockFlag) -> Result<OwnedFd, TraceError> {
 }
 
 /// Receives on `fd` block at most `secs` seconds.
-pub(super) fn recv_timeout(fd: &OwnedFd, secs: libc::time_t, name: &str) -> Result<(), TraceError> {
+pub(super) fn recv_timeout(fd: &OwnedFd, secs: u32, name: &str) -> Result<(), TraceError> {
     let timeout = libc::timeval {
-        tv_sec: secs,
+        tv_sec: secs.into(),
         tv_usec: 0,
     };
     netlink::setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, &timeout)
