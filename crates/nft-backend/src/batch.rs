@@ -246,16 +246,7 @@ fn emit_set<K>(
             sys::nftnl_set_set_u32(raw, sys::NFTNL_SET_FLAGS as u16, flags);
         }
         for (key, end) in &s.elements {
-            let e = sys::nftnl_set_elem_alloc();
-            if e.is_null() {
-                std::process::abort();
-            }
-            sys::nftnl_set_elem_set(
-                e,
-                sys::NFTNL_SET_ELEM_KEY as u16,
-                key.as_ptr().cast(),
-                key.len() as u32,
-            );
+            let e = elem_with_key(key);
             if *end {
                 sys::nftnl_set_elem_set_u32(
                     e,
@@ -271,6 +262,27 @@ fn emit_set<K>(
     for msg in set.elems_iter() {
         batch.add(&msg, MsgType::Add);
         descriptions.note(|| format!("the elements of the set of rule `{rule_text}`"));
+    }
+}
+
+/// A new set element (for `nftnl_set_elem_add`, which takes ownership) holding `key`.
+///
+/// # Safety
+/// The caller must hand the element to a set or free it.
+unsafe fn elem_with_key(key: &[u8]) -> *mut sys::nftnl_set_elem {
+    // SAFETY: a fresh element, and `key` outlives the copy libnftnl makes of it.
+    unsafe {
+        let e = sys::nftnl_set_elem_alloc();
+        if e.is_null() {
+            std::process::abort();
+        }
+        sys::nftnl_set_elem_set(
+            e,
+            sys::NFTNL_SET_ELEM_KEY as u16,
+            key.as_ptr().cast(),
+            key.len() as u32,
+        );
+        e
     }
 }
 
@@ -398,16 +410,7 @@ unsafe impl nftnl::NlMsg for SetElements<'_> {
             sys::nftnl_set_set_str(set, sys::NFTNL_SET_TABLE as u16, t.as_ptr());
             sys::nftnl_set_set_str(set, sys::NFTNL_SET_NAME as u16, n.as_ptr());
             for (key, comment) in &self.elements {
-                let e = sys::nftnl_set_elem_alloc();
-                if e.is_null() {
-                    std::process::abort();
-                }
-                sys::nftnl_set_elem_set(
-                    e,
-                    sys::NFTNL_SET_ELEM_KEY as u16,
-                    key.as_ptr().cast(),
-                    key.len() as u32,
-                );
+                let e = elem_with_key(key);
                 if let Some(c) = comment {
                     let u = udata_comment(sys::NFTNL_UDATA_SET_ELEM_COMMENT, c);
                     sys::nftnl_set_elem_set(
