@@ -290,11 +290,7 @@ impl Installer {
         let plan = if self.cfg.chained {
             discovery::plan_chained(&files, self.cfg.cni_conf_name.as_deref(), &self.entry)
         } else {
-            let name = self
-                .cfg
-                .cni_conf_name
-                .clone()
-                .unwrap_or_else(|| STANDALONE_CONF_NAME.into());
+            let name = self.standalone_conf_name();
             discovery::plan_standalone(&files, &name, &self.entry)
         };
         let mut changes = changes.to_vec();
@@ -389,6 +385,14 @@ impl Installer {
         }
     }
 
+    /// The file a standalone (not chained) entry is written to: `CNI_CONF_NAME`, else Istio's.
+    fn standalone_conf_name(&self) -> String {
+        self.cfg
+            .cni_conf_name
+            .clone()
+            .unwrap_or_else(|| STANDALONE_CONF_NAME.into())
+    }
+
     fn note_primary(&mut self, files: &[ConfFile], name: &str) {
         self.primary_types = files
             .iter()
@@ -407,11 +411,7 @@ impl Installer {
         if self.cfg.chained {
             self.cleanup_chained(&mut done, &mut errors);
         } else {
-            let name = self
-                .cfg
-                .cni_conf_name
-                .clone()
-                .unwrap_or_else(|| STANDALONE_CONF_NAME.into());
+            let name = self.standalone_conf_name();
             let p = self.cfg.net_dir.join(name);
             let ours = fs::read(&p)
                 .ok()

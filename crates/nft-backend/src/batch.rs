@@ -265,6 +265,25 @@ fn emit_set<K>(
     }
 }
 
+/// A new `inet` set object named `name` in `table` (libnftnl copies both strings).
+///
+/// # Safety
+/// The caller must free the set (`nftnl_set_free`) or hand it to libnftnl.
+unsafe fn named_set(table: &str, name: &str) -> *mut sys::nftnl_set {
+    let (t, n) = (cstr(table), cstr(name));
+    // SAFETY: a fresh set; the strings are copied before `t` and `n` are dropped.
+    unsafe {
+        let set = sys::nftnl_set_alloc();
+        if set.is_null() {
+            std::process::abort();
+        }
+        sys::nftnl_set_set_u32(set, sys::NFTNL_SET_FAMILY as u16, libc::NFPROTO_INET as u32);
+        sys::nftnl_set_set_str(set, sys::NFTNL_SET_TABLE as u16, t.as_ptr());
+        sys::nftnl_set_set_str(set, sys::NFTNL_SET_NAME as u16, n.as_ptr());
+        set
+    }
+}
+
 /// A new set element (for `nftnl_set_elem_add`, which takes ownership) holding `key`.
 ///
 /// # Safety
@@ -314,16 +333,9 @@ impl NamedSetMsg {
     fn new(table: &str, s: &capture::NamedSet, id: u32) -> Self {
         let (kind, len) = if s.v6 { (8, 16) } else { (7, 4) };
         let comment = udata_comment(sys::NFTNL_UDATA_SET_COMMENT, &s.comment);
-        let (t, n) = (cstr(table), cstr(&s.name));
         // SAFETY: a fresh nftnl_set; libnftnl copies every string and buffer set on it.
         unsafe {
-            let set = sys::nftnl_set_alloc();
-            if set.is_null() {
-                std::process::abort();
-            }
-            sys::nftnl_set_set_u32(set, sys::NFTNL_SET_FAMILY as u16, libc::NFPROTO_INET as u32);
-            sys::nftnl_set_set_str(set, sys::NFTNL_SET_TABLE as u16, t.as_ptr());
-            sys::nftnl_set_set_str(set, sys::NFTNL_SET_NAME as u16, n.as_ptr());
+            let set = named_set(table, &s.name);
             sys::nftnl_set_set_u32(set, sys::NFTNL_SET_ID as u16, id);
             sys::nftnl_set_set_u32(set, sys::NFTNL_SET_KEY_TYPE as u16, kind);
             sys::nftnl_set_set_u32(set, sys::NFTNL_SET_KEY_LEN as u16, len);
@@ -399,16 +411,9 @@ pub struct SetElements<'a> {
 // SAFETY: writes one complete NEWSETELEM/DELSETELEM message into nftnl's batch buffer.
 unsafe impl nftnl::NlMsg for SetElements<'_> {
     unsafe fn write(&self, buf: *mut libc::c_void, seq: u32, msg_type: MsgType) {
-        let (t, n) = (cstr(self.table), cstr(self.set));
         // SAFETY: a fresh set object holding the elements, freed after the payload is written.
         unsafe {
-            let set = sys::nftnl_set_alloc();
-            if set.is_null() {
-                std::process::abort();
-            }
-            sys::nftnl_set_set_u32(set, sys::NFTNL_SET_FAMILY as u16, libc::NFPROTO_INET as u32);
-            sys::nftnl_set_set_str(set, sys::NFTNL_SET_TABLE as u16, t.as_ptr());
-            sys::nftnl_set_set_str(set, sys::NFTNL_SET_NAME as u16, n.as_ptr());
+            let set = named_set(self.table, self.set);
             for (key, comment) in &self.elements {
                 let e = elem_with_key(key);
                 if let Some(c) = comment {
