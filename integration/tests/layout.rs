@@ -149,6 +149,14 @@ impl<'ast> Visit<'ast> for Measure {
         }
         syn::visit::visit_trait_item_fn(self, f);
     }
+
+    // A closure is a function too: one in a `static` (`LazyLock::new(|| …)`) or a `const`
+    // sits in no fn whose length would count it.
+    fn visit_expr_closure(&mut self, c: &'ast syn::ExprClosure) {
+        let at = c.span().start().line;
+        self.body(format!("(closure at line {at})"), c.span());
+        syn::visit::visit_expr_closure(self, c);
+    }
 }
 
 #[test]
