@@ -58,7 +58,7 @@ pub enum InvalidConf {
 /// `plugins` array whose entries all have a `type`; a single conf needs a `type`.
 pub fn parse_valid(name: &str, bytes: &[u8]) -> Result<Value, InvalidConf> {
     let format = format_of(name).ok_or(InvalidConf::NotConfName)?;
-    let v: Value = serde_json::from_slice(bytes)?;
+    let v: Value = crate::gojson::parse(bytes)?;
     let obj = v.as_object().ok_or(InvalidConf::NotObject)?;
     match format {
         Format::ConfList => {
@@ -304,7 +304,7 @@ pub fn plan_standalone(files: &[ConfFile], file_name: &str, entry: &Value) -> Co
     let current = files
         .iter()
         .find(|f| f.name == file_name)
-        .and_then(|f| serde_json::from_slice::<Value>(&f.content).ok());
+        .and_then(|f| crate::gojson::parse(&f.content).ok());
     if current.as_ref() != Some(&want) {
         return ConfPlan::Write {
             file: file_name.to_string(),

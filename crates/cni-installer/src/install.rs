@@ -4,6 +4,7 @@
 //! list of things that were really repaired.
 
 use crate::discovery::{self, ConfFile, ConfPlan};
+use crate::gojson;
 use crate::kubeconfig::{self, Trust};
 use crate::settings::{STANDALONE_CONF_NAME, Settings};
 use node_fs::Stamp;
@@ -262,7 +263,16 @@ impl Installer {
             }
             let p = ent.path();
             let Ok(st) = node_fs::stamp(&p) else { continue };
-            let Ok(content) = fs::read(&p) else { continue };
+            let content = match node_fs::read_conf(&p, node_fs::MAX_CONF_BYTES) {
+                Ok(c) => c,
+                // Gone since the listing: simply not there.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                // A FIFO or a device is never waited on, a file over the bound never read.
+                Err(e) => {
+                    tracing::warn!("skipping the CNI config {}: {e}", p.display());
+                    continue;
+                }
+            };
             stamps.insert(name.clone(), st);
             files.push(ConfFile { name, content });
         }
@@ -397,48 +407,66 @@ impl Installer {
         self.primary_types = files
             .iter()
             .find(|f| f.name == name)
-            .and_then(|f| serde_json::from_slice::<Value>(&f.content).ok())
+            .and_then(|f| gojson::parse(&f.content).ok())
             .map(|v| discovery::plugin_types(&v))
             .unwrap_or_default();
     }
 
-    /// Removes what we installed (Istio's `Cleanup`): our entry (or our standalone file), the
-    /// kubeconfig, the binaries. Returns what it did; errors are collected, not fatal, so one
-    /// failure does not leave the rest behind.
+    /// Removes what we installed (Istio's `Cleanup`): our entry (or our standalone file), then
+    /// the kubeconfig and the binaries. Returns what it did and what failed. The config goes
+    /// first and, as in Istio, a failure there keeps the rest: a chain that still names
+    /// istio-cni must still find its binary (without it every pod's ADD fails).
     pub fn cleanup(&mut self) -> (Vec<String>, Vec<String>) {
         let mut done = Vec::new();
         let mut errors = Vec::new();
+        self.cleanup_config(&mut done, &mut errors);
+        if !errors.is_empty() {
+            errors.push(
+                "kept the kubeconfig and the binaries: a CNI config may still name istio-cni"
+                    .into(),
+            );
+            return (done, errors);
+        }
+        self.cleanup_files(&mut done, &mut errors);
+        (done, errors)
+    }
+
+    /// Our entry out of every CNI config that carries it (or our standalone file removed).
+    fn cleanup_config(&mut self, done: &mut Vec<String>, errors: &mut Vec<String>) {
         if self.cfg.chained {
-            self.cleanup_chained(&mut done, &mut errors);
+            self.cleanup_chained(done, errors);
         } else {
             let name = self.standalone_conf_name();
             let p = self.cfg.net_dir.join(name);
-            let ours = fs::read(&p)
+            let ours = node_fs::read_conf(&p, node_fs::MAX_CONF_BYTES)
                 .ok()
-                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                .and_then(|b| gojson::parse(&b).ok())
                 .is_some_and(|v| {
                     v.get("type").and_then(Value::as_str) == Some(cni_config::PLUGIN_TYPE)
                 });
             if ours {
-                remove(&p, &mut done, &mut errors);
+                remove(&p, done, errors);
             }
         }
+    }
+
+    /// The kubeconfig and the binaries, once no config names the plugin.
+    fn cleanup_files(&mut self, done: &mut Vec<String>, errors: &mut Vec<String>) {
         if node_fs::is_symlink(&self.cfg.run_dir) {
             errors.push(format!(
                 "not removing anything under {}: it is a symlink we did not create",
                 self.cfg.run_dir.display()
             ));
         } else {
-            remove(&self.cfg.kubeconfig_path(), &mut done, &mut errors);
+            remove(&self.cfg.kubeconfig_path(), done, errors);
         }
         for dir in &self.cfg.bin_target_dirs {
             for name in &self.cfg.binaries {
-                remove(&dir.join(name), &mut done, &mut errors);
+                remove(&dir.join(name), done, errors);
                 let _ = node_fs::remove_stale_temps(dir, name);
             }
         }
         self.bins.clear();
-        (done, errors)
     }
 
     fn cleanup_chained(&mut self, done: &mut Vec<String>, errors: &mut Vec<String>) {
@@ -459,9 +487,9 @@ impl Installer {
             .collect();
         paths.sort();
         for p in paths {
-            let Some(v) = fs::read(&p)
+            let Some(v) = node_fs::read_conf(&p, node_fs::MAX_CONF_BYTES)
                 .ok()
-                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                .and_then(|b| gojson::parse(&b).ok())
             else {
                 continue;
             };
@@ -483,7 +511,8 @@ impl Installer {
         let Some((orig_path, orig_bytes, mode)) = &u.original else {
             return;
         };
-        if fs::read(written).ok().as_deref() != Some(&u.written_bytes[..]) {
+        let now = node_fs::read_conf(written, node_fs::MAX_CONF_BYTES).ok();
+        if now.as_deref() != Some(&u.written_bytes[..]) {
             return;
         }
         let res = node_fs::conf_write_target(&self.cfg.net_dir, orig_path)

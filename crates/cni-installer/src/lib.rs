@@ -9,6 +9,7 @@
 //! [`upgrade`] decides whether the install stays for the next daemon (a rollout) or goes.
 
 pub mod discovery;
+pub mod gojson;
 pub mod install;
 pub mod kubeconfig;
 pub mod run;

@@ -14,19 +14,22 @@ use node_view::cache::{NamespaceCache, PodCache};
 use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
-pub enum StartError {
+pub enum DaemonError {
     #[error(transparent)]
     Bind(#[from] node_status::http::BindError),
     #[error("starting the inotify watcher: {0}")]
     Watch(#[from] notify::Error),
     #[error("installing signal handlers: {0}")]
     Signal(std::io::Error),
+    /// The uninstall left something behind (each error logged): the exit status says so.
+    #[error("the uninstall is incomplete: {0} error(s), logged above")]
+    Uninstall(usize),
 }
 
-fn shutdown_signal() -> Result<StopSignal, StartError> {
+fn shutdown_signal() -> Result<StopSignal, DaemonError> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).map_err(StartError::Signal)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(StartError::Signal)?;
+    let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signal)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signal)?;
     Ok(Box::pin(async move {
         tokio::select! {
             _ = term.recv() => "SIGTERM",
@@ -35,7 +38,7 @@ fn shutdown_signal() -> Result<StopSignal, StartError> {
     }))
 }
 
-pub async fn main(cfg: Config) -> Result<(), StartError> {
+pub async fn main(cfg: Config) -> Result<(), DaemonError> {
     let i = &cfg.installer;
     tracing::info!(
         chained = i.chained,
@@ -71,14 +74,16 @@ pub async fn main(cfg: Config) -> Result<(), StartError> {
     let _pod_cache = start_kubernetes_jobs(&cfg, backend, &state, &guardian_metrics).await;
     let (installer, signal) =
         cni_installer::run::run(installer, state.clone(), watch, shutdown).await;
-    stop(&cfg, installer, &state, signal).await;
-    Ok(())
+    match stop(&cfg, installer, &state, signal).await {
+        0 => Ok(()),
+        errors => Err(DaemonError::Uninstall(errors)),
+    }
 }
 
 /// Shutdown: readiness goes first; then, unless the safe upgrade keeps the install for the
 /// next daemon (its DaemonSet lives on: a rollout), the install (and the host probe rule) is
-/// removed.
-async fn stop(cfg: &Config, mut installer: Installer, state: &State, signal: &str) {
+/// removed. Returns how many errors the uninstall logged.
+async fn stop(cfg: &Config, mut installer: Installer, state: &State, signal: &str) -> usize {
     state.set_not_ready("shutting down");
     state.release_readiness();
     let client = async {
@@ -89,26 +94,31 @@ async fn stop(cfg: &Config, mut installer: Installer, state: &State, signal: &st
     match upgrade::shutdown(&cfg.safe_upgrade, client).await {
         Shutdown::Upgrade(why) => {
             tracing::info!(signal, %why, "shutting down; safe upgrade: the plugin stays installed (and in ambient mode the host probe rule)");
-            return;
+            return 0;
         }
         Shutdown::Uninstall(why) => {
             tracing::info!(signal, %why, "shutting down; removing the install")
         }
     }
+    let mut failed = 0;
     if cfg.ambient.enabled {
         // Both backends': the node's backend decision may have changed between runs.
         match redirect::host_probe::remove_all_backends() {
             Ok(_) => tracing::info!("cleanup: host probe rule removed"),
-            Err(e) => tracing::warn!("cleanup: removing the host probe rule: {e}"),
+            Err(e) => {
+                failed += 1;
+                tracing::warn!("cleanup: removing the host probe rule: {e}")
+            }
         }
     }
     let (done, errors) = installer.cleanup();
     for d in done {
         tracing::info!("cleanup: {d}");
     }
-    for e in errors {
+    for e in &errors {
         tracing::warn!("cleanup: {e}");
     }
+    failed + errors.len()
 }
 
 /// The jobs that talk to the API server, each when enabled: the node pod cache (ONE list +

@@ -11,7 +11,7 @@
 //! umask neither widens nor narrows it.
 
 use std::fs;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -137,6 +137,42 @@ pub fn regular_mode(path: &Path) -> Option<u32> {
 pub fn read_regular(path: &Path) -> Option<Vec<u8>> {
     regular_mode(path)?;
     fs::read(path).ok()
+}
+
+/// The largest CNI config read (a bound, not a format limit: real ones are kilobytes).
+pub const MAX_CONF_BYTES: u64 = 64 << 20;
+
+/// Contents of the CNI config at `path`, following a link as the runtime does, if it is a
+/// regular file of at most `max` bytes. Opened non-blocking and checked with `fstat`, so a FIFO
+/// or a device planted among the configs is never waited on or read (an error naming why),
+/// and a huge file is refused before it is read.
+pub fn read_conf(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    let m = f.metadata()?;
+    if !m.file_type().is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let too_big = || {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("larger than {max} bytes"),
+        )
+    };
+    if m.len() > max {
+        return Err(too_big());
+    }
+    let mut buf = Vec::with_capacity(m.len() as usize);
+    f.take(max + 1).read_to_end(&mut buf)?;
+    if buf.len() as u64 > max {
+        return Err(too_big());
+    }
+    Ok(buf)
 }
 
 pub fn is_symlink(path: &Path) -> bool {

@@ -1,0 +1,131 @@
+//! The daemon on a node that fights back (outside audit, 2026-11-27): a CNI config dir the
+//! uninstall cannot write, a FIFO or a huge file among the CNI configs, a primary config that
+//! is not valid UTF-8 but that the runtime (libcni, Go) loads, a config named with non-UTF-8
+//! bytes, a plugin binary that loses its exec bit. Each test failed on the audited binaries.
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(15);
+
+fn calico() -> Vec<u8> {
+    golden("test-testdata/pre/calico.conflist")
+}
+
+fn names_istio_cni(p: &Path) -> bool {
+    read_json(p).is_some_and(|v| types(&v).iter().any(|t| t == "istio-cni"))
+}
+
+fn sh(cmd: &str) {
+    let st = Command::new("sh").args(["-c", cmd]).status().unwrap();
+    assert!(st.success(), "{cmd}");
+}
+
+/// `dir` read-only (a read-only bind mount of itself) until dropped.
+struct ReadOnly<'a>(&'a Path);
+
+impl<'a> ReadOnly<'a> {
+    fn mount(dir: &'a Path) -> Self {
+        let d = dir.display();
+        sh(&format!(
+            "mount --bind '{d}' '{d}' && mount -o remount,ro,bind '{d}'"
+        ));
+        ReadOnly(dir)
+    }
+}
+
+impl Drop for ReadOnly<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0).status();
+    }
+}
+
+/// Istio's `Cleanup` takes our entry out of the config first and stops there on error. An
+/// uninstall whose config edit fails must keep the binaries and the kubeconfig (a chain still
+/// naming istio-cni without its binary fails every pod's ADD) and exit non-zero. Before: the
+/// binaries and the kubeconfig removed, the conflist still naming istio-cni, exit 0.
+#[test]
+fn an_uninstall_that_cannot_edit_the_config_keeps_the_plugin_and_fails() {
+    testbed::require_root();
+    let env = Env::new();
+    let conflist = env.net.join("10-calico.conflist");
+    fs::write(&conflist, calico()).unwrap();
+    let d = env.start(&[]);
+    d.wait_ready(T);
+    assert!(names_istio_cni(&conflist));
+    let ro = ReadOnly::mount(&env.net);
+    let (st, log) = d.stop().unwrap();
+    drop(ro);
+    assert!(!st.success(), "exit status {st:?}\n{log}");
+    assert!(log.contains("uninstall is incomplete"), "{log}");
+    assert!(names_istio_cni(&conflist), "{log}");
+    for b in ["istio-cni", "istio-nftables"] {
+        assert!(env.bin.join(b).is_file(), "{b} removed\n{log}");
+    }
+    assert!(env.kubeconfig().is_file(), "kubeconfig removed\n{log}");
+    println!(
+        "summary: uninstall-config-read-only: exit {:?}, binaries and kubeconfig kept",
+        st.code()
+    );
+}
+
+/// A FIFO named like a CNI config (and a sparse file over the read bound) among the configs:
+/// never opened blocking nor read whole. Before: the install pass blocked on the FIFO, with it
+/// `/healthz` and the signal handling (SIGTERM ignored, no uninstall).
+#[test]
+fn a_fifo_among_the_configs_holds_up_nothing() {
+    testbed::require_root();
+    let env = Env::new();
+    let conflist = env.net.join("10-calico.conflist");
+    fs::write(&conflist, calico()).unwrap();
+    let d = env.start(&[]);
+    d.wait_ready(T);
+    let fifo = env.net.join("05-x.conflist");
+    sh(&format!("mkfifo '{}'", fifo.display()));
+    let sparse = fs::File::create(env.net.join("06-sparse.conflist")).unwrap();
+    sparse.set_len((64 << 20) + 1).unwrap(); // node_fs::MAX_CONF_BYTES + 1
+    // The primary rewrites its file without our entry: a pass runs and must repair it.
+    atomic_write(&conflist, &calico());
+    assert!(wait_until(T, || names_istio_cni(&conflist)), "{}", d.log());
+    assert_eq!(d.get("/healthz").0, 200, "{}", d.log());
+    let (st, log) = d.stop().unwrap();
+    assert!(st.success(), "{log}");
+    assert!(!names_istio_cni(&conflist), "{log}");
+    assert!(log.contains("not a regular file"), "{log}");
+    println!("summary: fifo-in-net-dir: repaired, healthz 200, uninstalled on SIGTERM");
+}
+
+/// A primary config with a Latin-1 byte in a string (or a lone surrogate escape) is loaded by
+/// the runtime (libcni: Go's `encoding/json` reads both as U+FFFD), so it is the primary we
+/// chain into. Before: skipped as invalid, istio-cni chained into a later file the runtime
+/// does not use, and the daemon said ready (pods started without the plugin).
+#[test]
+fn a_primary_go_reads_as_valid_is_the_one_chained_into() {
+    let cases: [&[u8]; 2] = [
+        b"{\"cniVersion\":\"0.4.0\",\"name\":\"net\",\"plugins\":[{\"type\":\"bridge\",\"comment\":\"caf\xe9\"}]}",
+        br#"{"cniVersion":"0.4.0","name":"x\ud800","plugins":[{"type":"bridge"}]}"#,
+    ];
+    for primary in cases {
+        let env = Env::new();
+        let first = env.net.join("05-primary.conflist");
+        fs::write(&first, primary).unwrap();
+        let later = env.net.join("10-calico.conflist");
+        fs::write(&later, calico()).unwrap();
+        let d = env.start(&[]);
+        d.wait_ready(T);
+        assert!(names_istio_cni(&first), "{}", d.log());
+        assert!(!names_istio_cni(&later), "{}", d.log());
+        let v = read_json(&first).unwrap();
+        assert_eq!(types(&v), ["bridge", "istio-cni"], "{v}");
+        let (st, log) = d.stop().unwrap();
+        assert!(st.success(), "{log}");
+        // The uninstall puts the file's own bytes back.
+        assert_eq!(fs::read(&first).unwrap(), primary, "{log}");
+    }
+    println!("summary: go-lenient-primary: 2 of 2 chained into the runtime's primary");
+}
