@@ -68,7 +68,7 @@ pub fn ensure_with(plan: &Plan, tools: &Tools) -> Result<(), LegacyError> {
     tools.ipset(&["restore"], Some(&create_sets(&plan.sets)))?;
     for (fam, payload) in &payloads {
         let live = host_tables(tools, *fam)?;
-        let input = with_removal(payload, &removal_owned(&live, &[], HOST));
+        let input = with_removal(payload, &removal_owned(&live, &[], HOST, false));
         if !input.is_empty() {
             tools.restore_on_node(*fam, &input, &held)?;
         }
@@ -235,7 +235,7 @@ pub fn check_with(plan: &Plan, tools: &Tools) -> Result<Vec<String>, LegacyError
     // The plan's rule names the sets: they must exist where its canonical form is made.
     let create = create_sets(&plan.sets);
     let prepare = || tools.ipset(&["restore"], Some(&create)).map(drop);
-    drift.extend(check_owned(plan, tools, HOST, &prepare)?);
+    drift.extend(check_owned(plan, tools, HOST, false, &prepare)?);
     Ok(drift)
 }
 
@@ -252,7 +252,7 @@ pub fn remove_all_with(tools: &Tools) -> Result<bool, LegacyError> {
     let mut any = false;
     for fam in [Fam::V4, Fam::V6] {
         let live = host_tables(tools, fam)?;
-        let removal = removal_owned(&live, &[], HOST);
+        let removal = removal_owned(&live, &[], HOST, false);
         if !removal.is_empty() {
             tools.restore_on_node(fam, &with_removal("", &removal), &held)?;
             any = true;
@@ -403,7 +403,7 @@ mod tests {
         let live = crate::save::parse(
             "*nat\n:POSTROUTING ACCEPT [0:0]\n:ISTIO_POSTRT - [0:0]\n:ISTIO_OTHER - [0:0]\n:KUBE-POSTROUTING - [0:0]\n-A POSTROUTING -j ISTIO_POSTRT\n-A POSTROUTING -j KUBE-POSTROUTING\n-A POSTROUTING -j ISTIO_OTHER\n-A ISTIO_POSTRT -j RETURN\nCOMMIT\n",
         );
-        let r = removal_owned(&live, &[], HOST);
+        let r = removal_owned(&live, &[], HOST, false);
         assert_eq!(
             r["nat"],
             [

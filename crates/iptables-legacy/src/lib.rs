@@ -124,14 +124,14 @@ pub fn apply_with(plan: &Plan, held: &NsLock, tools: &Tools) -> Result<(), Legac
             live_tables(tools, fam)?
         } else if tables_instantiated(fam)? {
             let live = live_tables(tools, fam)?;
-            if live.iter().any(SavedTable::has_ours) {
+            if live.iter().any(SavedTable::has_ours_in_pod) {
                 tools.find(fam.restore())?;
             }
             live
         } else {
             Vec::new()
         };
-        let input = if live.iter().any(SavedTable::has_ours) {
+        let input = if live.iter().any(SavedTable::has_ours_in_pod) {
             // Only a rerun pays for the scratch namespace: the plan's built-in-chain rules
             // must be recognised in canonical form to be removed before being re-added.
             let expected = canonical(tools, fam, &payload, &|| Ok(()))?;
@@ -174,16 +174,18 @@ pub fn check(plan: &Plan) -> Result<Vec<String>, LegacyError> {
 
 /// [`check`] with explicit binary lookup.
 pub fn check_with(plan: &Plan, tools: &Tools) -> Result<Vec<String>, LegacyError> {
-    check_owned(plan, tools, is_ours, &|| Ok(()))
+    check_owned(plan, tools, is_ours, true, &|| Ok(()))
 }
 
-/// [`check_with`] of the chains `owns` accepts (and jumps to them) only; `prepare` runs in
-/// the scratch namespace before the plan is restored there (e.g. creating the ipsets its
-/// rules name: iptables refuses a rule naming a missing set).
+/// [`check_with`] of the chains `owns` accepts (and jumps to them) only, and with `shapes`
+/// the rules of [`save::is_builtin_shape`] (a pod's namespace); `prepare` runs in the scratch
+/// namespace before the plan is restored there (e.g. creating the ipsets its rules name:
+/// iptables refuses a rule naming a missing set).
 fn check_owned(
     plan: &Plan,
     tools: &Tools,
     owns: save::Owns,
+    shapes: bool,
     prepare: &Prepare<'_>,
 ) -> Result<Vec<String>, LegacyError> {
     let mut drift = Vec::new();
@@ -194,15 +196,14 @@ fn check_owned(
         }
         let live = live_tables(tools, fam)?;
         let expected = canonical(tools, fam, &payload, prepare)?;
-        diff(fam, &expected, &live, owns, &mut drift);
+        diff(fam, &expected, &live, (owns, shapes), &mut drift);
     }
     Ok(drift)
 }
 
-/// Removes our chains and the jumps to them, both families. Returns whether any existed.
-/// Rules the plan put directly into built-in chains without a jump (e.g. `-c` interface
-/// RETURNs, TPROXY mark rules in mangle) are not recognisable without the plan and stay;
-/// they only RETURN or mark, they do not redirect.
+/// Removes our chains, the jumps to them and the rules of the shapes Istio writes straight
+/// into built-in chains (`-c`/`-k` interface RETURNs, TPROXY's mark rules:
+/// [`save::is_builtin_shape`]), both families. Returns whether any existed.
 pub fn cleanup(held: &NsLock) -> Result<bool, LegacyError> {
     cleanup_with(held, &Tools::default())
 }
@@ -229,7 +230,7 @@ pub fn cleanup_plan_with(plan: &Plan, held: &NsLock, tools: &Tools) -> Result<bo
             continue;
         }
         let live = live_tables(tools, fam)?;
-        if !live.iter().any(SavedTable::has_ours) {
+        if !live.iter().any(SavedTable::has_ours_in_pod) {
             continue;
         }
         let expected = canonical(
@@ -265,7 +266,8 @@ fn ours_left(live: &[SavedTable], expected: &[SavedTable]) -> Vec<String> {
         for (chain, rule) in &t.rules {
             let jumps_to_ours = jump_target(rule).is_some_and(is_ours);
             let planned = exp.is_some_and(|e| e.rules_of(chain).any(|r| r == rule));
-            if !is_ours(chain) && (jumps_to_ours || planned) {
+            let shaped = save::is_builtin_shape(&t.name, chain, rule);
+            if !is_ours(chain) && (jumps_to_ours || planned || shaped) {
                 left.push(format!("{} -A {chain} {rule}", t.name));
             }
         }
@@ -404,7 +406,11 @@ pub fn has_our_chains() -> Result<bool, LegacyError> {
 /// [`has_our_chains`] with explicit binary lookup.
 pub fn has_our_chains_with(tools: &Tools) -> Result<bool, LegacyError> {
     for fam in [Fam::V4, Fam::V6] {
-        if tables_instantiated(fam)? && live_tables(tools, fam)?.iter().any(SavedTable::has_ours) {
+        if tables_instantiated(fam)?
+            && live_tables(tools, fam)?
+                .iter()
+                .any(SavedTable::has_ours_in_pod)
+        {
             return Ok(true);
         }
     }
@@ -416,7 +422,7 @@ fn cleanup_family(tools: &Tools, fam: Fam, held: &NsLock) -> Result<bool, Legacy
         return Ok(false);
     }
     let live = live_tables(tools, fam)?;
-    if !live.iter().any(SavedTable::has_ours) {
+    if !live.iter().any(SavedTable::has_ours_in_pod) {
         return Ok(false);
     }
     let input = with_removal("", &removal(&live, &[]));
@@ -485,22 +491,26 @@ fn canonical(
     })
 }
 
-/// Restore lines (per table) that remove what we own from `live`: jumps to our chains from
-/// other chains, the plan's own rules in built-in chains (`expected`, canonical form), then
+/// Restore lines (per table) that remove what we own from a pod's namespace (`live`): jumps
+/// to our chains from other chains, the plan's own rules in built-in chains (`expected`,
+/// canonical form) and any rule of the shapes Istio writes there (an earlier plan's), then
 /// flush and delete our chains. Flushing all before deleting any lets chains that jump to
 /// each other go in one pass.
 fn removal(live: &[SavedTable], expected: &[SavedTable]) -> BTreeMap<String, Vec<String>> {
-    removal_owned(live, expected, is_ours)
+    removal_owned(live, expected, is_ours, true)
 }
 
-/// [`removal`] of the chains `owns` accepts (and jumps to them) only.
+/// [`removal`] of the chains `owns` accepts (and jumps to them) only, and with `shapes` the
+/// rules of [`save::is_builtin_shape`].
 fn removal_owned(
     live: &[SavedTable],
     expected: &[SavedTable],
     owns: save::Owns,
+    shapes: bool,
 ) -> BTreeMap<String, Vec<String>> {
     let mut out = BTreeMap::new();
-    for t in live.iter().filter(|t| t.has_owned(owns)) {
+    let has = |t: &SavedTable| t.has_owned(owns) || (shapes && t.has_builtin_shapes());
+    for t in live.iter().filter(|t| has(t)) {
         let exp = expected.iter().find(|e| e.name == t.name);
         let mut lines = Vec::new();
         for (chain, rule) in &t.rules {
@@ -509,7 +519,8 @@ fn removal_owned(
             }
             let jumps_to_ours = jump_target(rule).is_some_and(owns);
             let planned = exp.is_some_and(|e| e.rules_of(chain).any(|r| r == rule));
-            if jumps_to_ours || planned {
+            let shaped = shapes && save::is_builtin_shape(&t.name, chain, rule);
+            if jumps_to_ours || planned || shaped {
                 lines.push(format!("-D {chain} {rule}"));
             }
         }
@@ -566,14 +577,14 @@ fn diff(
     fam: Fam,
     expected: &[SavedTable],
     live: &[SavedTable],
-    owns: save::Owns,
+    (owns, shapes): (save::Owns, bool),
     out: &mut Vec<String>,
 ) {
     let empty = SavedTable::default();
     let mut names: Vec<&str> = expected.iter().map(|t| t.name.as_str()).collect();
     names.extend(
         live.iter()
-            .filter(|t| t.has_owned(owns))
+            .filter(|t| t.has_owned(owns) || (shapes && t.has_builtin_shapes()))
             .map(|t| t.name.as_str()),
     );
     names.sort();
@@ -607,7 +618,10 @@ fn diff(
                 .rules_of(chain)
                 .filter(|r| {
                     // In shared built-in chains only what we own counts.
-                    owns(chain) || want.contains(r) || jump_target(r).is_some_and(owns)
+                    owns(chain)
+                        || want.contains(r)
+                        || jump_target(r).is_some_and(owns)
+                        || (shapes && save::is_builtin_shape(name, chain, r))
                 })
                 .collect();
             diff_rules(&at(chain), chain, &want, &have, out);
@@ -674,7 +688,7 @@ mod tests {
             "*nat\n:OUTPUT ACCEPT [0:0]\n:ISTIO_X - [0:0]\n:ISTIO_Y - [0:0]\n-A OUTPUT -j FOREIGN\n-A ISTIO_X -p udp -j RETURN\n-A ISTIO_X -p tcp -j RETURN\nCOMMIT\n",
         );
         let mut out = Vec::new();
-        diff(Fam::V4, &exp, &live, is_ours, &mut out);
+        diff(Fam::V4, &exp, &live, (is_ours, true), &mut out);
         assert_eq!(
             out,
             [
@@ -685,7 +699,7 @@ mod tests {
             ]
         );
         let mut none = Vec::new();
-        diff(Fam::V4, &exp, &exp, is_ours, &mut none);
+        diff(Fam::V4, &exp, &exp, (is_ours, true), &mut none);
         assert!(none.is_empty(), "{none:?}");
     }
 }

@@ -14,6 +14,69 @@ pub(crate) fn is_ours(chain: &str) -> bool {
 /// own namespace only the host probe chain (`ambient_host`), never another `ISTIO_*` chain.
 pub(crate) type Owns = fn(&str) -> bool;
 
+/// Whether `rule` (save form) in the built-in `chain` of `table` has the shape of a rule
+/// Istio's builder writes straight into a built-in chain, with no jump into ours: `-c`/`-k`
+/// interface RETURNs (nat, mangle) and TPROXY's mark rules (mangle). In a pod's namespace
+/// such a rule is ours even when the current plan has none: the plan that wrote it may have
+/// been replaced (a reconfiguration), and a leftover RETURN lets traffic bypass the proxy.
+/// Never used in the node's own namespace, whose rules are kube-proxy's and others'.
+pub(crate) fn is_builtin_shape(table: &str, chain: &str, rule: &str) -> bool {
+    let t: Vec<&str> = rule.split_whitespace().collect();
+    let starts =
+        |p: &[&str]| t.len() >= p.len() && t.iter().zip(p).all(|(a, b)| b.is_empty() || a == b);
+    let is = |p: &[&str]| t.len() == p.len() && starts(p);
+    // "" stands for any one token (an interface, a mark, an id, an address).
+    match (table, chain) {
+        ("nat" | "mangle", "PREROUTING") if is(&["-i", "", "-j", "RETURN"]) => true,
+        ("nat" | "mangle", "OUTPUT") if is(&["-o", "", "-j", "RETURN"]) => true,
+        ("mangle", "PREROUTING") => starts(&[
+            "-p",
+            "tcp",
+            "-m",
+            "mark",
+            "--mark",
+            "",
+            "-j",
+            "CONNMARK",
+            "--save-mark",
+        ]),
+        ("mangle", "OUTPUT") => {
+            is(&[
+                "-o", "lo", "-p", "tcp", "-m", "mark", "--mark", "", "-j", "RETURN",
+            ]) || starts(&[
+                "-p",
+                "tcp",
+                "-m",
+                "connmark",
+                "--mark",
+                "",
+                "-j",
+                "CONNMARK",
+                "--restore-mark",
+            ]) || ["--uid-owner", "--gid-owner"].iter().any(|owner| {
+                is(&[
+                    "!",
+                    "-d",
+                    "",
+                    "-o",
+                    "lo",
+                    "-p",
+                    "tcp",
+                    "-m",
+                    "owner",
+                    owner,
+                    "",
+                    "-j",
+                    "MARK",
+                    "--set-xmark",
+                    "",
+                ])
+            })
+        }
+        _ => false,
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SavedTable {
     pub name: String,
@@ -38,6 +101,19 @@ impl SavedTable {
     /// Whether anything of ours is in this table (a chain, or a jump to one).
     pub fn has_ours(&self) -> bool {
         self.has_owned(is_ours)
+    }
+
+    /// Whether a rule of [`is_builtin_shape`]'s shapes is in this table.
+    pub(crate) fn has_builtin_shapes(&self) -> bool {
+        self.rules
+            .iter()
+            .any(|(c, r)| !is_ours(c) && is_builtin_shape(&self.name, c, r))
+    }
+
+    /// Whether anything of ours is in this table, in a pod's namespace: [`Self::has_ours`],
+    /// or a rule of the shapes Istio writes into built-in chains.
+    pub fn has_ours_in_pod(&self) -> bool {
+        self.has_ours() || self.has_builtin_shapes()
     }
 
     pub(crate) fn owned_chains(&self, owns: Owns) -> impl Iterator<Item = &str> {
@@ -114,6 +190,62 @@ mod tests {
         );
         assert!(t[0].has_ours());
         assert!(!t[1].has_ours());
+    }
+
+    #[test]
+    fn built_in_shapes_are_istios_direct_rules_only() {
+        for (table, chain, rule) in [
+            ("nat", "PREROUTING", "-i eth0 -j RETURN"),
+            ("nat", "OUTPUT", "-o eth0 -j RETURN"),
+            ("mangle", "PREROUTING", "-i eth0 -j RETURN"),
+            (
+                "mangle",
+                "PREROUTING",
+                "-p tcp -m mark --mark 0x539 -j CONNMARK --save-mark --nfmask 0xffffffff --ctmask 0xffffffff",
+            ),
+            (
+                "mangle",
+                "OUTPUT",
+                "-o lo -p tcp -m mark --mark 0x539 -j RETURN",
+            ),
+            (
+                "mangle",
+                "OUTPUT",
+                "! -d 127.0.0.1/32 -o lo -p tcp -m owner --uid-owner 1337 -j MARK --set-xmark 0x53a/0xffffffff",
+            ),
+            (
+                "mangle",
+                "OUTPUT",
+                "! -d ::1/128 -o lo -p tcp -m owner --gid-owner 1337 -j MARK --set-xmark 0x53a/0xffffffff",
+            ),
+            (
+                "mangle",
+                "OUTPUT",
+                "-p tcp -m connmark --mark 0x539 -j CONNMARK --restore-mark --nfmask 0xffffffff --ctmask 0xffffffff",
+            ),
+        ] {
+            assert!(
+                is_builtin_shape(table, chain, rule),
+                "{table} {chain} {rule}"
+            );
+        }
+        for (table, chain, rule) in [
+            ("nat", "PREROUTING", "-i eth0 -p tcp -j RETURN"),
+            ("nat", "OUTPUT", "-p tcp -m tcp --dport 9999 -j RETURN"),
+            ("nat", "POSTROUTING", "-o eth0 -j RETURN"),
+            ("filter", "INPUT", "-i eth0 -j RETURN"),
+            ("nat", "PREROUTING", "-i eth0 -j ACCEPT"),
+            (
+                "mangle",
+                "OUTPUT",
+                "-o eth0 -p tcp -m mark --mark 0x539 -j RETURN",
+            ),
+        ] {
+            assert!(
+                !is_builtin_shape(table, chain, rule),
+                "{table} {chain} {rule}"
+            );
+        }
     }
 
     #[test]

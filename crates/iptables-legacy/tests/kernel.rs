@@ -299,11 +299,12 @@ fn check_reports_drift_readably() {
         &["-w", "-t", "nat", "-A", "ISTIO_REDIRECT", "-j", "RETURN"],
     )
     .unwrap();
-    // A foreign rule in a built-in chain is not drift.
+    // A foreign rule in a built-in chain is not drift (one of the shapes Istio writes there
+    // itself, `-o eth5 -j RETURN`, would be: no_built_in_chain_rule_outlives_the_plan_that_wrote_it).
     ns.exec_ok(
         "iptables-legacy",
         &[
-            "-w", "-t", "nat", "-I", "OUTPUT", "-o", "eth5", "-j", "RETURN",
+            "-w", "-t", "nat", "-I", "OUTPUT", "-p", "udp", "--dport", "5353", "-j", "RETURN",
         ],
     )
     .unwrap();
@@ -465,4 +466,62 @@ fn lock_file_is_scoped_to_the_namespace() {
         "{:?}",
         t.elapsed()
     );
+}
+
+/// The rules Istio writes straight into built-in chains (`-c` interface RETURNs, TPROXY's
+/// mark rules) outlive no plan (outside audit, 2026-11-27). Before: a re-apply with a plan
+/// without `-c eth0`, a cleanup and a CHECK all left `-i eth0 -j RETURN`/`-o eth0 -j RETURN`
+/// in place, so the pod's traffic through eth0 bypassed the proxy while CHECK said clean.
+#[test]
+fn no_built_in_chain_rule_outlives_the_plan_that_wrote_it() {
+    require_root();
+    let w = PodWorld::new().unwrap();
+    let _pod = Probe::sidecar(w.pod.path()).unwrap();
+    let _world = Probe::world(w.world.path()).unwrap();
+    let earlier = plan(&Config {
+        exclude_interfaces: vec!["eth0".into()],
+        inbound_mode: InterceptionMode::Tproxy,
+        ipv6: Ipv6Mode::Off,
+        ..Config::cni_default()
+    });
+    let now = cni_default(Ipv6Mode::Off);
+    let foreign = "-A OUTPUT -p tcp -m tcp --dport 9999 -j RETURN";
+    w.pod
+        .sh("iptables-legacy -w -t nat -A OUTPUT -p tcp --dport 9999 -j RETURN")
+        .unwrap();
+    let leftovers = |ns: &TestNetns| -> Vec<String> {
+        let rules = rule_lines(ns);
+        let ours = |l: &&String| l.contains("eth0") || l.contains("mark");
+        rules.iter().filter(ours).cloned().collect()
+    };
+
+    // Re-applied with another plan: only the new plan's rules, and the world reaches Envoy.
+    apply(&w.pod, &earlier).unwrap();
+    assert!(!leftovers(&w.pod).is_empty());
+    apply(&w.pod, &now).unwrap();
+    assert_eq!(leftovers(&w.pod), Vec::<String>::new());
+    default_matrix(&w, w.pod_v4.into(), w.world_v4.into());
+
+    // CHECK reports such a rule as drift; the next apply removes it.
+    w.pod
+        .sh("iptables-legacy -w -t nat -I PREROUTING 1 -i eth0 -j RETURN")
+        .unwrap();
+    let drift = w.pod.run(|| iptables_legacy::check(&now)).unwrap().unwrap();
+    assert!(
+        drift
+            .iter()
+            .any(|d| d.contains("unexpected rule: -A PREROUTING -i eth0 -j RETURN")),
+        "{drift:?}"
+    );
+
+    // A cleanup without the plan removes them too, and nothing foreign.
+    apply(&w.pod, &earlier).unwrap();
+    assert!(
+        w.pod
+            .run(|| iptables_legacy::cleanup(&held()))
+            .unwrap()
+            .unwrap()
+    );
+    assert_eq!(rule_lines(&w.pod), [foreign]);
+    assert!(!w.pod.run(iptables_legacy::has_our_chains).unwrap().unwrap());
 }
