@@ -85,6 +85,11 @@ impl IdDb {
     /// A number passes through; a name must exist in the database.
     pub fn resolve(&self, kind: IdKind, given: &str) -> Result<Id, String> {
         if let Ok(id) = given.parse::<u32>() {
+            if id == u32::MAX {
+                // (uid_t)-1 / (gid_t)-1: no socket has it, and iptables' owner match refuses
+                // it (the nft backend would accept it): refused up front for both backends.
+                return Err(format!("{given} is (uid_t)-1, which no process can have"));
+            }
             return Ok(Id {
                 given: given.to_string(),
                 id,
@@ -160,6 +165,11 @@ mod tests {
                 .contains("/etc/group")
         );
         assert!(db.resolve(IdKind::User, "a b").is_err());
+        assert!(db.resolve(IdKind::User, "4294967295").is_err());
+        assert_eq!(
+            db.resolve(IdKind::Group, "4294967294").unwrap().id,
+            4294967294
+        );
     }
 
     #[test]

@@ -105,6 +105,13 @@ fn bad_values_exit_2_naming_the_flag_and_the_namespace_stays_untouched() {
             "--proxy-gid",
             "no-such-group",
         ),
+        // (gid_t)-1: accepted by nft, refused by iptables' owner match (outside audit).
+        (
+            vec!["-g", "1337,4294967295"],
+            vec![],
+            "--proxy-gid",
+            "4294967295",
+        ),
         (
             vec!["-t", "mark"],
             vec![],
