@@ -453,8 +453,9 @@ impl Installer {
     /// The kubeconfig and the binaries, once no config names the plugin.
     fn cleanup_files(&mut self, done: &mut Vec<String>, errors: &mut Vec<String>) {
         if node_fs::is_symlink(&self.cfg.run_dir) {
-            errors.push(format!(
-                "not removing anything under {}: it is a symlink we did not create",
+            // Nothing of ours is behind it: no write ever follows such a link.
+            done.push(format!(
+                "left {} alone: it is a symlink we did not create",
                 self.cfg.run_dir.display()
             ));
         } else {

@@ -8,7 +8,7 @@
 
 use crate::discovery;
 use crate::settings::Settings;
-use notify::event::{EventKind, ModifyKind};
+use notify::event::EventKind;
 use notify::{RecursiveMode, Watcher as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -118,11 +118,10 @@ impl Watch {
                     return;
                 }
             };
-            if matches!(
-                ev.kind,
-                EventKind::Access(_) | EventKind::Modify(ModifyKind::Metadata(_))
-            ) {
-                return; // reads and chmod/touch do not change what kubelet or the plugin see
+            // Reads change nothing. A chmod does: a plugin binary without its exec bit fails
+            // every ADD (inotify reports it as IN_ATTRIB, like a touch; a pass is cheap).
+            if matches!(ev.kind, EventKind::Access(_)) {
+                return;
             }
             let cats = ev.paths.iter().fold(0, |acc, p| acc | f2.classify(p));
             if cats != 0 {

@@ -129,3 +129,27 @@ fn a_primary_go_reads_as_valid_is_the_one_chained_into() {
     }
     println!("summary: go-lenient-primary: 2 of 2 chained into the runtime's primary");
 }
+
+/// A plugin binary that loses its exec bit (every ADD would fail: `Permission denied`) is
+/// repaired like a changed one. Before: a chmod was ignored as a non-change, the binary stayed
+/// 0644 until some other event, and readiness said "binaries" were fine.
+#[test]
+fn a_binary_that_loses_its_exec_bit_is_repaired() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new();
+    fs::write(env.net.join("10-calico.conflist"), calico()).unwrap();
+    let d = env.start(&[]);
+    d.wait_ready(T);
+    let plugin = env.bin.join("istio-cni");
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    fs::set_permissions(&plugin, fs::Permissions::from_mode(0o644)).unwrap();
+    assert!(
+        wait_until(T, || mode(&plugin) == 0o755),
+        "mode {:o}\n{}",
+        mode(&plugin),
+        d.log()
+    );
+    let (st, log) = d.stop().unwrap();
+    assert!(st.success(), "{log}");
+    println!("summary: exec-bit-lost: repaired to 0755");
+}
