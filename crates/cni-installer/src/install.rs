@@ -11,6 +11,7 @@ use node_fs::Stamp;
 use node_status::metrics::Counters;
 use serde_json::Value;
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -89,6 +90,9 @@ pub struct Installer {
     pub primary_types: Vec<String>,
     /// Names of files in the net dir seen last (culprit hints).
     pub conf_dir_names: Vec<String>,
+    /// The bytes of config names that are not UTF-8, by the lossy name the logic uses (the
+    /// runtime loads such a file like any other: its path must be the real one).
+    raw_names: HashMap<String, OsString>,
     /// `istio_cni_installs_total` (registered with the daemon's status by the caller).
     pub metrics: Arc<Counters>,
 }
@@ -114,6 +118,7 @@ impl Installer {
             touched: Default::default(),
             primary_types: Vec::new(),
             conf_dir_names: Vec::new(),
+            raw_names: HashMap::new(),
             metrics: Arc::new(install_counters()),
         }
     }
@@ -255,10 +260,18 @@ impl Installer {
         let mut files = Vec::new();
         let mut stamps = HashMap::new();
         let mut names = Vec::new();
+        self.raw_names.clear();
         for ent in rd.flatten() {
-            let name = ent.file_name().to_string_lossy().into_owned();
+            let raw = ent.file_name();
+            let name = raw.to_string_lossy().into_owned();
             names.push(name.clone());
             if discovery::format_of(&name).is_none() {
+                continue;
+            }
+            if raw.to_str().is_none() && self.raw_names.insert(name.clone(), raw).is_some() {
+                tracing::warn!(
+                    "two CNI config names read the same once decoded ({name}); using one"
+                );
                 continue;
             }
             let p = ent.path();
@@ -319,7 +332,7 @@ impl Installer {
                 rename_to,
                 before,
             } => {
-                let path = self.cfg.net_dir.join(&file);
+                let path = self.conf_path(&file);
                 let original_bytes = files
                     .iter()
                     .find(|f| f.name == file)
@@ -346,7 +359,7 @@ impl Installer {
                 node_fs::atomic_write_mode(&target, &bytes, mode).map_err(e)?;
                 let final_path = match &rename_to {
                     Some(to) => {
-                        let to = self.cfg.net_dir.join(to);
+                        let to = self.conf_path(to);
                         fs::rename(&path, &to).map_err(e)?;
                         to
                     }
@@ -393,6 +406,23 @@ impl Installer {
                 }))
             }
         }
+    }
+
+    /// The path of the config the last snapshot named `name` (a name that is not UTF-8 back to
+    /// its bytes; so is the `.conflist` a `.conf` of such a name is converted to).
+    fn conf_path(&self, name: &str) -> PathBuf {
+        if let Some(raw) = self.raw_names.get(name) {
+            return self.cfg.net_dir.join(raw);
+        }
+        if let Some(raw) = name
+            .strip_suffix("list")
+            .and_then(|conf| self.raw_names.get(conf))
+        {
+            let mut list = raw.clone();
+            list.push("list");
+            return self.cfg.net_dir.join(list);
+        }
+        self.cfg.net_dir.join(name)
     }
 
     /// The file a standalone (not chained) entry is written to: `CNI_CONF_NAME`, else Istio's.

@@ -153,3 +153,27 @@ fn a_binary_that_loses_its_exec_bit_is_repaired() {
     assert!(st.success(), "{log}");
     println!("summary: exec-bit-lost: repaired to 0755");
 }
+
+/// A primary whose file name is not UTF-8 (`03-\xff\xfe.conflist`): the runtime loads it like
+/// any other (Go file names are bytes), so it is chained into and restored byte for byte.
+/// Before: its lossy name was written and stamped, the pass found it "kept changing" and was
+/// retried for ever; nothing chained, never ready.
+#[test]
+fn a_primary_named_with_non_utf8_bytes_is_chained_into() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let env = Env::new();
+    let first = env.net.join(OsStr::from_bytes(b"03-\xff\xfe.conflist"));
+    fs::write(&first, calico()).unwrap();
+    let later = env.net.join("10-calico.conflist");
+    fs::write(&later, calico()).unwrap();
+    let d = env.start(&[]);
+    d.wait_ready(T);
+    assert!(names_istio_cni(&first), "{}", d.log());
+    assert!(!names_istio_cni(&later), "{}", d.log());
+    assert_eq!(fs::read_dir(&env.net).unwrap().count(), 2, "{}", d.log());
+    let (st, log) = d.stop().unwrap();
+    assert!(st.success(), "{log}");
+    assert_eq!(fs::read(&first).unwrap(), calico(), "{log}");
+    println!("summary: non-utf8-config-name: chained into and restored");
+}
