@@ -505,6 +505,9 @@ fn bad_env_values_fail_clearly() {
         ("CNI_CONF_NAME", "x.json"),
         ("MOUNTED_CNI_NET_DIR", "relative/dir"),
         ("HEALTH_PORT", "70000"),
+        // Outside audit: both gave a kubeconfig the plugin could not parse.
+        ("KUBERNETES_SERVICE_HOST", "host:1"),
+        ("KUBERNETES_SERVICE_HOST", "fe80::1%lo"),
     ] {
         let out = env.command().env(var, val).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

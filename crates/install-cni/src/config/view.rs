@@ -88,6 +88,15 @@ fn api_server(a: &ViewArgs) -> Result<ApiServer, ConfigError> {
             "expected a bare hostname or IP address (no scheme, port or brackets)",
         ));
     }
+    // A ':' only as part of an IPv6 address (bracketed in the URL): `host:1` would make
+    // `https://host:1:443`, a zoned `fe80::1%lo` a URL the plugin's client cannot parse.
+    if host.contains(':') && host.parse::<std::net::Ipv6Addr>().is_err() {
+        return Err(bad(
+            "KUBERNETES_SERVICE_HOST",
+            host,
+            "a ':' outside an IPv6 address (the port belongs in KUBERNETES_SERVICE_PORT; zoned link-local addresses are not supported)",
+        ));
+    }
     if a.kubernetes_service_port == 0 {
         return Err(bad(
             "KUBERNETES_SERVICE_PORT",
