@@ -301,10 +301,24 @@ pub fn plan_chained(files: &[ConfFile], conf_name: Option<&str>, entry: &Value) 
 
 pub fn plan_standalone(files: &[ConfFile], file_name: &str, entry: &Value) -> ConfPlan {
     let want = standalone_conf(entry);
-    let current = files
-        .iter()
-        .find(|f| f.name == file_name)
-        .and_then(|f| crate::gojson::parse(&f.content).ok());
+    if format_of(file_name) == Some(Format::ConfList) {
+        return ConfPlan::Wait {
+            reason: format!(
+                "CNI_CONF_NAME {file_name}: a standalone config is one plugin, which the runtime does not load from a .conflist; name it *.conf"
+            ),
+        };
+    }
+    let existing = files.iter().find(|f| f.name == file_name);
+    let current = existing.and_then(|f| crate::gojson::parse(&f.content).ok());
+    // Never overwrite another plugin's config (e.g. CNI_CONF_NAME naming the primary's file):
+    // that would take the node's network away.
+    if existing.is_some() && !current.as_ref().is_some_and(is_ours) {
+        return ConfPlan::Wait {
+            reason: format!(
+                "CNI_CONF_NAME {file_name} is another plugin's config; standalone mode writes a file of its own and will not overwrite it"
+            ),
+        };
+    }
     if current.as_ref() != Some(&want) {
         return ConfPlan::Write {
             file: file_name.to_string(),
@@ -485,5 +499,20 @@ mod tests {
             panic!()
         };
         assert!(warning.unwrap().contains("10-x.conflist"));
+    }
+
+    #[test]
+    fn standalone_never_overwrites_another_plugins_config() {
+        let e = entry();
+        let files = vec![f(
+            "10-x.conf",
+            r#"{"cniVersion":"0.3.1","name":"n","type":"bridge"}"#,
+        )];
+        for name in ["10-x.conf", "10-x.conflist"] {
+            let ConfPlan::Wait { reason } = plan_standalone(&files, name, &e) else {
+                panic!("{name}")
+            };
+            assert!(reason.contains(name), "{reason}");
+        }
     }
 }

@@ -177,3 +177,28 @@ fn a_primary_named_with_non_utf8_bytes_is_chained_into() {
     assert_eq!(fs::read(&first).unwrap(), calico(), "{log}");
     println!("summary: non-utf8-config-name: chained into and restored");
 }
+
+/// Standalone mode pointed at the primary's own file (`CNI_CONF_NAME=10-calico.conflist`):
+/// the primary is never overwritten and the daemon is not ready. Before: the primary replaced
+/// by a one-plugin body the runtime refuses, "ready", and after SIGTERM an empty net dir.
+#[test]
+fn standalone_mode_never_overwrites_the_primary() {
+    let env = Env::new();
+    let primary = env.net.join("10-calico.conflist");
+    fs::write(&primary, calico()).unwrap();
+    let d = env.start(&[
+        ("CHAINED_CNI_PLUGIN", "false"),
+        ("CNI_CONF_NAME", "10-calico.conflist"),
+    ]);
+    assert!(
+        d.wait_log("standalone config is one plugin", T),
+        "{}",
+        d.log()
+    );
+    assert!(!d.ready());
+    assert_eq!(fs::read(&primary).unwrap(), calico(), "{}", d.log());
+    let (st, log) = d.stop().unwrap();
+    assert!(st.success(), "{log}");
+    assert_eq!(fs::read(&primary).unwrap(), calico(), "{log}");
+    println!("summary: standalone-on-primary: primary kept byte for byte, not ready");
+}
