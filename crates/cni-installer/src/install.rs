@@ -77,6 +77,9 @@ struct Undo {
     /// The primary's own file before we added our entry (path, bytes, mode). `None` when it
     /// already had an istio-cni entry (left by an earlier daemon): semantic removal then.
     original: Option<(PathBuf, Vec<u8>, u32)>,
+    /// A file our `.conf` → `.conflist` conversion renamed over (bytes, mode): put back on
+    /// uninstall with the `.conf`.
+    replaced: Option<(Vec<u8>, u32)>,
 }
 
 pub struct Installer {
@@ -357,9 +360,13 @@ impl Installer {
                 }
                 let mode = node_fs::existing_mode(&target).unwrap_or(self.cfg.conf_mode);
                 node_fs::atomic_write_mode(&target, &bytes, mode).map_err(e)?;
+                let mut replaced = None;
                 let final_path = match &rename_to {
                     Some(to) => {
                         let to = self.conf_path(to);
+                        replaced = node_fs::read_conf(&to, node_fs::MAX_CONF_BYTES)
+                            .ok()
+                            .map(|b| (b, node_fs::existing_mode(&to).unwrap_or(mode)));
                         fs::rename(&path, &to).map_err(e)?;
                         to
                     }
@@ -379,6 +386,7 @@ impl Installer {
                                 (false, Some(b)) => Some((path.clone(), b, mode)),
                                 _ => None,
                             },
+                            replaced,
                         },
                     );
                 }
@@ -551,7 +559,18 @@ impl Installer {
         match res {
             Ok(()) => {
                 if orig_path != written {
-                    remove(written, done, errors);
+                    match &u.replaced {
+                        // The file our conversion renamed over comes back in its place.
+                        Some((bytes, mode)) => {
+                            match node_fs::atomic_write_mode(written, bytes, *mode) {
+                                Ok(()) => done.push(format!("restored {}", written.display())),
+                                Err(e) => {
+                                    errors.push(format!("restoring {}: {e}", written.display()))
+                                }
+                            }
+                        }
+                        None => remove(written, done, errors),
+                    }
                 }
                 done.push(format!("restored {}", orig_path.display()));
             }

@@ -202,3 +202,29 @@ fn standalone_mode_never_overwrites_the_primary() {
     assert_eq!(fs::read(&primary).unwrap(), calico(), "{log}");
     println!("summary: standalone-on-primary: primary kept byte for byte, not ready");
 }
+
+/// A `.conf` primary converted to a `.conflist` (Istio's rename) where a `.conflist` of the
+/// same stem already is: the uninstall brings both files back byte for byte. Before: the
+/// sibling `.conflist` was renamed over and gone for good.
+#[test]
+fn a_conflist_the_conversion_renamed_over_comes_back_on_uninstall() {
+    let env = Env::new();
+    let mut single =
+        serde_json::from_slice::<serde_json::Value>(&calico()).unwrap()["plugins"][0].clone();
+    single["cniVersion"] = "0.3.1".into();
+    single["name"] = "k8s-pod-network".into();
+    let conf_bytes = serde_json::to_vec_pretty(&single).unwrap();
+    let conf = env.net.join("05-bridge.conf");
+    fs::write(&conf, &conf_bytes).unwrap();
+    let sibling = env.net.join("05-bridge.conflist");
+    let sibling_bytes = br#"{"cniVersion":"0.3.1","name":"other","plugins":[{"type":"loopback"}]}"#;
+    fs::write(&sibling, sibling_bytes).unwrap();
+    let d = env.start(&[]);
+    d.wait_ready(T);
+    assert!(!conf.exists() && names_istio_cni(&sibling), "{}", d.log());
+    let (st, log) = d.stop().unwrap();
+    assert!(st.success(), "{log}");
+    assert_eq!(fs::read(&conf).unwrap(), conf_bytes, "{log}");
+    assert_eq!(fs::read(&sibling).unwrap(), sibling_bytes, "{log}");
+    println!("summary: conf-conversion-sibling: both files back byte for byte");
+}
