@@ -508,6 +508,7 @@ fn bad_env_values_fail_clearly() {
         // Outside audit: both gave a kubeconfig the plugin could not parse.
         ("KUBERNETES_SERVICE_HOST", "host:1"),
         ("KUBERNETES_SERVICE_HOST", "fe80::1%lo"),
+        ("CNI_BIN_TARGET_DIRS", "relative/bin"),
     ] {
         let out = env.command().env(var, val).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

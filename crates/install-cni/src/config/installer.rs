@@ -61,6 +61,9 @@ pub fn settings(a: &InstallArgs, api: ApiServer) -> Result<cni_installer::Settin
             "no directory given",
         ));
     }
+    for d in &bin_target_dirs {
+        super::absolute("CNI_BIN_TARGET_DIRS", d)?;
+    }
     let binaries = split_list(&a.cni_binaries);
     if binaries.is_empty() || binaries.iter().any(|b| b.contains('/')) {
         return Err(bad(
