@@ -224,6 +224,13 @@ fn sigterm_cleanup_restores_dirs_and_keeps_modes() {
         (net0, bin0, run0),
         "{log}"
     );
+    // Nor a socket (a snapshot reads files only): pods.sock, log.sock.
+    let left: Vec<_> = fs::read_dir(&env.run)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().ends_with(".sock"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}\n{log}");
 }
 
 #[test]
