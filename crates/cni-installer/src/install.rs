@@ -364,20 +364,23 @@ impl Installer {
                 let final_path = match &rename_to {
                     Some(to) => {
                         let to = self.conf_path(to);
-                        replaced = node_fs::read_conf(&to, node_fs::MAX_CONF_BYTES)
-                            .ok()
-                            .map(|b| (b, node_fs::existing_mode(&to).unwrap_or(mode)));
+                        // A list carrying our entry is an earlier conversion of ours (the
+                        // primary wrote its .conf again): what that one replaced stays owed.
+                        let over = node_fs::read_conf(&to, node_fs::MAX_CONF_BYTES).ok();
+                        replaced = match over {
+                            Some(b) if gojson::parse(&b).is_ok_and(|v| names_ours(&v)) => {
+                                self.touched.get(&to).and_then(|u| u.replaced.clone())
+                            }
+                            Some(b) => Some((b, node_fs::existing_mode(&to).unwrap_or(mode))),
+                            None => None,
+                        };
                         fs::rename(&path, &to).map_err(e)?;
                         to
                     }
                     None => path.clone(),
                 };
                 if self.cfg.chained {
-                    let had_ours = before.as_ref().is_some_and(|b| {
-                        discovery::plugin_types(b)
-                            .iter()
-                            .any(|t| t == cni_config::PLUGIN_TYPE)
-                    });
+                    let had_ours = before.as_ref().is_some_and(names_ours);
                     self.touched.insert(
                         final_path.clone(),
                         Undo {
@@ -577,6 +580,13 @@ impl Installer {
             Err(e) => errors.push(format!("restoring {}: {e}", orig_path.display())),
         }
     }
+}
+
+/// Whether a CNI config lists istio-cni.
+fn names_ours(v: &Value) -> bool {
+    discovery::plugin_types(v)
+        .iter()
+        .any(|t| t == cni_config::PLUGIN_TYPE)
 }
 
 fn remove(p: &Path, done: &mut Vec<String>, errors: &mut Vec<String>) {

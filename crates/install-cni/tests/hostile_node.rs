@@ -222,9 +222,18 @@ fn a_conflist_the_conversion_renamed_over_comes_back_on_uninstall() {
     let d = env.start(&[]);
     d.wait_ready(T);
     assert!(!conf.exists() && names_istio_cni(&sibling), "{}", d.log());
+    // The primary writes its .conf again: converted again, over our own earlier list.
+    atomic_write(&conf, &conf_bytes);
+    assert!(
+        wait_until(T, || !conf.exists() && names_istio_cni(&sibling)),
+        "{}",
+        d.log()
+    );
     let (st, log) = d.stop().unwrap();
     assert!(st.success(), "{log}");
     assert_eq!(fs::read(&conf).unwrap(), conf_bytes, "{log}");
     assert_eq!(fs::read(&sibling).unwrap(), sibling_bytes, "{log}");
-    println!("summary: conf-conversion-sibling: both files back byte for byte");
+    println!(
+        "summary: conf-conversion-sibling: both files back byte for byte, also after a second conversion"
+    );
 }
