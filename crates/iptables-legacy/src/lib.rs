@@ -203,7 +203,7 @@ fn check_owned(
 
 /// Removes our chains, the jumps to them and the rules of the shapes Istio writes straight
 /// into built-in chains (`-c`/`-k` interface RETURNs, TPROXY's mark rules:
-/// [`save::is_builtin_shape`]), both families. Returns whether any existed.
+/// see `save::is_builtin_shape`), both families. Returns whether any existed.
 pub fn cleanup(held: &NsLock) -> Result<bool, LegacyError> {
     cleanup_with(held, &Tools::default())
 }
