@@ -304,12 +304,12 @@ fn containerd_runs_install_cni_whose_reconcile_repairs_a_legacy_pod_with_the_ima
     eventually("the daemon re-applied the flushed rules", logs, || {
         rules_at(s.netns()) == want
     });
-    let log = rn.install_cni_log();
-    assert!(
+    // The repair is logged after its read-back, which can finish after the rules are back.
+    eventually("the daemon logged the repair", logs, || {
+        let log = rn.install_cni_log();
         log.contains("redirect rules drifted from the plan; re-applied")
-            && log.contains("pod=default/drifting"),
-        "{log}"
-    );
+            && log.contains("pod=default/drifting")
+    });
     assert_traffic(&rn, &s);
     rn.stop_and_remove(&s).unwrap();
 }
