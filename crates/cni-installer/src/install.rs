@@ -491,7 +491,9 @@ impl Installer {
         }
     }
 
-    /// The kubeconfig and the binaries, once no config names the plugin.
+    /// The kubeconfig, the daemon's sockets in the run dir (pod lookup, log relay, ambient
+    /// plugin events: no endpoint left behind) and the binaries, once no config names the
+    /// plugin.
     fn cleanup_files(&mut self, done: &mut Vec<String>, errors: &mut Vec<String>) {
         if node_fs::is_symlink(&self.cfg.run_dir) {
             // Nothing of ours is behind it: no write ever follows such a link.
@@ -501,6 +503,19 @@ impl Installer {
             ));
         } else {
             remove(&self.cfg.kubeconfig_path(), done, errors);
+            let sockets = [
+                cni_config::lookup::POD_LOOKUP_SOCKET,
+                cni_config::log::LOG_SOCKET,
+                cni_config::ambient::PLUGIN_EVENT_SOCKET,
+            ];
+            for name in sockets {
+                let p = self.cfg.run_dir.join(name);
+                match node_fs::remove_socket(&p) {
+                    Ok(true) => done.push(format!("removed {}", p.display())),
+                    Ok(false) => {}
+                    Err(e) => errors.push(format!("removing {}: {e}", p.display())),
+                }
+            }
         }
         for dir in &self.cfg.bin_target_dirs {
             for name in &self.cfg.binaries {

@@ -111,7 +111,6 @@ async fn stop(cfg: &Config, mut installer: Installer, state: &State, signal: &st
             }
         }
     }
-    remove_sockets(&cfg.installer.run_dir);
     let (done, errors) = installer.cleanup();
     for d in done {
         tracing::info!("cleanup: {d}");
@@ -120,28 +119,6 @@ async fn stop(cfg: &Config, mut installer: Installer, state: &State, signal: &st
         tracing::warn!("cleanup: {e}");
     }
     failed + errors.len()
-}
-
-/// The daemon's sockets in the run dir (pod lookup, log relay, ambient plugin events): an
-/// uninstall leaves no endpoint behind. Only sockets, and never through a symlinked run dir.
-fn remove_sockets(run_dir: &std::path::Path) {
-    use std::os::unix::fs::FileTypeExt;
-    let linked = std::fs::symlink_metadata(run_dir).is_ok_and(|m| m.file_type().is_symlink());
-    if linked {
-        return;
-    }
-    let names = [
-        cni_config::lookup::POD_LOOKUP_SOCKET,
-        cni_config::log::LOG_SOCKET,
-        cni_config::ambient::PLUGIN_EVENT_SOCKET,
-    ];
-    for name in names {
-        let p = run_dir.join(name);
-        let socket = std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_socket());
-        if socket && std::fs::remove_file(&p).is_ok() {
-            tracing::info!("cleanup: removed {}", p.display());
-        }
-    }
 }
 
 /// The jobs that talk to the API server, each when enabled: the node pod cache (ONE list +

@@ -6,6 +6,7 @@
 mod common;
 
 use common::*;
+use std::ffi::OsStr;
 use std::fs;
 use std::path::Path;
 use std::process::Command;
@@ -100,6 +101,25 @@ fn a_fifo_among_the_configs_holds_up_nothing() {
     println!("summary: fifo-in-net-dir: repaired, healthz 200, uninstalled on SIGTERM");
 }
 
+/// A daemon on a net dir holding the config `name` with `bytes` and calico's list after it:
+/// istio-cni goes into `name` only (then `ready_check` runs, given the env and the file), and
+/// the uninstall puts `bytes` back.
+fn chained_into_first_and_restored(name: &OsStr, bytes: &[u8], ready_check: impl Fn(&Env, &Path)) {
+    let env = Env::new();
+    let first = env.net.join(name);
+    fs::write(&first, bytes).unwrap();
+    let later = env.net.join("10-calico.conflist");
+    fs::write(&later, calico()).unwrap();
+    let d = env.start(&[]);
+    d.wait_ready(T);
+    assert!(names_istio_cni(&first), "{}", d.log());
+    assert!(!names_istio_cni(&later), "{}", d.log());
+    ready_check(&env, &first);
+    let (st, log) = d.stop().unwrap();
+    assert!(st.success(), "{log}");
+    assert_eq!(fs::read(&first).unwrap(), bytes, "{log}");
+}
+
 /// A primary config with a Latin-1 byte in a string (or a lone surrogate escape) is loaded by
 /// the runtime (libcni: Go's `encoding/json` reads both as U+FFFD), so it is the primary we
 /// chain into. Before: skipped as invalid, istio-cni chained into a later file the runtime
@@ -111,21 +131,10 @@ fn a_primary_go_reads_as_valid_is_the_one_chained_into() {
         br#"{"cniVersion":"0.4.0","name":"x\ud800","plugins":[{"type":"bridge"}]}"#,
     ];
     for primary in cases {
-        let env = Env::new();
-        let first = env.net.join("05-primary.conflist");
-        fs::write(&first, primary).unwrap();
-        let later = env.net.join("10-calico.conflist");
-        fs::write(&later, calico()).unwrap();
-        let d = env.start(&[]);
-        d.wait_ready(T);
-        assert!(names_istio_cni(&first), "{}", d.log());
-        assert!(!names_istio_cni(&later), "{}", d.log());
-        let v = read_json(&first).unwrap();
-        assert_eq!(types(&v), ["bridge", "istio-cni"], "{v}");
-        let (st, log) = d.stop().unwrap();
-        assert!(st.success(), "{log}");
-        // The uninstall puts the file's own bytes back.
-        assert_eq!(fs::read(&first).unwrap(), primary, "{log}");
+        chained_into_first_and_restored(OsStr::new("05-primary.conflist"), primary, |_, first| {
+            let v = read_json(first).unwrap();
+            assert_eq!(types(&v), ["bridge", "istio-cni"], "{v}");
+        });
     }
     println!("summary: go-lenient-primary: 2 of 2 chained into the runtime's primary");
 }
@@ -160,21 +169,11 @@ fn a_binary_that_loses_its_exec_bit_is_repaired() {
 /// retried for ever; nothing chained, never ready.
 #[test]
 fn a_primary_named_with_non_utf8_bytes_is_chained_into() {
-    use std::ffi::OsStr;
     use std::os::unix::ffi::OsStrExt;
-    let env = Env::new();
-    let first = env.net.join(OsStr::from_bytes(b"03-\xff\xfe.conflist"));
-    fs::write(&first, calico()).unwrap();
-    let later = env.net.join("10-calico.conflist");
-    fs::write(&later, calico()).unwrap();
-    let d = env.start(&[]);
-    d.wait_ready(T);
-    assert!(names_istio_cni(&first), "{}", d.log());
-    assert!(!names_istio_cni(&later), "{}", d.log());
-    assert_eq!(fs::read_dir(&env.net).unwrap().count(), 2, "{}", d.log());
-    let (st, log) = d.stop().unwrap();
-    assert!(st.success(), "{log}");
-    assert_eq!(fs::read(&first).unwrap(), calico(), "{log}");
+    let name = OsStr::from_bytes(b"03-\xff\xfe.conflist");
+    chained_into_first_and_restored(name, &calico(), |env, _| {
+        assert_eq!(fs::read_dir(&env.net).unwrap().count(), 2);
+    });
     println!("summary: non-utf8-config-name: chained into and restored");
 }
 

@@ -301,13 +301,26 @@ pub fn prepare_socket(path: &Path) -> io::Result<()> {
 
 /// A stale socket at `path` removed; anything else there refused (see [`prepare_socket`]).
 fn clear_stale_socket(path: &Path) -> io::Result<()> {
-    use std::os::unix::fs::FileTypeExt;
+    if remove_socket(path)? {
+        return Ok(());
+    }
     match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path),
         Ok(_) => Err(io::Error::other(
             "exists and is not a socket; refusing to replace it",
         )),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Removes the socket at `path` (not a link to one). Whether one was there; anything else at
+/// `path` is left alone.
+pub fn remove_socket(path: &Path) -> io::Result<bool> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path).map(|()| true),
+        Ok(_) => Ok(false),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e),
     }
 }
