@@ -40,7 +40,10 @@ fn is_host_chain(chain: &str) -> bool {
     chain == ChainId::IstioPostrouting.iptables_name()
 }
 
-const HOST: Owns = is_host_chain;
+const HOST: Owns = Owns {
+    chain: is_host_chain,
+    builtin_shapes: false,
+};
 
 /// Creates the plan's sets if missing, then writes the rule: an existing rule of ours is
 /// removed and the new one written in the same restore, one per family (atomic per table).
@@ -68,7 +71,7 @@ pub fn ensure_with(plan: &Plan, tools: &Tools) -> Result<(), LegacyError> {
     tools.ipset(&["restore"], Some(&create_sets(&plan.sets)))?;
     for (fam, payload) in &payloads {
         let live = host_tables(tools, *fam)?;
-        let input = with_removal(payload, &removal_owned(&live, &[], HOST, false));
+        let input = with_removal(payload, &removal_owned(&live, &[], HOST));
         if !input.is_empty() {
             tools.restore_on_node(*fam, &input, &held)?;
         }
@@ -235,7 +238,7 @@ pub fn check_with(plan: &Plan, tools: &Tools) -> Result<Vec<String>, LegacyError
     // The plan's rule names the sets: they must exist where its canonical form is made.
     let create = create_sets(&plan.sets);
     let prepare = || tools.ipset(&["restore"], Some(&create)).map(drop);
-    drift.extend(check_owned(plan, tools, HOST, false, &prepare)?);
+    drift.extend(check_owned(plan, tools, HOST, &prepare)?);
     Ok(drift)
 }
 
@@ -252,7 +255,7 @@ pub fn remove_all_with(tools: &Tools) -> Result<bool, LegacyError> {
     let mut any = false;
     for fam in [Fam::V4, Fam::V6] {
         let live = host_tables(tools, fam)?;
-        let removal = removal_owned(&live, &[], HOST, false);
+        let removal = removal_owned(&live, &[], HOST);
         if !removal.is_empty() {
             tools.restore_on_node(fam, &with_removal("", &removal), &held)?;
             any = true;
@@ -403,7 +406,7 @@ mod tests {
         let live = crate::save::parse(
             "*nat\n:POSTROUTING ACCEPT [0:0]\n:ISTIO_POSTRT - [0:0]\n:ISTIO_OTHER - [0:0]\n:KUBE-POSTROUTING - [0:0]\n-A POSTROUTING -j ISTIO_POSTRT\n-A POSTROUTING -j KUBE-POSTROUTING\n-A POSTROUTING -j ISTIO_OTHER\n-A ISTIO_POSTRT -j RETURN\nCOMMIT\n",
         );
-        let r = removal_owned(&live, &[], HOST, false);
+        let r = removal_owned(&live, &[], HOST);
         assert_eq!(
             r["nat"],
             [

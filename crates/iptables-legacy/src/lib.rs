@@ -57,7 +57,7 @@ pub use tools::{NODE_XTABLES_LOCK, Tools};
 
 use capture::Plan;
 use netns::NsLock;
-use save::{SavedTable, is_ours, jump_target};
+use save::{Owns, SavedTable, is_ours};
 use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
@@ -124,14 +124,14 @@ pub fn apply_with(plan: &Plan, held: &NsLock, tools: &Tools) -> Result<(), Legac
             live_tables(tools, fam)?
         } else if tables_instantiated(fam)? {
             let live = live_tables(tools, fam)?;
-            if live.iter().any(SavedTable::has_ours_in_pod) {
+            if live.iter().any(SavedTable::has_ours) {
                 tools.find(fam.restore())?;
             }
             live
         } else {
             Vec::new()
         };
-        let input = if live.iter().any(SavedTable::has_ours_in_pod) {
+        let input = if live.iter().any(SavedTable::has_ours) {
             // Only a rerun pays for the scratch namespace: the plan's built-in-chain rules
             // must be recognised in canonical form to be removed before being re-added.
             let expected = canonical(tools, fam, &payload, &|| Ok(()))?;
@@ -174,18 +174,16 @@ pub fn check(plan: &Plan) -> Result<Vec<String>, LegacyError> {
 
 /// [`check`] with explicit binary lookup.
 pub fn check_with(plan: &Plan, tools: &Tools) -> Result<Vec<String>, LegacyError> {
-    check_owned(plan, tools, is_ours, true, &|| Ok(()))
+    check_owned(plan, tools, Owns::POD, &|| Ok(()))
 }
 
-/// [`check_with`] of the chains `owns` accepts (and jumps to them) only, and with `shapes`
-/// the rules of [`save::is_builtin_shape`] (a pod's namespace); `prepare` runs in the scratch
-/// namespace before the plan is restored there (e.g. creating the ipsets its rules name:
-/// iptables refuses a rule naming a missing set).
+/// [`check_with`] of what `owns` accepts only; `prepare` runs in the scratch namespace before
+/// the plan is restored there (e.g. creating the ipsets its rules name: iptables refuses a
+/// rule naming a missing set).
 fn check_owned(
     plan: &Plan,
     tools: &Tools,
-    owns: save::Owns,
-    shapes: bool,
+    owns: Owns,
     prepare: &Prepare<'_>,
 ) -> Result<Vec<String>, LegacyError> {
     let mut drift = Vec::new();
@@ -196,7 +194,7 @@ fn check_owned(
         }
         let live = live_tables(tools, fam)?;
         let expected = canonical(tools, fam, &payload, prepare)?;
-        diff(fam, &expected, &live, (owns, shapes), &mut drift);
+        diff(fam, &expected, &live, owns, &mut drift);
     }
     Ok(drift)
 }
@@ -230,7 +228,7 @@ pub fn cleanup_plan_with(plan: &Plan, held: &NsLock, tools: &Tools) -> Result<bo
             continue;
         }
         let live = live_tables(tools, fam)?;
-        if !live.iter().any(SavedTable::has_ours_in_pod) {
+        if !live.iter().any(SavedTable::has_ours) {
             continue;
         }
         let expected = canonical(
@@ -264,10 +262,8 @@ fn ours_left(live: &[SavedTable], expected: &[SavedTable]) -> Vec<String> {
         left.extend(t.our_chains().map(|c| format!("{} chain {c}", t.name)));
         let exp = expected.iter().find(|e| e.name == t.name);
         for (chain, rule) in &t.rules {
-            let jumps_to_ours = jump_target(rule).is_some_and(is_ours);
             let planned = exp.is_some_and(|e| e.rules_of(chain).any(|r| r == rule));
-            let shaped = save::is_builtin_shape(&t.name, chain, rule);
-            if !is_ours(chain) && (jumps_to_ours || planned || shaped) {
+            if !is_ours(chain) && (planned || Owns::POD.rule(&t.name, chain, rule)) {
                 left.push(format!("{} -A {chain} {rule}", t.name));
             }
         }
@@ -406,11 +402,7 @@ pub fn has_our_chains() -> Result<bool, LegacyError> {
 /// [`has_our_chains`] with explicit binary lookup.
 pub fn has_our_chains_with(tools: &Tools) -> Result<bool, LegacyError> {
     for fam in [Fam::V4, Fam::V6] {
-        if tables_instantiated(fam)?
-            && live_tables(tools, fam)?
-                .iter()
-                .any(SavedTable::has_ours_in_pod)
-        {
+        if tables_instantiated(fam)? && live_tables(tools, fam)?.iter().any(SavedTable::has_ours) {
             return Ok(true);
         }
     }
@@ -422,7 +414,7 @@ fn cleanup_family(tools: &Tools, fam: Fam, held: &NsLock) -> Result<bool, Legacy
         return Ok(false);
     }
     let live = live_tables(tools, fam)?;
-    if !live.iter().any(SavedTable::has_ours_in_pod) {
+    if !live.iter().any(SavedTable::has_ours) {
         return Ok(false);
     }
     let input = with_removal("", &removal(&live, &[]));
@@ -497,30 +489,25 @@ fn canonical(
 /// flush and delete our chains. Flushing all before deleting any lets chains that jump to
 /// each other go in one pass.
 fn removal(live: &[SavedTable], expected: &[SavedTable]) -> BTreeMap<String, Vec<String>> {
-    removal_owned(live, expected, is_ours, true)
+    removal_owned(live, expected, Owns::POD)
 }
 
-/// [`removal`] of the chains `owns` accepts (and jumps to them) only, and with `shapes` the
-/// rules of [`save::is_builtin_shape`].
+/// [`removal`] of what `owns` accepts only.
 fn removal_owned(
     live: &[SavedTable],
     expected: &[SavedTable],
-    owns: save::Owns,
-    shapes: bool,
+    owns: Owns,
 ) -> BTreeMap<String, Vec<String>> {
     let mut out = BTreeMap::new();
-    let has = |t: &SavedTable| t.has_owned(owns) || (shapes && t.has_builtin_shapes());
-    for t in live.iter().filter(|t| has(t)) {
+    for t in live.iter().filter(|t| t.has_owned(owns)) {
         let exp = expected.iter().find(|e| e.name == t.name);
         let mut lines = Vec::new();
         for (chain, rule) in &t.rules {
-            if owns(chain) {
+            if (owns.chain)(chain) {
                 continue;
             }
-            let jumps_to_ours = jump_target(rule).is_some_and(owns);
             let planned = exp.is_some_and(|e| e.rules_of(chain).any(|r| r == rule));
-            let shaped = shapes && save::is_builtin_shape(&t.name, chain, rule);
-            if jumps_to_ours || planned || shaped {
+            if planned || owns.rule(&t.name, chain, rule) {
                 lines.push(format!("-D {chain} {rule}"));
             }
         }
@@ -573,18 +560,12 @@ fn with_removal(payload: &str, removal: &BTreeMap<String, Vec<String>>) -> Strin
 }
 
 /// Appends readable drift lines for one family, of the chains `owns` accepts.
-fn diff(
-    fam: Fam,
-    expected: &[SavedTable],
-    live: &[SavedTable],
-    (owns, shapes): (save::Owns, bool),
-    out: &mut Vec<String>,
-) {
+fn diff(fam: Fam, expected: &[SavedTable], live: &[SavedTable], owns: Owns, out: &mut Vec<String>) {
     let empty = SavedTable::default();
     let mut names: Vec<&str> = expected.iter().map(|t| t.name.as_str()).collect();
     names.extend(
         live.iter()
-            .filter(|t| t.has_owned(owns) || (shapes && t.has_builtin_shapes()))
+            .filter(|t| t.has_owned(owns))
             .map(|t| t.name.as_str()),
     );
     names.sort();
@@ -608,7 +589,7 @@ fn diff(
         let mut chains: Vec<&str> = Vec::new();
         for c in exp.chains.iter().chain(&liv.chains).map(String::as_str) {
             let both = exp.chains.iter().any(|e| e == c) && liv.chains.iter().any(|l| l == c);
-            if (!owns(c) || both) && !chains.contains(&c) {
+            if (!(owns.chain)(c) || both) && !chains.contains(&c) {
                 chains.push(c);
             }
         }
@@ -618,10 +599,7 @@ fn diff(
                 .rules_of(chain)
                 .filter(|r| {
                     // In shared built-in chains only what we own counts.
-                    owns(chain)
-                        || want.contains(r)
-                        || jump_target(r).is_some_and(owns)
-                        || (shapes && save::is_builtin_shape(name, chain, r))
+                    (owns.chain)(chain) || want.contains(r) || owns.rule(name, chain, r)
                 })
                 .collect();
             diff_rules(&at(chain), chain, &want, &have, out);
@@ -688,7 +666,7 @@ mod tests {
             "*nat\n:OUTPUT ACCEPT [0:0]\n:ISTIO_X - [0:0]\n:ISTIO_Y - [0:0]\n-A OUTPUT -j FOREIGN\n-A ISTIO_X -p udp -j RETURN\n-A ISTIO_X -p tcp -j RETURN\nCOMMIT\n",
         );
         let mut out = Vec::new();
-        diff(Fam::V4, &exp, &live, (is_ours, true), &mut out);
+        diff(Fam::V4, &exp, &live, Owns::POD, &mut out);
         assert_eq!(
             out,
             [
@@ -699,7 +677,7 @@ mod tests {
             ]
         );
         let mut none = Vec::new();
-        diff(Fam::V4, &exp, &exp, (is_ours, true), &mut none);
+        diff(Fam::V4, &exp, &exp, Owns::POD, &mut none);
         assert!(none.is_empty(), "{none:?}");
     }
 }

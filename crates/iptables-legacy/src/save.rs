@@ -10,9 +10,29 @@ pub(crate) fn is_ours(chain: &str) -> bool {
     chain.starts_with("ISTIO_")
 }
 
-/// Which chains a caller owns where it works: [`is_ours`] in a pod's namespace; in the node's
-/// own namespace only the host probe chain (`ambient_host`), never another `ISTIO_*` chain.
-pub(crate) type Owns = fn(&str) -> bool;
+/// What a caller owns where it works. In a pod's namespace ([`Owns::POD`]): every chain
+/// [`is_ours`] accepts and, in built-in chains, the rules of [`is_builtin_shape`]. In the
+/// node's own namespace only the host probe chain (`ambient_host`): never another `ISTIO_*`
+/// chain, nor a rule of those shapes. A jump to an owned chain is owned wherever it stands.
+#[derive(Clone, Copy)]
+pub(crate) struct Owns {
+    pub(crate) chain: fn(&str) -> bool,
+    pub(crate) builtin_shapes: bool,
+}
+
+impl Owns {
+    pub(crate) const POD: Owns = Owns {
+        chain: is_ours,
+        builtin_shapes: true,
+    };
+
+    /// Whether `rule`, in `table`'s `chain` (a chain not owned), is owned: a jump to an owned
+    /// chain, or one of the built-in shapes where those count.
+    pub(crate) fn rule(&self, table: &str, chain: &str, rule: &str) -> bool {
+        jump_target(rule).is_some_and(self.chain)
+            || (self.builtin_shapes && is_builtin_shape(table, chain, rule))
+    }
+}
 
 /// Whether `rule` (save form) in the built-in `chain` of `table` has the shape of a rule
 /// Istio's builder writes straight into a built-in chain, with no jump into ours: `-c`/`-k`
@@ -95,41 +115,29 @@ impl SavedTable {
     }
 
     pub fn our_chains(&self) -> impl Iterator<Item = &str> {
-        self.owned_chains(is_ours)
+        self.owned_chains(Owns::POD)
     }
 
-    /// Whether anything of ours is in this table (a chain, or a jump to one).
+    /// Whether anything of ours is in this table, in a pod's namespace: a chain, a jump to
+    /// one, or a rule of the shapes Istio writes into built-in chains.
     pub fn has_ours(&self) -> bool {
-        self.has_owned(is_ours)
-    }
-
-    /// Whether a rule of [`is_builtin_shape`]'s shapes is in this table.
-    pub(crate) fn has_builtin_shapes(&self) -> bool {
-        self.rules
-            .iter()
-            .any(|(c, r)| !is_ours(c) && is_builtin_shape(&self.name, c, r))
-    }
-
-    /// Whether anything of ours is in this table, in a pod's namespace: [`Self::has_ours`],
-    /// or a rule of the shapes Istio writes into built-in chains.
-    pub fn has_ours_in_pod(&self) -> bool {
-        self.has_ours() || self.has_builtin_shapes()
+        self.has_owned(Owns::POD)
     }
 
     pub(crate) fn owned_chains(&self, owns: Owns) -> impl Iterator<Item = &str> {
         self.chains
             .iter()
             .map(String::as_str)
-            .filter(move |c| owns(c))
+            .filter(move |c| (owns.chain)(c))
     }
 
-    /// Whether a chain `owns` accepts, or a jump to one, is in this table.
+    /// Whether a chain or a rule `owns` accepts is in this table.
     pub(crate) fn has_owned(&self, owns: Owns) -> bool {
         self.owned_chains(owns).next().is_some()
             || self
                 .rules
                 .iter()
-                .any(|(_, r)| jump_target(r).is_some_and(owns))
+                .any(|(c, r)| !(owns.chain)(c) && owns.rule(&self.name, c, r))
     }
 }
 
