@@ -11,17 +11,48 @@ use zds::ZdsServer;
 use zds::wire::Request;
 
 /// Held by each test for its whole run.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs `test` alone, on a runtime built after the lock is taken and dropped before it is
+/// released: a runtime's own descriptors (epoll, eventfd, the signal socket's copy) must not
+/// appear in the middle of the other test's count.
+fn alone(test: impl std::future::Future<Output = ()>) {
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(test);
+}
 
 fn fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
+/// The process's descriptors and what each is, for a failure message.
+fn fd_table() -> Vec<String> {
+    let mut table: Vec<String> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| {
+            let target = std::fs::read_link(e.path()).unwrap_or_default();
+            format!("{}->{}", e.file_name().to_string_lossy(), target.display())
+        })
+        .collect();
+    table.sort();
+    table
+}
+
 /// 2000 connections that never say hello, all within the hello timeout: the server holds a
 /// bounded number of them (the oldest dropped first), and a ztunnel that says hello is served.
-#[tokio::test]
-async fn a_flood_of_silent_connections_holds_a_bounded_number_of_descriptors() {
-    let _one = ONE_AT_A_TIME.lock().await;
+#[test]
+fn a_flood_of_silent_connections_holds_a_bounded_number_of_descriptors() {
+    alone(flood_of_silent_connections());
+}
+
+async fn flood_of_silent_connections() {
     let (_dir, path) = socket_dir();
     let config = zds::ZdsConfig {
         hello_timeout: Duration::from_secs(30),
@@ -51,9 +82,12 @@ async fn a_flood_of_silent_connections_holds_a_bounded_number_of_descriptors() {
 /// an oversized frame, garbage, a refused `SnapshotSent`, gone mid-`AddWorkload`. The server
 /// holds no descriptor more afterwards, never reports the cut-off add served, and the next
 /// good ztunnel gets every pod again.
-#[tokio::test]
-async fn flapping_and_hostile_peers_leak_nothing_and_a_good_one_gets_every_pod() {
-    let _one = ONE_AT_A_TIME.lock().await;
+#[test]
+fn flapping_and_hostile_peers_leak_nothing_and_a_good_one_gets_every_pod() {
+    alone(flapping_and_hostile_peers());
+}
+
+async fn flapping_and_hostile_peers() {
     let (_dir, path) = socket_dir();
     let mut builder = ZdsServer::builder(&path).config(quick());
     for i in 0..3 {
@@ -61,6 +95,7 @@ async fn flapping_and_hostile_peers_leak_nothing_and_a_good_one_gets_every_pod()
     }
     let server = std::sync::Arc::new(builder.bind().unwrap());
     let before = fds();
+    let table_before = fd_table();
     for round in 0..60 {
         let zt = FakeZtunnel::connect(&path).await;
         let (_, fd) = zt.recv().await;
@@ -106,7 +141,8 @@ async fn flapping_and_hostile_peers_leak_nothing_and_a_good_one_gets_every_pod()
     let after = fds();
     assert!(
         after <= before,
-        "descriptors {before} before, {after} after"
+        "descriptors {before} before, {after} after\nbefore: {table_before:?}\nafter: {:?}",
+        fd_table()
     );
     let zt = FakeZtunnel::connect(&path).await;
     let snapshot = zt.take_snapshot().await;
