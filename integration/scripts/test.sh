@@ -21,7 +21,8 @@ echo "== container image (deploy/scripts/build-image.sh: buildah, no registry; c
 export ISTIO_CNI_IMAGE=${CARGO_TARGET_DIR:-$PWD/target}/images/install-cni.oci.tar
 deploy/scripts/build-image.sh --no-build --out "$ISTIO_CNI_IMAGE"
 echo "== cargo test"
-cargo test --locked --workspace
+# Every binary runs even after one fails: a red run names all its failures at once.
+cargo test --locked --workspace --no-fail-fast
 deploy/scripts/check.sh
 echo "== the binaries the tests, the image and the deploy checks ran are the build's"
 python3 deploy/scripts/check-image.py --extract-bins "$ISTIO_CNI_IMAGE" "$bins/image-bins"
