@@ -531,6 +531,8 @@ impl Drop for Node {
 pub struct Daemon {
     child: Child,
     logs: Arc<Mutex<String>>,
+    /// The thread appending the daemon's stderr to `logs`; finished at the pipe's EOF.
+    reader: std::thread::JoinHandle<()>,
     /// The namespace it runs in (None: the caller's), where its ports are reached.
     ns: Option<PathBuf>,
     pub health: u16,
@@ -563,10 +565,11 @@ impl Daemon {
             .spawn()?;
         drop(ns_file);
         let logs = Arc::new(Mutex::new(String::new()));
-        collect_lines(child.stderr.take().expect("piped"), logs.clone());
+        let reader = collect_lines(child.stderr.take().expect("piped"), logs.clone());
         let mut d = Daemon {
             child,
             logs,
+            reader,
             ns: ns.map(|ns| ns.path().to_path_buf()),
             health: 0,
             metrics: 0,
@@ -650,7 +653,9 @@ impl Daemon {
         let deadline = Instant::now() + WAIT;
         loop {
             if let Some(st) = self.child.try_wait()? {
-                std::thread::sleep(Duration::from_millis(50)); // let the log reader drain
+                // Its last lines are written just before it exits: wait for the reader to
+                // reach the pipe's end, not for a guess at how long that takes.
+                wait_until(WAIT, || self.reader.is_finished());
                 return Ok((st, self.log()));
             }
             if Instant::now() > deadline {
@@ -664,8 +669,11 @@ impl Daemon {
     }
 }
 
-/// Appends `stream`'s lines to `logs` on a thread of its own.
-fn collect_lines(stream: impl Read + Send + 'static, logs: Arc<Mutex<String>>) {
+/// Appends `stream`'s lines to `logs` on a thread of its own, which ends at the stream's end.
+fn collect_lines(
+    stream: impl Read + Send + 'static,
+    logs: Arc<Mutex<String>>,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         for line in BufReader::new(stream).lines().map_while(Result::ok) {
             if std::env::var_os("E2E_DAEMON_LOGS").is_some() {
@@ -675,7 +683,7 @@ fn collect_lines(stream: impl Read + Send + 'static, logs: Arc<Mutex<String>>) {
             g.push_str(&line);
             g.push('\n');
         }
-    });
+    })
 }
 
 /// The port of the first `key=<addr>:<port>` in `log` (0 when there is none).
