@@ -187,10 +187,10 @@ fn open_netns(path: &str, proc_root: &Path) -> Result<OwnedFd, String> {
         return Err(format!("Netns {path:?} must be an absolute path"));
     }
     let resolved = resolve_netns(path, proc_root);
-    netns::ensure_foreign(&resolved).map_err(|e| format!("Netns {path:?}: {e}"))?;
-    std::fs::File::open(&resolved)
-        .map(OwnedFd::from)
-        .map_err(|e| format!("Netns {path:?}: opening {}: {e}", resolved.display()))
+    // Checked and kept as one open: the descriptor served is the namespace that was checked.
+    netns::ForeignNetns::open(&resolved)
+        .map(netns::ForeignNetns::into_fd)
+        .map_err(|e| format!("Netns {path:?}: {e}"))
 }
 
 /// Where the agent finds a namespace path the runtime gave: `/proc/...` under the host's /proc.

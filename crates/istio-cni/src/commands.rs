@@ -52,7 +52,7 @@ enum PodAction {
 }
 
 /// Looks the pod up (with its namespace in ambient mode) and decides (`pod_policy`).
-fn pod_action(conf: &NetConf, env: &CniEnv, args: &K8sArgs) -> Result<PodAction, CniError> {
+fn pod_action(conf: &NetConf, netns: &Path, args: &K8sArgs) -> Result<PodAction, CniError> {
     if let Route::PassThrough(reason) = route(conf, args) {
         tracing::info!(%reason, "passing through, no rules");
         return Ok(PodAction::PassThrough);
@@ -65,7 +65,7 @@ fn pod_action(conf: &NetConf, env: &CniEnv, args: &K8sArgs) -> Result<PodAction,
         (lookup(conf, args), None)
     } else {
         std::thread::scope(|s| {
-            let facts = s.spawn(|| read_pod_facts(env));
+            let facts = s.spawn(|| read_pod_facts(netns));
             let looked_up = lookup(conf, args);
             (looked_up, facts.join().ok())
         })
@@ -85,7 +85,7 @@ fn pod_action(conf: &NetConf, env: &CniEnv, args: &K8sArgs) -> Result<PodAction,
         }
         Decision::Ambient(_) => Ok(PodAction::Ambient(Box::new(pod))),
         Decision::Sidecar(pc) => {
-            let facts = early_facts.unwrap_or_else(|| read_pod_facts(env))?;
+            let facts = early_facts.unwrap_or_else(|| read_pod_facts(netns))?;
             tracing::debug!(addresses = ?facts.local_addrs, "pod namespace read");
             sidecar_plan(&pc, &facts, args).map(PodAction::Sidecar)
         }
@@ -94,8 +94,8 @@ fn pod_action(conf: &NetConf, env: &CniEnv, args: &K8sArgs) -> Result<PodAction,
 
 /// The pod's own addresses: IPv6 detection looks at them, as istio-iptables does inside the
 /// netns. No resolv.conf: the CNI path captures all DNS, so nameservers are not needed.
-fn read_pod_facts(env: &CniEnv) -> Result<Facts, CniError> {
-    redirect::read_facts(env.netns.as_deref(), None)
+fn read_pod_facts(netns: &Path) -> Result<Facts, CniError> {
+    redirect::read_facts(Some(netns), None)
         .map_err(|e| redirect_error(e, "reading the pod's addresses"))
 }
 
@@ -197,14 +197,15 @@ fn redirect_error(e: RedirectError, what: &str) -> CniError {
 }
 
 /// CNI_NETNS must name a network namespace other than the plugin's own and the host's:
-/// programming either would redirect the node's traffic (issue 11, item 1).
-fn pod_netns(env: &CniEnv) -> Result<(), CniError> {
+/// programming either would redirect the node's traffic (issue 11, item 1). It is opened once
+/// here; everything after reaches it through [`netns::ForeignNetns::path`], so a path re-pointed
+/// while the pod is looked up cannot move the rules.
+fn pod_netns(env: &CniEnv) -> Result<netns::ForeignNetns, CniError> {
     let path = env
         .netns
         .as_deref()
         .ok_or_else(|| CniError::new(ErrorCode::InvalidEnv, "CNI_NETNS is required"))?;
-    netns::ensure_foreign(path).map_err(|e| netns_error(&e, path))?;
-    Ok(())
+    netns::ForeignNetns::open(path).map_err(|e| netns_error(&e, path))
 }
 
 fn netns_error(e: &netns::ForeignError, path: &Path) -> CniError {
@@ -225,12 +226,12 @@ fn netns_error(e: &netns::ForeignError, path: &Path) -> CniError {
 pub fn add(conf: &NetConf, env: &CniEnv) -> Result<Value, CniError> {
     // Convert first: an unusable prevResult fails before any rule is programmed.
     let result = cni::convert_result(conf.prev_result.as_ref(), &conf.cni_version)?;
-    pod_netns(env)?;
+    let netns = pod_netns(env)?;
     let args = parse_cni_args(&env.args)?;
-    match pod_action(conf, env, &args)? {
+    match pod_action(conf, netns.path(), &args)? {
         PodAction::PassThrough => {}
         PodAction::Sidecar(plan) => {
-            let detection = redirect::apply(&plan, env.netns.as_deref(), conf.backend)
+            let detection = redirect::apply(&plan, Some(netns.path()), conf.backend)
                 .map_err(|e| redirect_error(e, &format!("programming pod {}", pod_ref(&args))))?;
             tracing::info!(backend = %detection.backend, reason = %detection.reason, "redirect rules programmed");
         }
@@ -319,14 +320,14 @@ fn tell_agent_del(conf: &NetConf, env: &CniEnv, args: &K8sArgs) {
 }
 
 pub fn check(conf: &NetConf, env: &CniEnv) -> Result<(), CniError> {
-    pod_netns(env)?;
+    let netns = pod_netns(env)?;
     let args = parse_cni_args(&env.args)?;
-    let plan = match pod_action(conf, env, &args)? {
+    let plan = match pod_action(conf, netns.path(), &args)? {
         PodAction::Sidecar(plan) => plan,
         // The agent keeps ambient pods' rules true (its reconcile); nothing to compare here.
         PodAction::PassThrough | PodAction::Ambient(_) => return Ok(()),
     };
-    let diff = redirect::check(&plan, env.netns.as_deref(), conf.backend)
+    let diff = redirect::check(&plan, Some(netns.path()), conf.backend)
         .map_err(|e| redirect_error(e, &format!("checking pod {}", pod_ref(&args))))?;
     if diff.is_empty() {
         tracing::info!("redirect rules match the plan");
@@ -361,7 +362,7 @@ pub fn del(conf: &NetConf, env: &CniEnv) -> Result<(), CniError> {
     };
     // The host's or our own namespace, or no namespace at all: ADD never programmed it, so
     // there is nothing of ours to remove; an error would only wedge the pod's teardown.
-    match netns::ensure_foreign(netns) {
+    let held = match netns::ForeignNetns::open(netns) {
         Err(e) if e.is_missing() => {
             tracing::info!("network namespace already gone");
             return Ok(());
@@ -371,8 +372,8 @@ pub fn del(conf: &NetConf, env: &CniEnv) -> Result<(), CniError> {
             tracing::warn!(error = %netns_error(&e, netns), "DEL removes nothing there");
             return Ok(());
         }
-        Ok(_) => {}
-    }
+        Ok(held) => held,
+    };
     // Ambient mode: an ADD whose agent died mid-way may have left the pod's ambient rules
     // without ztunnel; the runtime's DEL after that failed ADD removes them.
     let scope = if conf.settings.ambient_enabled {
@@ -381,7 +382,7 @@ pub fn del(conf: &NetConf, env: &CniEnv) -> Result<(), CniError> {
         redirect::Scope::SIDECAR
     };
     let deadline = std::time::Instant::now() + redirect::DEFAULT_LOCK_WAIT;
-    match redirect::cleanup_scope_until(Some(netns), scope, deadline) {
+    match redirect::cleanup_scope_until(Some(held.path()), scope, deadline) {
         Ok(()) => {
             tracing::info!("redirect rules removed");
             Ok(())
@@ -428,7 +429,7 @@ mod tests {
 
     fn conf() -> NetConf {
         parse_netconf(
-            br#"{"cniVersion":"1.0.0","pod_namespace":"istio-system","exclude_namespaces":["kube-system"]}"#,
+            br#"{"cniVersion":"1.0.0","name":"n","pod_namespace":"istio-system","exclude_namespaces":["kube-system"]}"#,
         )
         .unwrap()
     }
