@@ -2,6 +2,7 @@
 //! Everything here is pure: `main` reads the process environment and stdin and writes stdout.
 
 use serde_json::{Map, Value, json};
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::str::FromStr;
 
@@ -127,46 +128,141 @@ pub struct CniEnv {
 }
 
 impl CniEnv {
-    /// Reads the variables through `get` (the process environment in `main`, a map in tests).
-    pub fn load(command: Command, get: impl Fn(&str) -> Option<String>) -> Result<Self, CniError> {
+    /// Reads the variables through `get` (the process environment in `main`, a map in tests),
+    /// and validates what libcni's `skel` validates for every plugin: the container ID and the
+    /// interface name (`utils.ValidateContainerID`, `ValidateInterfaceName`).
+    pub fn load(
+        command: Command,
+        get: impl Fn(&str) -> Option<OsString>,
+    ) -> Result<Self, CniError> {
+        let text = |name: &str| -> Result<Option<String>, CniError> {
+            get(name)
+                .filter(|v| !v.is_empty())
+                .map(|v| {
+                    v.into_string().map_err(|v| {
+                        CniError::new(
+                            ErrorCode::InvalidEnv,
+                            format!("{name} {:?} is not valid UTF-8", v.to_string_lossy()),
+                        )
+                    })
+                })
+                .transpose()
+        };
         let required = |name: &str| -> Result<String, CniError> {
-            match get(name) {
-                Some(v) if !v.is_empty() => Ok(v),
-                _ => Err(CniError::new(
+            text(name)?.ok_or_else(|| {
+                CniError::new(
                     ErrorCode::InvalidEnv,
                     format!("{name} is required for {}", command.as_str()),
-                )),
-            }
+                )
+            })
         };
-        let optional = |name: &str| get(name).unwrap_or_default();
+        // A path is bytes: taken as the runtime gave it.
+        let netns = || {
+            get("CNI_NETNS")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
         let env = match command {
             Command::Add | Command::Check => CniEnv {
                 container_id: required("CNI_CONTAINERID")?,
-                netns: Some(PathBuf::from(required("CNI_NETNS")?)),
+                netns: Some(netns().ok_or_else(|| {
+                    CniError::new(
+                        ErrorCode::InvalidEnv,
+                        format!("CNI_NETNS is required for {}", command.as_str()),
+                    )
+                })?),
                 ifname: required("CNI_IFNAME")?,
-                args: optional("CNI_ARGS"),
-                path: optional("CNI_PATH"),
+                args: cni_args(&get),
+                path: text("CNI_PATH")?.unwrap_or_default(),
             },
             // DEL: the namespace may already be gone, so CNI_NETNS is optional.
             Command::Del => CniEnv {
                 container_id: required("CNI_CONTAINERID")?,
-                netns: get("CNI_NETNS")
-                    .filter(|s| !s.is_empty())
-                    .map(PathBuf::from),
+                netns: netns(),
                 ifname: required("CNI_IFNAME")?,
-                args: optional("CNI_ARGS"),
-                path: optional("CNI_PATH"),
+                args: cni_args(&get),
+                path: text("CNI_PATH")?.unwrap_or_default(),
             },
-            Command::Status | Command::Gc | Command::Version => CniEnv {
-                container_id: optional("CNI_CONTAINERID"),
-                netns: None,
-                ifname: optional("CNI_IFNAME"),
-                args: optional("CNI_ARGS"),
-                path: optional("CNI_PATH"),
-            },
+            Command::Status | Command::Gc | Command::Version => {
+                return Ok(CniEnv {
+                    path: text("CNI_PATH")?.unwrap_or_default(),
+                    ..CniEnv::default()
+                });
+            }
         };
+        validate_container_id(&env.container_id)?;
+        validate_ifname(&env.ifname)?;
         Ok(env)
     }
+}
+
+/// CNI_ARGS, whose keys this plugin reads are validated when parsed (pod names are DNS names);
+/// bytes that are not UTF-8 can only sit in other keys' values, ignored as Istio's
+/// `IgnoreUnknown` ignores them, so they must not make the pod look like no pod at all.
+fn cni_args(get: &impl Fn(&str) -> Option<OsString>) -> String {
+    get("CNI_ARGS")
+        .map(|v| v.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// libcni's name rule for container IDs and network names: `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`.
+pub fn is_cni_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+}
+
+fn validate_container_id(id: &str) -> Result<(), CniError> {
+    if is_cni_name(id) {
+        return Ok(());
+    }
+    Err(CniError::new(
+        ErrorCode::InvalidEnv,
+        format!(
+            "CNI_CONTAINERID {id:?} has characters other than letters, digits, '_', '.' and '-' (or does not start with a letter or digit)"
+        ),
+    ))
+}
+
+/// The kernel's rule for interface names (`dev_valid_name`), as libcni checks it.
+fn validate_ifname(name: &str) -> Result<(), CniError> {
+    let why = if name.len() > 15 {
+        "is longer than 15 bytes"
+    } else if name == "." || name == ".." {
+        "is . or .."
+    } else if name
+        .chars()
+        .any(|c| c == '/' || c == ':' || c.is_whitespace())
+    {
+        "contains '/', ':' or whitespace"
+    } else {
+        return Ok(());
+    };
+    Err(CniError::new(
+        ErrorCode::InvalidEnv,
+        format!("CNI_IFNAME {name:?} {why}"),
+    ))
+}
+
+/// Whether the configuration's `cniVersion` has `command` at all: CHECK came in 0.4.0, STATUS
+/// and GC in 1.1.0 (libcni's `skel` answers the same way: code 1).
+pub fn allows(command: Command, version: &str) -> Result<(), CniError> {
+    let since = match command {
+        Command::Check => "0.4.0",
+        Command::Status | Command::Gc => "1.1.0",
+        Command::Add | Command::Del | Command::Version => return Ok(()),
+    };
+    let position = |v: &str| SUPPORTED_VERSIONS.iter().position(|s| *s == v);
+    if position(version) >= position(since) {
+        return Ok(());
+    }
+    Err(CniError::new(
+        ErrorCode::IncompatibleVersion,
+        format!(
+            "cniVersion {version:?} does not allow {} (it came in {since})",
+            command.as_str()
+        ),
+    ))
 }
 
 pub fn is_supported(version: &str) -> bool {
@@ -267,6 +363,26 @@ pub fn convert_result(prev: Option<&Value>, target: &str) -> Result<Value, CniEr
 /// the conversion itself works on the JSON so that fields we do not know survive.
 mod shape {
     use serde::Deserialize;
+    use std::net::IpAddr;
+
+    /// `ADDRESS/PREFIX` as Go's `net.ParseCIDR` reads it (host bits allowed: `10.0.0.5/24`).
+    #[derive(Deserialize)]
+    #[serde(try_from = "String")]
+    struct Cidr;
+
+    impl TryFrom<String> for Cidr {
+        type Error = String;
+        fn try_from(s: String) -> std::result::Result<Self, String> {
+            let bad = || format!("{s:?} is not an ADDRESS/PREFIX");
+            let (addr, prefix) = s.split_once('/').ok_or_else(bad)?;
+            let addr: IpAddr = addr.parse().map_err(|_| bad())?;
+            let max = if addr.is_ipv4() { 32 } else { 128 };
+            match prefix.parse::<u8>() {
+                Ok(p) if p <= max && !prefix.starts_with('+') => Ok(Cidr),
+                _ => Err(bad()),
+            }
+        }
+    }
 
     #[derive(Deserialize)]
     #[allow(dead_code)]
@@ -297,15 +413,15 @@ mod shape {
     struct Ip {
         version: Option<String>,
         interface: Option<u32>,
-        address: String,
-        gateway: Option<String>,
+        address: Cidr,
+        gateway: Option<IpAddr>,
     }
 
     #[derive(Deserialize)]
     #[allow(dead_code)]
     struct Route {
-        dst: String,
-        gw: Option<String>,
+        dst: Cidr,
+        gw: Option<IpAddr>,
         mtu: Option<u32>,
         advmss: Option<u32>,
         priority: Option<u32>,
@@ -440,6 +556,30 @@ mod tests {
                 "prevResult.dns.nameservers",
             ),
             (json!({"cniVersion": 1}), "prevResult.cniVersion"),
+            (
+                json!({"ips": [{"address": "bogus"}]}),
+                "prevResult.ips[0].address",
+            ),
+            (
+                json!({"ips": [{"address": "10.0.0.5"}]}),
+                "prevResult.ips[0].address",
+            ),
+            (
+                json!({"ips": [{"address": "10.0.0.5/33"}]}),
+                "prevResult.ips[0].address",
+            ),
+            (
+                json!({"ips": [{"address": "10.0.0.5/24", "gateway": "not-an-ip"}]}),
+                "prevResult.ips[0].gateway",
+            ),
+            (
+                json!({"routes": [{"dst": "nowhere"}]}),
+                "prevResult.routes[0].dst",
+            ),
+            (
+                json!({"routes": [{"dst": "::/0", "gw": "fe80::1%eth0"}]}),
+                "prevResult.routes[0].gw",
+            ),
         ] {
             let e = convert_result(Some(&prev), "1.0.0").unwrap_err();
             assert_eq!(e.code, ErrorCode::Decode);
@@ -450,7 +590,7 @@ mod tests {
     #[test]
     fn env_requirements_follow_the_command() {
         let vars: HashMap<&str, &str> = [("CNI_CONTAINERID", "c1"), ("CNI_IFNAME", "eth0")].into();
-        let get = |k: &str| vars.get(k).map(|s| s.to_string());
+        let get = |k: &str| vars.get(k).map(OsString::from);
         let e = CniEnv::load(Command::Add, get).unwrap_err();
         assert_eq!(e.code, ErrorCode::InvalidEnv);
         assert!(e.msg.contains("CNI_NETNS"));
@@ -461,6 +601,86 @@ mod tests {
             "FOO".parse::<Command>().unwrap_err().code,
             ErrorCode::InvalidEnv
         );
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_are_named_or_ignored() {
+        use std::os::unix::ffi::OsStringExt;
+        let bad = || OsString::from_vec(b"caf\xe9".to_vec());
+        let env = |k: &str, v: OsString| {
+            let vars: HashMap<&str, OsString> = [
+                ("CNI_CONTAINERID", OsString::from("c1")),
+                ("CNI_IFNAME", OsString::from("eth0")),
+                ("CNI_NETNS", OsString::from("/var/run/netns/p")),
+                ("CNI_ARGS", OsString::from("K8S_POD_NAME=web")),
+            ]
+            .into_iter()
+            .chain([(k, v)])
+            .collect();
+            CniEnv::load(Command::Add, move |k| vars.get(k).cloned())
+        };
+        // CNI_ARGS: the pod is still found; the odd value is in a key nobody reads.
+        let mut args = b"K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;X=".to_vec();
+        args.extend_from_slice(b"caf\xe9");
+        let ok = env("CNI_ARGS", OsString::from_vec(args)).unwrap();
+        assert!(ok.args.contains("K8S_POD_NAME=web"), "{ok:?}");
+        // A namespace path is bytes, kept exactly.
+        let netns = env("CNI_NETNS", bad()).unwrap().netns.unwrap();
+        assert_eq!(netns.into_os_string(), bad());
+        for var in ["CNI_CONTAINERID", "CNI_IFNAME"] {
+            let e = env(var, bad()).unwrap_err();
+            assert!(e.msg.contains(var) && e.msg.contains("UTF-8"), "{e}");
+        }
+    }
+
+    #[test]
+    fn container_ids_and_interface_names_follow_libcni() {
+        let load = |id: &str, ifname: &str| {
+            let vars: HashMap<&str, OsString> = [
+                ("CNI_CONTAINERID", OsString::from(id)),
+                ("CNI_IFNAME", OsString::from(ifname)),
+            ]
+            .into();
+            CniEnv::load(Command::Del, move |k| vars.get(k).cloned())
+        };
+        for id in ["c1", "0a1b2c", "cnitool-77383ca0a0715733ca6f", "a_b.c-d"] {
+            assert!(load(id, "eth0").is_ok(), "{id}");
+        }
+        for id in ["-bad", "a/b", "a\nb", "../../etc", ".x", "a b"] {
+            let e = load(id, "eth0").unwrap_err();
+            assert!(
+                e.msg.contains("CNI_CONTAINERID") && e.msg.contains(&format!("{id:?}")),
+                "{e}"
+            );
+        }
+        for ifname in ["a/b", "abcdefghijklmnop", ".", "..", "e th0", "e:0", "e\t0"] {
+            let e = load("c1", ifname).unwrap_err();
+            assert!(e.msg.contains("CNI_IFNAME"), "{ifname:?}: {e}");
+        }
+        assert!(load("c1", "abcdefghijklmno").is_ok());
+    }
+
+    #[test]
+    fn check_status_and_gc_need_the_version_that_brought_them() {
+        for (command, refused, allowed) in [
+            (
+                Command::Check,
+                ["0.3.0", "0.3.1"].as_slice(),
+                ["0.4.0", "1.0.0", "1.1.0"].as_slice(),
+            ),
+            (Command::Status, &["0.3.1", "0.4.0", "1.0.0"], &["1.1.0"]),
+            (Command::Gc, &["0.3.0", "1.0.0"], &["1.1.0"]),
+        ] {
+            for v in refused {
+                let e = allows(command, v).unwrap_err();
+                assert_eq!(e.code, ErrorCode::IncompatibleVersion);
+                assert!(e.msg.contains(command.as_str()) && e.msg.contains(v), "{e}");
+            }
+            for v in allowed {
+                assert!(allows(command, v).is_ok(), "{command:?} {v}");
+            }
+        }
+        assert!(allows(Command::Add, "0.3.0").is_ok());
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod settings;
 
 use cni::{CniEnv, CniError, Command, ErrorCode, LATEST_VERSION};
 use serde_json::Value;
+use std::ffi::OsString;
 use std::time::Instant;
 
 /// What the process prints and how it exits.
@@ -42,6 +43,30 @@ impl Outcome {
     }
 }
 
+/// The most a network configuration on stdin may hold: the installer reads node configs up to
+/// the same size; a runtime never sends more, and more would only cost memory.
+pub const MAX_STDIN_BYTES: u64 = 64 << 20;
+
+/// The network configuration from `stdin`, refused past [`MAX_STDIN_BYTES`] without reading on.
+pub fn read_stdin(stdin: impl std::io::Read) -> Result<Vec<u8>, CniError> {
+    use std::io::Read;
+    let mut buf = Vec::new();
+    stdin
+        .take(MAX_STDIN_BYTES + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| CniError::new(ErrorCode::Io, format!("reading stdin: {e}")))?;
+    if buf.len() as u64 > MAX_STDIN_BYTES {
+        return Err(CniError::new(
+            ErrorCode::InvalidConfig,
+            format!(
+                "the network configuration on stdin is larger than {} MiB",
+                MAX_STDIN_BYTES >> 20
+            ),
+        ));
+    }
+    Ok(buf)
+}
+
 /// The `cniVersion` to answer errors in: the request's when it has a usable one.
 fn reply_version(stdin: &[u8]) -> String {
     serde_json::from_slice::<Value>(stdin)
@@ -53,11 +78,12 @@ fn reply_version(stdin: &[u8]) -> String {
 
 /// One plugin invocation: environment through `get_env`, the network configuration in `stdin`.
 /// Installs logging (once per process) from the configuration.
-pub fn run(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
+pub fn run(get_env: impl Fn(&str) -> Option<OsString>, stdin: &[u8]) -> Outcome {
     let start = Instant::now();
     let version = reply_version(stdin);
     let command = match get_env("CNI_COMMAND")
         .unwrap_or_default()
+        .to_string_lossy()
         .parse::<Command>()
     {
         Ok(c) => c,
@@ -82,10 +108,14 @@ pub fn run(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
         Some(&conf.settings.log_path()),
         Some(&conf.settings.log_socket()),
     );
-    let container_id = get_env("CNI_CONTAINERID").unwrap_or_default();
     // Best effort here so that even the first lines carry the pod; the commands validate.
-    let pod =
-        settings::parse_cni_args(&get_env("CNI_ARGS").unwrap_or_default()).unwrap_or_default();
+    let lossy = |name| {
+        get_env(name)
+            .map(|v| v.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    let container_id = lossy("CNI_CONTAINERID");
+    let pod = settings::parse_cni_args(&lossy("CNI_ARGS")).unwrap_or_default();
     let span = logging::command_span(
         command.as_str(),
         &container_id,
@@ -96,14 +126,16 @@ pub fn run(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
     for n in notes {
         tracing::warn!("{n}");
     }
-    let result = CniEnv::load(command, &get_env).and_then(|env| match command {
-        Command::Add => commands::add(&conf, &env).map(Some),
-        Command::Del => commands::del(&conf, &env).map(|_| None),
-        Command::Check => commands::check(&conf, &env).map(|_| None),
-        Command::Status => commands::status(&conf).map(|_| None),
-        Command::Gc => commands::gc(&conf).map(|_| None),
-        Command::Version => unreachable!("handled above"),
-    });
+    let result = cni::allows(command, &conf.cni_version)
+        .and_then(|()| CniEnv::load(command, &get_env))
+        .and_then(|env| match command {
+            Command::Add => commands::add(&conf, &env).map(Some),
+            Command::Del => commands::del(&conf, &env).map(|_| None),
+            Command::Check => commands::check(&conf, &env).map(|_| None),
+            Command::Status => commands::status(&conf).map(|_| None),
+            Command::Gc => commands::gc(&conf).map(|_| None),
+            Command::Version => unreachable!("handled above"),
+        });
     let elapsed_us = start.elapsed().as_micros() as u64;
     let peak_rss_kb = peak_rss_kb();
     match result {
@@ -133,4 +165,17 @@ fn peak_rss_kb() -> u64 {
 /// The error a panic turns into (the caller prints it; a panic is always our bug).
 pub fn panic_error(info: &str) -> CniError {
     CniError::new(ErrorCode::Internal, "istio-cni panicked (a bug)").with_details(info.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn stdin_past_the_cap_is_refused_without_reading_it_all() {
+        let cap = super::MAX_STDIN_BYTES as usize;
+        assert_eq!(super::read_stdin(&vec![b' '; cap][..]).unwrap().len(), cap);
+        // An endless stream: refused after cap + 1 bytes.
+        let e = super::read_stdin(std::io::repeat(b' ')).unwrap_err();
+        assert_eq!(e.code, super::ErrorCode::InvalidConfig);
+        assert!(e.msg.contains("64 MiB"), "{e}");
+    }
 }

@@ -1,6 +1,6 @@
 //! `istio-cni`: reads CNI_* and stdin, prints the result or a CNI error on stdout.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::panic::{self, AssertUnwindSafe};
 
 fn print(v: &serde_json::Value) {
@@ -11,17 +11,19 @@ fn print(v: &serde_json::Value) {
 }
 
 fn main() {
-    let mut stdin = Vec::new();
-    let version = if std::io::stdin().read_to_end(&mut stdin).is_err() {
-        stdin.clear();
-        None
-    } else {
-        serde_json::from_slice::<serde_json::Value>(&stdin)
-            .ok()
-            .and_then(|v| v.get("cniVersion")?.as_str().map(str::to_string))
-            .filter(|v| istio_cni::cni::is_supported(v))
+    let stdin = match istio_cni::read_stdin(std::io::stdin().lock()) {
+        Ok(stdin) => stdin,
+        Err(e) => {
+            eprintln!("istio-cni: {e}");
+            print(&e.to_json(istio_cni::cni::LATEST_VERSION));
+            std::process::exit(1);
+        }
     };
-    let version = version.unwrap_or_else(|| istio_cni::cni::LATEST_VERSION.into());
+    let version = serde_json::from_slice::<serde_json::Value>(&stdin)
+        .ok()
+        .and_then(|v| v.get("cniVersion")?.as_str().map(str::to_string))
+        .filter(|v| istio_cni::cni::is_supported(v))
+        .unwrap_or_else(|| istio_cni::cni::LATEST_VERSION.into());
 
     // Release builds abort on panic (workspace profile), so catch_unwind cannot help there:
     // the hook answers the runtime with a CNI error before the abort. With unwinding the hook
@@ -36,7 +38,7 @@ fn main() {
     }));
 
     let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
-        istio_cni::run(|k| std::env::var(k).ok(), &stdin)
+        istio_cni::run(|k| std::env::var_os(k), &stdin)
     }))
     .unwrap_or_else(|p| {
         let msg = p

@@ -75,6 +75,15 @@ pub fn parse_netconf(stdin: &[u8]) -> Result<NetConf, CniError> {
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
+    // libcni's skel refuses a configuration without a valid name before any command runs.
+    if !cni::is_cni_name(&name) {
+        return Err(CniError::new(
+            ErrorCode::InvalidConfig,
+            format!(
+                "the network configuration's name {name:?} is missing or has characters other than letters, digits, '_', '.' and '-'"
+            ),
+        ));
+    }
     let prev_result = value.get("prevResult").filter(|v| !v.is_null()).cloned();
     let settings = plugin_settings(&value)?;
     run_dir(&settings.cni_agent_run_dir)?;
@@ -308,32 +317,34 @@ mod tests {
             ErrorCode::IncompatibleVersion
         );
         assert_eq!(
-            code(r#"{"cniVersion":"1.0.0","redirect_backend":"ebpf"}"#),
+            code(r#"{"cniVersion":"1.0.0","name":"n","redirect_backend":"ebpf"}"#),
             ErrorCode::InvalidConfig
         );
         assert_eq!(
             code(
-                r#"{"cniVersion":"1.0.0","native_nftables":true,"redirect_backend":"iptables-legacy"}"#
+                r#"{"cniVersion":"1.0.0","name":"n","native_nftables":true,"redirect_backend":"iptables-legacy"}"#
             ),
             ErrorCode::InvalidConfig
         );
         assert_eq!(
-            code(r#"{"cniVersion":"1.0.0","pod_lookup_attempts":0}"#),
+            code(r#"{"cniVersion":"1.0.0","name":"n","pod_lookup_attempts":0}"#),
             ErrorCode::InvalidConfig
         );
-        let e = parse_netconf(br#"{"cniVersion":"1.0.0","exclude_namespaces":"kube-system"}"#)
-            .unwrap_err();
+        let e = parse_netconf(
+            br#"{"cniVersion":"1.0.0","name":"n","exclude_namespaces":"kube-system"}"#,
+        )
+        .unwrap_err();
         assert!(e.msg.contains("invalid type"), "{e}");
         assert!(e.msg.contains("setting exclude_namespaces:"), "{e}");
-        let e =
-            parse_netconf(br#"{"cniVersion":"1.0.0","exclude_namespaces":["a",7]}"#).unwrap_err();
+        let e = parse_netconf(br#"{"cniVersion":"1.0.0","name":"n","exclude_namespaces":["a",7]}"#)
+            .unwrap_err();
         assert!(e.msg.contains("exclude_namespaces[1]"), "{e}");
     }
 
     #[test]
     fn ambient_settings_are_validated_by_field() {
         let e = parse_netconf(
-            br#"{"cniVersion":"1.0.0","enablement_selectors":[{"podSelector":{"matchExpressions":[{"key":"k","operator":"In"}]}}]}"#,
+            br#"{"cniVersion":"1.0.0","name":"n","enablement_selectors":[{"podSelector":{"matchExpressions":[{"key":"k","operator":"In"}]}}]}"#,
         )
         .unwrap_err();
         assert!(
@@ -342,7 +353,7 @@ mod tests {
             e.msg
         );
         let e = parse_netconf(
-            br#"{"cniVersion":"1.0.0","enablement_selectors":[{"podSelector":{"matchLabel":{}}}]}"#,
+            br#"{"cniVersion":"1.0.0","name":"n","enablement_selectors":[{"podSelector":{"matchLabel":{}}}]}"#,
         )
         .unwrap_err();
         assert!(
@@ -351,14 +362,17 @@ mod tests {
             e.msg
         );
         let e =
-            parse_netconf(br#"{"cniVersion":"1.0.0","ambient_handoff_timeout_ms":0}"#).unwrap_err();
+            parse_netconf(br#"{"cniVersion":"1.0.0","name":"n","ambient_handoff_timeout_ms":0}"#)
+                .unwrap_err();
         assert!(e.msg.contains("ambient_handoff_timeout_ms 0"), "{}", e.msg);
     }
 
     #[test]
     fn run_dir_must_be_absolute() {
         for dir in ["", "run", "./run"] {
-            let conf = format!(r#"{{"cniVersion":"1.0.0","cni_agent_run_dir":"{dir}"}}"#);
+            let conf = format!(
+                r#"{{"cniVersion":"1.0.0","name":"n","name":"n","cni_agent_run_dir":"{dir}"}}"#
+            );
             let e = parse_netconf(conf.as_bytes()).unwrap_err();
             assert_eq!(e.code, ErrorCode::InvalidConfig);
             assert!(e.msg.contains("cni_agent_run_dir"), "{e}");
@@ -368,9 +382,11 @@ mod tests {
     #[test]
     fn lookup_bounds_fit_the_deadline() {
         let err = |fields: &str| {
-            parse_netconf(format!(r#"{{"cniVersion":"1.0.0",{fields}}}"#).as_bytes())
-                .unwrap_err()
-                .msg
+            parse_netconf(
+                format!(r#"{{"cniVersion":"1.0.0","name":"n","name":"n",{fields}}}"#).as_bytes(),
+            )
+            .unwrap_err()
+            .msg
         };
         // The old accepted maxima: 120 × (60 s + 10 s).
         let e = err(
@@ -384,7 +400,7 @@ mod tests {
         let e = err(r#""pod_lookup_deadline_ms":0"#);
         assert!(e.contains("pod_lookup_deadline_ms 0"), "{e}");
         // The defaults fit, and the budget is the deadline.
-        let c = parse_netconf(br#"{"cniVersion":"1.0.0"}"#).unwrap();
+        let c = parse_netconf(br#"{"cniVersion":"1.0.0","name":"n"}"#).unwrap();
         assert_eq!(c.lookup.budget(), Duration::from_secs(30));
     }
 

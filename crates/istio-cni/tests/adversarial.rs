@@ -481,6 +481,181 @@ fn adversarial_netns_targets() {
     tally.finish("netns targets");
 }
 
+/// Bytes that are not UTF-8 in the environment (Linux allows them; Istio's Go plugin reads them
+/// as bytes): in a CNI_ARGS key nobody reads the pod is still found and programmed (it passed
+/// through with no rules before); in CNI_CONTAINERID or CNI_IFNAME they are refused by name.
+#[test]
+fn bytes_that_are_not_utf8_in_the_environment() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+    let node = node();
+    let pod = pod_ns();
+    let mut args = k8s_args("default", "web").into_bytes();
+    args.extend_from_slice(b";X_RUNTIME_NOTE=caf\xe9");
+    let env = [
+        ("CNI_COMMAND", OsString::from("ADD")),
+        ("CNI_CONTAINERID", "adv".into()),
+        ("CNI_NETNS", pod.path().into()),
+        ("CNI_IFNAME", "eth0".into()),
+        ("CNI_ARGS", OsString::from_vec(args)),
+    ];
+    node.plugin(&env, &node.plugin_stdin(None)).assert_ok();
+    assert!(
+        rules(&pod).contains("istio-proxy-nat"),
+        "a sidecar pod was left without rules:\n{}",
+        rules(&pod)
+    );
+    for (at, var) in [(1, "CNI_CONTAINERID"), (3, "CNI_IFNAME")] {
+        let mut bad = env.clone();
+        bad[at].1 = OsString::from_vec(b"eth\xe9".to_vec());
+        node.plugin(&bad, &node.plugin_stdin(None))
+            .assert_err(4, &[var, "UTF-8"]);
+    }
+}
+
+/// CNI_NETNS naming a FIFO: refused at once by ADD and CHECK, nothing to remove for DEL (an
+/// open for reading would wait for a writer for ever, holding the pod's set-up or teardown);
+/// DEL of a path that cannot name
+/// a namespace at all (a file as a directory, a name longer than the kernel takes) succeeds,
+/// as for a namespace already gone.
+#[test]
+fn a_fifo_or_an_impossible_path_as_cni_netns_holds_nothing() {
+    let node = node();
+    let fifo = node.dir.join("fifo");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    for command in ["ADD", "CHECK", "DEL"] {
+        let mut env = add_env(fifo.to_str().unwrap());
+        env[0].1 = command.into();
+        // Unblocks a plugin that opened the FIFO, so that a failure is reported, not a hang.
+        let (done, waiting) = std::sync::mpsc::channel::<()>();
+        let fifo_path = fifo.clone();
+        let unblock = std::thread::spawn(move || {
+            if waiting.recv_timeout(Duration::from_secs(10)).is_err() {
+                let _ = std::fs::OpenOptions::new().write(true).open(&fifo_path);
+            }
+        });
+        let r = run(&node, &env, &node.plugin_stdin(None));
+        let _ = done.send(());
+        unblock.join().unwrap();
+        assert!(
+            r.elapsed < Duration::from_secs(5),
+            "{command} waited {:?} on a FIFO",
+            r.elapsed
+        );
+        if command == "DEL" {
+            // Nothing of ours can be there: the teardown goes on.
+            assert!(r.ok, "{r:#?}");
+        } else {
+            r.assert_err(4, &["CNI_NETNS", "a FIFO"]);
+        }
+    }
+    let file = node.dir.join("regular");
+    std::fs::write(&file, "x").unwrap();
+    for impossible in [file.join("ns"), node.dir.join("n".repeat(300))] {
+        let mut env = add_env(impossible.to_str().unwrap());
+        env[0].1 = "DEL".into();
+        let r = run(&node, &env, &node.plugin_stdin(None));
+        assert!(r.ok, "DEL of {impossible:?}: {r:#?}");
+    }
+}
+
+/// CNI_NETNS re-pointed at the node's own namespace while the pod is looked up, after the
+/// plugin checked it (a symlink swapped; a bind mount replaced, as at /var/run/netns): the
+/// rules land in the namespace that was checked, never in the node's.
+#[test]
+fn a_netns_path_re_pointed_during_the_lookup_never_programs_the_node() {
+    let node = Node::new(NodeOptions {
+        timeout_ms: 4000,
+        deadline_ms: 8000,
+        ..Default::default()
+    });
+    node.api.put("default", "web", fixture("sidecar"));
+    // Answers 1.5 s after the GET: the swap happens inside that window.
+    node.api.set_mode(ApiMode::Slow);
+    let before = rules(&node.ns);
+    let sh = |cmd: String| {
+        let st = Command::new("sh").arg("-c").arg(&cmd).status().unwrap();
+        assert!(st.success(), "{cmd}");
+    };
+    let link = node.dir.join("link");
+    let mounted = node.dir.join("mounted");
+    let (pod_path, node_path) = (
+        |p: &TestNetns| p.path().display().to_string(),
+        node.ns.path().display().to_string(),
+    );
+    type Swap<'a> = (
+        &'a str,
+        Box<dyn Fn(&TestNetns) + Sync + 'a>,
+        Box<dyn Fn() + Sync + 'a>,
+    );
+    let swaps: [Swap; 2] = [
+        (
+            "symlink",
+            Box::new(|pod| sh(format!("ln -sfn {} {}", pod_path(pod), link.display()))),
+            Box::new(|| {
+                sh(format!(
+                    "ln -sfn {node_path} {0}.new && mv -T {0}.new {0}",
+                    link.display()
+                ))
+            }),
+        ),
+        (
+            "bind mount",
+            Box::new(|pod| {
+                sh(format!(
+                    "touch {0} && mount --bind {1} {0}",
+                    mounted.display(),
+                    pod_path(pod)
+                ))
+            }),
+            Box::new(|| {
+                sh(format!(
+                    "umount --lazy {0} && mount --bind {node_path} {0}",
+                    mounted.display()
+                ))
+            }),
+        ),
+    ];
+    for (what, point_at_pod, point_at_node) in &swaps {
+        let pod = pod_ns();
+        point_at_pod(&pod);
+        let target = if *what == "symlink" { &link } else { &mounted };
+        let asked = node.api.requests.load(std::sync::atomic::Ordering::SeqCst);
+        let r = std::thread::scope(|s| {
+            s.spawn(|| {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while node.api.requests.load(std::sync::atomic::Ordering::SeqCst) == asked
+                    && Instant::now() < deadline
+                {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                point_at_node();
+            });
+            run(
+                &node,
+                &add_env(target.to_str().unwrap()),
+                &node.plugin_stdin(None),
+            )
+        });
+        node_untouched(&node, &before, what);
+        assert!(r.ok, "{what}: {r:#?}");
+        assert!(
+            rules(&pod).contains("istio-proxy-nat"),
+            "{what}: the checked namespace has no rules:\n{}",
+            rules(&pod)
+        );
+        if *what == "bind mount" {
+            sh(format!("umount --lazy {}", mounted.display()));
+        }
+    }
+}
+
 /// The plugin inside the node with /etc/resolv.conf pointing at a server that never answers
 /// (a private mount namespace, so nothing else sees it).
 fn run_with_hanging_dns(node: &Node, env: &[(&'static str, String)], stdin: &[u8]) -> Run {

@@ -351,9 +351,18 @@ fn bad_inputs_give_cni_errors_and_no_rules() {
 fn version_status_gc_and_del_of_a_vanished_pod() {
     let node = Node::new(NodeOptions {
         write_kubeconfig: false,
+        // STATUS and GC came in 1.1.0.
+        cni_version: "1.1.0",
         ..Default::default()
     });
     let stdin = node.plugin_stdin(None);
+    let mut older: serde_json::Value = serde_json::from_slice(&stdin).unwrap();
+    older["cniVersion"] = "1.0.0".into();
+    let older = serde_json::to_vec(&older).unwrap();
+    for command in ["STATUS", "GC"] {
+        node.plugin(&[("CNI_COMMAND", command)], &older)
+            .assert_err(1, &[command, "1.0.0"]);
+    }
     let v = node.plugin(&[("CNI_COMMAND", "VERSION")], br#"{"cniVersion":"1.1.0"}"#);
     assert_eq!(
         v.assert_ok().json()["supportedVersions"],

@@ -206,7 +206,7 @@ impl Node {
     }
 
     /// The plugin alone, called the way a runtime calls it (inside the node namespace).
-    pub fn plugin(&self, env: &[(&str, &str)], stdin: &[u8]) -> Run {
+    pub fn plugin<V: AsRef<std::ffi::OsStr> + Sync>(&self, env: &[(&str, V)], stdin: &[u8]) -> Run {
         let start = Instant::now();
         let out = self
             .ns
@@ -214,7 +214,7 @@ impl Node {
                 let mut child = Command::new(&self.opts.plugin)
                     .env_clear()
                     .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-                    .envs(env.iter().copied())
+                    .envs(env.iter().map(|(k, v)| (*k, v.as_ref())))
                     .stdin(Stdio::piped())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped())
