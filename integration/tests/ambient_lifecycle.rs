@@ -9,11 +9,11 @@
 //! nothing skips.
 
 use integration::ambient::{
-    AmbientNode, AmbientOptions, Mode, NODE_NAME, OTHER_UID, PodPlan, lands, link_process,
-    sleep_binary, spawn_in, tables,
+    AmbientNode, AmbientOptions, Mode, NODE_NAME, OTHER_UID, POD_NAMESPACE, PodPlan, lands,
+    link_process, sleep_binary, spawn_in, tables,
 };
 use integration::cni::require_cni_tools;
-use integration::node::GATEWAY_V4;
+use integration::node::{GATEWAY_V4, wait_until};
 use integration::pods::{DemoPod, PodKind};
 use integration::ztunnel::ztunnel_binary;
 use integration::{Listen, Probe, TestNetns};
@@ -21,7 +21,7 @@ use serde_json::json;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const APP: u16 = integration::ambient::APP_PORT;
 
@@ -178,4 +178,46 @@ fn ztunnels_own_pod_is_never_enrolled() {
     assert!(n.probe_set().is_empty(), "{:?}", n.probe_set());
     let _ = sandbox.kill();
     let _ = sandbox.wait();
+}
+
+/// The namespace labelled ambient while the API server has stopped feeding the agent's
+/// namespace watch (the connection kept open): a pod started meanwhile is decided from that
+/// stale view and passes through, but a namespace watch runs for at most
+/// `NAMESPACE_WATCH_TIMEOUT` (60 s): found stalled past it, the cache lists again and the agent
+/// enrolls the pod, as it does any running pod of a freshly labelled namespace; the next pod is
+/// ambient from its ADD. Before, the namespace watch ran for the pods' 290 s and such a pod
+/// stayed outside the mesh for about five minutes.
+#[test]
+fn a_stalled_namespace_watch_keeps_a_pod_outside_the_mesh_for_at_most_about_a_minute() {
+    let Some(bin) = ztunnel() else { return };
+    let (late, next) = (
+        PodPlan::new("late", [10, 88, 31, 10], Mode::Plain),
+        PodPlan::new("next", [10, 88, 31, 11], Mode::Plain),
+    );
+    let n = AmbientNode::start(
+        &bin,
+        &AmbientOptions::default(),
+        &[late.clone(), next.clone()],
+    )
+    .unwrap();
+    n.kube().hang_namespace_watches();
+    n.kube().put_namespace_meta(
+        POD_NAMESPACE,
+        json!({"istio.io/dataplane-mode": "ambient"}),
+        json!({}),
+    );
+    let started = Instant::now();
+    let pl = n.start_pod(&late);
+    let bound = node_view::cache::NAMESPACE_WATCH_TIMEOUT + Duration::from_secs(15);
+    assert!(
+        wait_until(bound, || n.served(&pl)),
+        "the pod started during the stall was not enrolled within {bound:?}\n{}",
+        n.logs()
+    );
+    println!(
+        "stalled namespace watch: the pod started meanwhile was enrolled {:?} later",
+        started.elapsed()
+    );
+    let pn = n.start_pod(&next);
+    assert!(n.served(&pn), "{}", n.logs());
 }

@@ -5,10 +5,12 @@
 //! Fault handling follows client-go's reflector, not kube-runtime's per-error backoff on the
 //! same stream: an `ERROR` event, an undecodable line or a transport error ENDS the watch; after
 //! one short jittered backoff ([`Backoff`]: 100-200 ms first, doubling, capped at [`BACKOFF_MAX`]) the cache
-//! re-lists and watches again from the list's resourceVersion. `410 Gone` re-lists at once. A
-//! watch that the server closes normally resumes from the last resourceVersion without a list.
-//! A watch that stays silent past its own `timeoutSeconds` (a hung server or a dead peer) is
-//! abandoned. A re-list emits `Deleted` for pods that vanished while the watch was down and
+//! re-lists and watches again from the list's resourceVersion; `410 Gone` too (a server
+//! answering every watch with it is not listed in a hot loop). A watch that the server closes
+//! normally resumes from the last resourceVersion without a list. A watch still open past its
+//! own `timeoutSeconds` (a hung server or a dead peer) is abandoned. From a watch's failure to
+//! the next list the cache is not [`ObjectCache::is_current`], and the plugin's lookup does not
+//! answer from it. A re-list emits `Deleted` for pods that vanished while the watch was down and
 //! `Applied` only for pods that are new or changed (by resourceVersion).
 //!
 //! The mechanism is generic ([`ObjectCache`]): the ambient node agent also keeps the cluster's
@@ -74,6 +76,13 @@ pub const BACKOFF_FIRST: Duration = Duration::from_millis(200);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Server-side watch timeout (client-go picks 5-10 min; the API server closes the watch then).
 pub const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(290);
+/// The longest a namespace watch runs. A namespace's labels decide whether a NEW pod is
+/// ambient (from this cache, over the plugin's lookup), and a watch the API server stops
+/// feeding while keeping it open is only found when it outlives its timeout: namespaces are
+/// few and a resumed watch costs no list, so this bounds such a stale view to about a minute.
+/// A pod decided from it is enrolled by the agent once the cache lists again (as for any pod
+/// of a namespace labelled after it started).
+pub const NAMESPACE_WATCH_TIMEOUT: Duration = Duration::from_secs(60);
 /// A list taking longer than this (or than the watch timeout, if shorter) is abandoned and
 /// retried.
 pub const LIST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -114,6 +123,9 @@ pub struct Stats {
 struct Inner<K> {
     pods: HashMap<String, Arc<K>>,
     synced: bool,
+    /// Listed, and the watch since has not failed: what the cache holds is what the API server
+    /// has told it. False from a failed, hung or expired watch until the next list.
+    current: bool,
     subscribers: Vec<mpsc::UnboundedSender<CacheEvent<K>>>,
     stats: Stats,
 }
@@ -123,6 +135,7 @@ impl<K> Default for Inner<K> {
         Inner {
             pods: HashMap::new(),
             synced: false,
+            current: false,
             subscribers: Vec::new(),
             stats: Stats::default(),
         }
@@ -170,15 +183,19 @@ impl PodCache {
     pub async fn run(self, api: Api<Pod>, node: String, watch_timeout: Duration) {
         let selector = format!("spec.nodeName={node}");
         tracing::info!(field_selector = %selector, "pod cache: watching this node's pods");
-        self.run_selected(api, Some(selector), watch_timeout).await
+        self.run_selected(api, Some(selector), watch_timeout, "pod cache")
+            .await
     }
 }
 
 impl NamespaceCache {
-    /// Lists and watches every namespace until the task is dropped.
+    /// Lists and watches every namespace until the task is dropped, each watch for at most
+    /// [`NAMESPACE_WATCH_TIMEOUT`].
     pub async fn run(self, api: Api<Namespace>, watch_timeout: Duration) {
         tracing::info!("namespace cache: watching namespaces");
-        self.run_selected(api, None, watch_timeout).await
+        let timeout = watch_timeout.min(NAMESPACE_WATCH_TIMEOUT);
+        self.run_selected(api, None, timeout, "namespace cache")
+            .await
     }
 }
 
@@ -259,6 +276,17 @@ impl<K: Cached> ObjectCache<K> {
         self.lock().synced
     }
 
+    /// Whether the cache holds what the API server last said: listed, and no watch failure
+    /// since (see `Inner::current`). An answer from a cache that is not current may be stale.
+    pub fn is_current(&self) -> bool {
+        self.lock().current
+    }
+
+    /// A watch failed (or hung, or expired): what is held may miss changes until the next list.
+    pub(crate) fn lost_track(&self) {
+        self.lock().current = false;
+    }
+
     pub fn stats(&self) -> Stats {
         self.lock().stats.clone()
     }
@@ -309,6 +337,7 @@ impl<K: Cached> ObjectCache<K> {
         }
         g.pods = fresh;
         g.synced = true;
+        g.current = true;
         g.stats.lists += 1;
         g.emit(CacheEvent::Synced);
     }
@@ -317,8 +346,15 @@ impl<K: Cached> ObjectCache<K> {
         f(&mut self.lock().stats)
     }
 
-    /// Lists and watches (with the field selector, if any) until the task is dropped.
-    async fn run_selected(self, api: Api<K>, selector: Option<String>, watch_timeout: Duration) {
+    /// Lists and watches (with the field selector, if any) until the task is dropped; `what`
+    /// names the cache in its log lines.
+    async fn run_selected(
+        self,
+        api: Api<K>,
+        selector: Option<String>,
+        watch_timeout: Duration,
+        what: &'static str,
+    ) {
         let selector = selector.unwrap_or_default();
         let mut backoff = Backoff::default();
         let mut recovering: Option<String> = None;
@@ -326,14 +362,14 @@ impl<K: Cached> ObjectCache<K> {
             let mut version = match self.list(&api, &selector, watch_timeout).await {
                 Ok((version, n)) => {
                     match recovering.take() {
-                        Some(why) => tracing::info!(pods = n, after = %why, "pod cache: re-listed"),
-                        None => tracing::info!(pods = n, "pod cache: listed"),
+                        Some(why) => tracing::info!(objects = n, after = %why, "{what}: re-listed"),
+                        None => tracing::info!(objects = n, "{what}: listed"),
                     }
                     version
                 }
                 Err(e) => {
                     let d = backoff.next_delay();
-                    tracing::warn!(error = %e, retry_in_ms = d.as_millis() as u64, "pod cache: list failed");
+                    tracing::warn!(error = %e, retry_in_ms = d.as_millis() as u64, "{what}: list failed");
                     tokio::time::sleep(d).await;
                     continue;
                 }
@@ -341,12 +377,13 @@ impl<K: Cached> ObjectCache<K> {
             let why = self
                 .watch_until_failure(&api, &selector, &mut version, watch_timeout, &mut backoff)
                 .await;
-            if let Some(why) = why {
-                let d = backoff.next_delay();
-                tracing::warn!(error = %why, retry_in_ms = d.as_millis() as u64, "pod cache: watch ended; re-listing");
-                tokio::time::sleep(d).await;
-                recovering = Some(why);
-            }
+            self.lost_track();
+            // Even 410 Gone waits: a server answering every watch with it would otherwise be
+            // listed in a hot loop (the backoff starts at 200 ms after a healthy watch).
+            let d = backoff.next_delay();
+            tracing::warn!(error = %why, retry_in_ms = d.as_millis() as u64, "{what}: watch ended; re-listing");
+            tokio::time::sleep(d).await;
+            recovering = Some(why);
         }
     }
 
@@ -364,7 +401,7 @@ impl<K: Cached> ObjectCache<K> {
         }
         let listed = match tokio::time::timeout(timeout, api.list(&lp)).await {
             Ok(Ok(list)) => list,
-            Ok(Err(e)) => return Err(e.to_string()),
+            Ok(Err(e)) => return Err(crate::describe(&e)),
             Err(_) => return Err(format!("no answer within {} s", timeout.as_secs())),
         };
         let version = listed.metadata.resource_version.clone().unwrap_or_default();
@@ -373,8 +410,7 @@ impl<K: Cached> ObjectCache<K> {
         Ok((version, n))
     }
 
-    /// Watches from `version`, resuming after normal closes, until a watch fails. `None`: re-list
-    /// at once (410 Gone); `Some(why)`: re-list after a backoff.
+    /// Watches from `version`, resuming after normal closes, until a watch fails; why it did.
     async fn watch_until_failure(
         &self,
         api: &Api<K>,
@@ -382,7 +418,7 @@ impl<K: Cached> ObjectCache<K> {
         version: &mut String,
         timeout: Duration,
         backoff: &mut Backoff,
-    ) -> Option<String> {
+    ) -> String {
         loop {
             let started = Instant::now();
             let end = self.watch_once(api, selector, version, timeout).await;
@@ -390,26 +426,28 @@ impl<K: Cached> ObjectCache<K> {
             match end {
                 WatchEnd::Closed { events } if healthy(events) => backoff.reset(),
                 // Closed at once with nothing: a failure, not a hot loop.
-                WatchEnd::Closed { .. } => return Some("the watch closed at once".into()),
-                WatchEnd::Gone => {
+                WatchEnd::Closed { .. } => return "the watch closed at once".into(),
+                WatchEnd::Gone { events } => {
                     self.count(|s| s.gone += 1);
-                    tracing::info!("pod cache: resourceVersion expired (410 Gone); re-listing");
-                    return None;
+                    if healthy(events) {
+                        backoff.reset();
+                    }
+                    return "resourceVersion expired (410 Gone)".into();
                 }
                 WatchEnd::Hung => {
                     self.count(|s| s.hangs += 1);
                     backoff.reset();
-                    return Some(format!(
-                        "the watch stayed silent past its {} s timeout",
+                    return format!(
+                        "the watch was not closed at its {} s timeout",
                         timeout.as_secs()
-                    ));
+                    );
                 }
                 WatchEnd::Failed { error, events } => {
                     self.count(|s| s.watch_errors += 1);
                     if healthy(events) {
                         backoff.reset();
                     }
-                    return Some(error);
+                    return error;
                 }
             }
         }
@@ -458,7 +496,7 @@ impl<K: Cached> ObjectCache<K> {
                     self.delete(p);
                 }
                 Ok(WatchEvent::Bookmark(b)) => *version = b.metadata.resource_version,
-                Ok(WatchEvent::Error(s)) if s.code == 410 => return WatchEnd::Gone,
+                Ok(WatchEvent::Error(s)) if s.code == 410 => return WatchEnd::Gone { events },
                 Ok(WatchEvent::Error(s)) => {
                     return WatchEnd::Failed {
                         error: format!("ERROR event: {} ({})", s.message, s.code),
@@ -474,16 +512,16 @@ impl<K: Cached> ObjectCache<K> {
 
 enum WatchEnd {
     Closed { events: u64 },
-    Gone,
+    Gone { events: u64 },
     Hung,
     Failed { error: String, events: u64 },
 }
 
 fn failure(e: kube::Error, events: u64) -> WatchEnd {
     match &e {
-        kube::Error::Api(s) if s.code == 410 => WatchEnd::Gone,
+        kube::Error::Api(s) if s.code == 410 => WatchEnd::Gone { events },
         _ => WatchEnd::Failed {
-            error: e.to_string(),
+            error: crate::describe(&e),
             events,
         },
     }

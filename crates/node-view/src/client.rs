@@ -59,6 +59,10 @@ pub enum ClientError {
     Client(#[from] kube::Error),
     #[error("service-account token {0} is missing (not running in a pod?)")]
     NoToken(PathBuf),
+    #[error(
+        "service-account token {0} starts or ends with whitespace (a newline?): the client sends the file as it is, and the API server would refuse every request"
+    )]
+    TokenWhitespace(PathBuf),
 }
 
 /// The API client: `KUBECONFIG` when given (tests, running outside a pod), else in-cluster from
@@ -75,8 +79,10 @@ pub async fn client(api: &ApiServer) -> Result<Client, ClientError> {
         ),
         None => {
             let token = api.token_file();
-            if !token.exists() {
-                return Err(ClientError::NoToken(token));
+            match std::fs::read_to_string(&token) {
+                Err(_) => return Err(ClientError::NoToken(token)),
+                Ok(t) if t.trim() != t => return Err(ClientError::TokenWhitespace(token)),
+                Ok(_) => {}
             }
             (in_cluster(api), api.service_account_dir.clone())
         }
@@ -132,6 +138,33 @@ fn in_cluster(api: &ApiServer) -> Kubeconfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// client-go trims the token file; kube sends it whole, so a newline is refused up front,
+    /// naming the file, instead of every request failing with "invalid bearer token".
+    #[test]
+    fn a_token_with_a_trailing_newline_is_refused_naming_the_file() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("token"), "tok\n").unwrap();
+        let api = ApiServer {
+            host: "10.96.0.1".into(),
+            port: 443,
+            protocol: "https".into(),
+            ca_file: d.path().join("ca.crt"),
+            skip_tls_verify: true,
+            service_account_dir: d.path().to_path_buf(),
+            kubeconfig: None,
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let e = rt.block_on(client(&api)).err().expect("refused");
+        assert!(matches!(e, ClientError::TokenWhitespace(_)), "{e}");
+        assert!(
+            e.to_string()
+                .contains(&api.token_file().display().to_string()),
+            "{e}"
+        );
+    }
 
     #[test]
     fn ipv6_hosts_get_brackets() {

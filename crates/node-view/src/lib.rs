@@ -33,3 +33,20 @@ pub struct Settings {
     /// `timeoutSeconds` of the pod and namespace watches.
     pub watch_timeout: Duration,
 }
+
+/// An error with its whole chain of causes (`client error (Connect): tcp connect error:
+/// Connection refused`): kube's own text names only the outermost layer.
+pub fn describe(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        // Some layers repeat their source in their own text.
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        src = s.source();
+    }
+    msg
+}

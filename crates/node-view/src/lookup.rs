@@ -7,7 +7,6 @@ use cni_config::lookup::{POD_LOOKUP_SOCKET, POD_PATH, PodAnswer, PodQuery};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::time::Instant;
 use uds_http::server::{Reply, Request, json, reply};
 use uds_http::{Method, StatusCode};
@@ -78,25 +77,18 @@ async fn answer(caches: Caches, req: Request) -> Reply {
 type Found = PodAnswer<Arc<Pod>, Arc<Namespace>>;
 
 async fn find(caches: &Caches, q: &PodQuery) -> Result<Found, String> {
-    // A cache that has not listed (the daemon just started, or cannot reach the API server)
-    // is no reason to hold the pod: the plugin asks the API server at once.
-    let wait = if caches.pods.is_synced() {
-        q.wait
-    } else {
-        Duration::ZERO
-    };
-    let deadline = Instant::now() + wait;
+    // A cache that has not listed since its watch failed (or ever: the daemon just started,
+    // or cannot reach the API server) may miss changes: the plugin asks the API server at once.
+    if !caches.pods.is_current() {
+        return Err("the pod cache has not listed since its watch ended".into());
+    }
+    let deadline = Instant::now() + q.wait;
     let same_uid = |p: &Pod| q.uid.is_none() || p.metadata.uid == q.uid;
     let pod = caches
         .pods
-        .wait_for(&q.namespace, &q.name, same_uid, wait)
+        .wait_for(&q.namespace, &q.name, same_uid, q.wait)
         .await
-        .ok_or_else(|| {
-            format!(
-                "pod {}/{} is not in this node's pod cache",
-                q.namespace, q.name
-            )
-        })?;
+        .ok_or_else(|| miss(caches, q))?;
     if !q.with_namespace {
         return Ok(PodAnswer {
             pod,
@@ -106,6 +98,10 @@ async fn find(caches: &Caches, q: &PodQuery) -> Result<Found, String> {
     let Some(namespaces) = &caches.namespaces else {
         return Err("this daemon does not watch namespaces".into());
     };
+    // Its labels decide whether the pod is ambient: never from a view that lost track.
+    if !namespaces.is_current() {
+        return Err("the namespace cache has not listed since its watch ended".into());
+    }
     let left = deadline.saturating_duration_since(Instant::now());
     let namespace = namespaces
         .wait_for("", &q.namespace, |_| true, left)
@@ -115,4 +111,91 @@ async fn find(caches: &Caches, q: &PodQuery) -> Result<Found, String> {
         pod,
         namespace: Some(namespace),
     })
+}
+
+/// Why the pod was not answered: not there, or there as another pod (re-created under its name).
+fn miss(caches: &Caches, q: &PodQuery) -> String {
+    let pod = format!("{}/{}", q.namespace, q.name);
+    match caches.pods.get(&q.namespace, &q.name) {
+        Some(p) => format!(
+            "pod {pod} in this node's pod cache has uid {:?}, not the sandbox's {:?}",
+            p.metadata.uid.as_deref().unwrap_or(""),
+            q.uid.as_deref().unwrap_or("")
+        ),
+        None => format!("pod {pod} is not in this node's pod cache"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(uid: &str) -> Pod {
+        serde_json::from_value(
+            json!({"metadata": {"name": "web", "namespace": "shop", "uid": uid}}),
+        )
+        .unwrap()
+    }
+
+    fn namespace() -> Namespace {
+        serde_json::from_value(json!({"metadata": {"name": "shop"}})).unwrap()
+    }
+
+    fn query(uid: Option<&str>) -> PodQuery {
+        PodQuery {
+            namespace: "shop".into(),
+            name: "web".into(),
+            uid: uid.map(str::to_string),
+            with_namespace: true,
+            wait: std::time::Duration::ZERO,
+        }
+    }
+
+    /// Answers come only from caches that have listed since their watch last failed: a
+    /// namespace's labels from a view that lost track could decide an ambient pod is not one.
+    #[tokio::test]
+    async fn a_cache_that_lost_its_watch_answers_nothing_until_it_lists_again() {
+        let caches = Caches {
+            pods: PodCache::new(),
+            namespaces: Some(NamespaceCache::new()),
+        };
+        caches.pods.replace(vec![pod("uid-1")]);
+        caches
+            .namespaces
+            .as_ref()
+            .unwrap()
+            .replace(vec![namespace()]);
+        assert!(find(&caches, &query(Some("uid-1"))).await.is_ok());
+        caches.namespaces.as_ref().unwrap().lost_track();
+        let e = find(&caches, &query(None)).await.err().unwrap();
+        assert!(e.contains("namespace cache has not listed"), "{e}");
+        caches
+            .namespaces
+            .as_ref()
+            .unwrap()
+            .replace(vec![namespace()]);
+        caches.pods.lost_track();
+        let e = find(&caches, &query(None)).await.err().unwrap();
+        assert!(e.contains("pod cache has not listed"), "{e}");
+        caches.pods.replace(vec![pod("uid-1")]);
+        assert!(find(&caches, &query(None)).await.is_ok());
+    }
+
+    /// A pod re-created under its name is named as such, not as missing.
+    #[tokio::test]
+    async fn a_uid_mismatch_is_named() {
+        let caches = Caches {
+            pods: PodCache::new(),
+            namespaces: None,
+        };
+        caches.pods.replace(vec![pod("uid-new")]);
+        let mut q = query(Some("uid-old"));
+        q.with_namespace = false;
+        let e = find(&caches, &q).await.err().unwrap();
+        assert!(
+            e.contains("\"uid-new\"") && e.contains("\"uid-old\""),
+            "{e}"
+        );
+    }
 }

@@ -18,6 +18,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 #[derive(Clone, Debug)]
 pub struct Req {
@@ -38,6 +39,8 @@ impl Req {
 struct Watcher {
     stream: TcpStream,
     node: Option<String>,
+    /// When the server ends it, as an API server does at the request's `timeoutSeconds`.
+    ends: Option<Instant>,
 }
 
 impl Watcher {
@@ -68,14 +71,18 @@ struct Inner {
     hung: Mutex<Vec<TcpStream>>,
     /// Every change, for watches resuming from a version.
     history: Mutex<Vec<Change>>,
-    /// The namespace watches and changes (no faults: they serve the ambient agent's cache).
-    ns_watchers: Mutex<Vec<TcpStream>>,
+    /// The namespace watches (each with when it ends) and changes; `hang_namespace_watches`
+    /// is their one fault.
+    ns_watchers: Mutex<Vec<(TcpStream, Option<Instant>)>>,
     ns_history: Mutex<Vec<Change>>,
     /// History before this version is compacted: a watch from an older one gets 410.
     compacted: AtomicU64,
     rv: AtomicU64,
     /// How many more pod WATCH requests get an ERROR event at once (an API brownout).
     failing_watches: AtomicU64,
+    /// How many more pod WATCH requests get `410 Gone` at once (a server whose window has
+    /// moved past every version it lists).
+    expiring_watches: AtomicU64,
     /// How many more pod LIST requests are accepted and never answered.
     hang_lists: AtomicU64,
     /// How many more single-pod GETs are accepted and never answered.
@@ -127,6 +134,14 @@ impl FakeKube {
                 let Ok(conn) = conn else { break };
                 let i = i2.clone();
                 std::thread::spawn(move || server::serve(conn, &i));
+            }
+        });
+        let weak = Arc::downgrade(&inner);
+        std::thread::spawn(move || {
+            while let Some(inner) = weak.upgrade() {
+                end_timed_out_watches(&inner);
+                drop(inner);
+                std::thread::sleep(Duration::from_millis(50));
             }
         });
         FakeKube { port, inner }
@@ -184,7 +199,7 @@ impl FakeKube {
             .lock()
             .unwrap()
             .push((rv.parse().unwrap_or(0), line.clone(), None));
-        ws.retain_mut(|s| s.write_all(chunked(&line).as_bytes()).is_ok());
+        ws.retain_mut(|(s, _)| s.write_all(chunked(&line).as_bytes()).is_ok());
     }
 
     /// Serves the DaemonSet `namespace/name` (a rollout: on SIGTERM the daemon keeps the
@@ -240,9 +255,22 @@ impl FakeKube {
         hung.extend(ws.drain(..).map(|w| w.stream));
     }
 
+    /// Every open namespace watch stops receiving anything and is not ended at its timeout
+    /// (connection kept open, as a server that stopped feeding it).
+    pub fn hang_namespace_watches(&self) {
+        let mut ws = self.inner.ns_watchers.lock().unwrap();
+        let mut hung = self.inner.hung.lock().unwrap();
+        hung.extend(ws.drain(..).map(|(s, _)| s));
+    }
+
     /// The next `n` pod WATCHes get `500 etcdserver: request timed out` as their first event.
     pub fn fail_next_watches(&self, n: u64) {
         self.inner.failing_watches.store(n, Ordering::SeqCst);
+    }
+
+    /// The next `n` pod WATCHes get `410 Gone` as their first event, whatever their version.
+    pub fn expire_next_watches(&self, n: u64) {
+        self.inner.expiring_watches.store(n, Ordering::SeqCst);
     }
 
     /// The next `n` pod LISTs are read and never answered (connection kept open).
@@ -452,6 +480,33 @@ fn resource_version_param(query: &str) -> u64 {
         .find_map(|kv| kv.strip_prefix("resourceVersion="))
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
+}
+
+/// When a watch asked for with `query` ends (`timeoutSeconds`; none: never).
+fn watch_end(query: &str) -> Option<Instant> {
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("timeoutSeconds="))
+        .and_then(|v| v.parse().ok())
+        .map(|secs| Instant::now() + Duration::from_secs(secs))
+}
+
+/// Ends (final chunk) every watch past its `timeoutSeconds`, as an API server does.
+fn end_timed_out_watches(inner: &Inner) {
+    let now = Instant::now();
+    let due = |ends: Option<Instant>| ends.is_some_and(|e| e <= now);
+    inner.watchers.lock().unwrap().retain_mut(|w| {
+        !due(w.ends) || {
+            let _ = w.stream.write_all(b"0\r\n\r\n");
+            false
+        }
+    });
+    inner.ns_watchers.lock().unwrap().retain_mut(|(s, ends)| {
+        !due(*ends) || {
+            let _ = s.write_all(b"0\r\n\r\n");
+            false
+        }
+    });
 }
 
 fn is_watch(query: &str) -> bool {

@@ -3,7 +3,7 @@
 
 use super::{
     Inner, Req, WATCH_HEAD, Watcher, chunked, is_watch, merge_metadata, node_selected, push,
-    resource_version_param, selected_node, status,
+    resource_version_param, selected_node, status, watch_end,
 };
 use serde_json::{Value, json};
 use std::io::{Read, Write};
@@ -187,7 +187,7 @@ fn watch_pods(mut conn: TcpStream, inner: &Inner, query: &str) {
     let _ = conn.write_all(WATCH_HEAD);
     let mut ws = inner.watchers.lock().unwrap();
     let brownout = take(&inner.failing_watches);
-    let expired = from < inner.compacted.load(Ordering::SeqCst);
+    let expired = take(&inner.expiring_watches) || from < inner.compacted.load(Ordering::SeqCst);
     if brownout || expired {
         let st = if expired {
             status(410, "Expired", "too old resource version")
@@ -202,6 +202,7 @@ fn watch_pods(mut conn: TcpStream, inner: &Inner, query: &str) {
     let watcher = Watcher {
         stream: conn,
         node: selected_node(query),
+        ends: watch_end(query),
     };
     for (rv, line, node) in inner.history.lock().unwrap().iter() {
         if *rv > from && watcher.wants(node.as_deref()) {
@@ -240,7 +241,7 @@ fn watch_namespaces(mut conn: TcpStream, inner: &Inner, query: &str) {
             let _ = conn.write_all(chunked(line).as_bytes());
         }
     }
-    ws.push(conn);
+    ws.push((conn, watch_end(query)));
 }
 
 fn list_namespaces(conn: &mut TcpStream, inner: &Inner) {
