@@ -120,7 +120,10 @@ fn a_flood_on_log_sock_is_relayed_within_the_line_budget_and_never_holds_an_add(
             s.connect(path).unwrap();
             s.set_nonblocking(true).unwrap();
             let mut sent = 0usize;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            // Stopped by the test once the ADD is back, or by itself: an ADD the flood held
+            // would otherwise wait with it for ever.
+            let limit = Instant::now() + Duration::from_secs(10);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < limit {
                 if s.send(b"{\"level\":\"WARN\",\"fields\":{\"message\":\"flood\"}}")
                     .is_ok()
                 {
@@ -145,8 +148,10 @@ fn a_flood_on_log_sock_is_relayed_within_the_line_budget_and_never_holds_an_add(
     println!(
         "log.sock flood: {sent} datagrams in {flooded:?}, {shown} relayed (budget {budget}); an ADD during it took {took:?}"
     );
+    // Held, it would last as long as the flood (10 s); the bound leaves room for a loaded
+    // machine (a busy flooder takes one of the two cores).
     assert!(
-        took < Duration::from_secs(2),
+        took < Duration::from_secs(5),
         "the flood held an ADD {took:?}"
     );
     assert!(

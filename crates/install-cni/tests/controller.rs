@@ -329,11 +329,14 @@ fn hung_initialized_patches_are_capped() {
         );
     }
     assert!(d.wait_log("not annotating", T), "{}", d.log());
+    let patches = || {
+        kube.requests()
+            .iter()
+            .filter(|r| r.method == "PATCH")
+            .count()
+    };
+    // The 16 in flight are counted when spawned; their PATCHes reach the server a little later.
+    assert!(wait_until(T, || patches() >= 16), "{}", d.log());
     std::thread::sleep(Duration::from_millis(500));
-    let patches = kube
-        .requests()
-        .iter()
-        .filter(|r| r.method == "PATCH")
-        .count();
-    assert_eq!(patches, 16, "{}", d.log());
+    assert_eq!(patches(), 16, "{}", d.log());
 }

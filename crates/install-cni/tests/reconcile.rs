@@ -860,6 +860,8 @@ fn hung_event_writes_are_capped() {
         d.log()
     );
     assert!(d.wait_log("event not written", T), "{}", d.log());
+    // The 16 in flight are counted when spawned; their POSTs reach the server a little later.
+    assert!(wait_until(T, || kube.events().len() >= 16), "{}", d.log());
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(kube.events().len(), 16, "{}", d.log());
 }

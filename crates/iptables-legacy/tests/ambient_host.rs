@@ -377,24 +377,25 @@ fn the_host_rule_waits_for_the_nodes_xtables_lock() {
         .write(true)
         .open(&lock)
         .unwrap();
-    let hold = Duration::from_millis(1500);
+    // Taken here, before anything else runs: the holder thread only keeps it, then lets go.
+    // SAFETY: flock on a file we own.
+    assert_eq!(
+        unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX) },
+        0
+    );
     let held = std::thread::spawn(move || {
-        // SAFETY: flock on a file we own.
-        assert_eq!(
-            unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX) },
-            0
-        );
-        std::thread::sleep(hold);
+        std::thread::sleep(Duration::from_millis(1500));
+        let releasing = Instant::now();
         drop(file);
+        releasing
     });
-    std::thread::sleep(Duration::from_millis(100));
-    let started = Instant::now();
     in_ns(node.path(), || ambient_host::ensure(&istio_plan(false))).unwrap();
-    let waited = started.elapsed();
-    held.join().unwrap();
+    let done = Instant::now();
+    let releasing = held.join().unwrap();
     assert!(
-        waited >= Duration::from_millis(1200),
-        "did not wait: {waited:?}"
+        done > releasing,
+        "the host rule was written {:?} before the node's lock was released",
+        releasing - done
     );
     assert!(nat(&node, false).contains("-A POSTROUTING -j ISTIO_POSTRT"));
     in_ns(node.path(), ambient_host::remove_all).unwrap();

@@ -138,11 +138,44 @@ fn lookup(conf: &NetConf, args: &K8sArgs) -> Result<(Pod, BTreeMap<String, Strin
             api_lookup(conf, args, lookup)?
         }
     };
+    same_pod(&pod, args)?;
     // Fail closed: a namespace we cannot read may be the one that enrolls the pod.
     let labels = namespace
         .and_then(|n| n.metadata.labels)
         .unwrap_or_default();
     Ok((pod, labels))
+}
+
+/// The answer is the pod this sandbox is for: the name and namespace asked for and, when the
+/// runtime says which pod (K8S_POD_UID), that pod, not one re-created under its name since.
+fn same_pod(pod: &Pod, args: &K8sArgs) -> Result<(), CniError> {
+    let m = &pod.metadata;
+    let got = format!(
+        "{}/{}",
+        m.namespace.as_deref().unwrap_or(""),
+        m.name.as_deref().unwrap_or("")
+    );
+    if got != pod_ref(args) {
+        return Err(CniError::new(
+            ErrorCode::Decode,
+            format!(
+                "pod {}: the answer is pod {got:?}; refusing to program the pod from another pod's spec",
+                pod_ref(args)
+            ),
+        ));
+    }
+    let uid = m.uid.as_deref().unwrap_or("");
+    if !args.pod_uid.is_empty() && uid != args.pod_uid {
+        return Err(CniError::new(
+            ErrorCode::TryAgainLater,
+            format!(
+                "pod {}: the API server's pod has uid {uid:?}, this sandbox is for K8S_POD_UID {:?} (deleted and re-created under the same name); refusing to program it from the new pod's spec",
+                pod_ref(args),
+                args.pod_uid
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn api_lookup(

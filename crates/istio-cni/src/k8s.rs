@@ -146,6 +146,9 @@ async fn client(kubeconfig: &Path, timeout: Duration) -> Result<kube::Client, Lo
     config.connect_timeout = Some(timeout);
     config.read_timeout = Some(timeout);
     config.write_timeout = Some(timeout);
+    // The lookup's own attempts and deadline are the retries: kube's layer would send more
+    // requests inside each attempt (15 on 429/503/504) and hide the status behind a timeout.
+    config.default_retry = false;
     kube::Client::try_from(config).map_err(|source| LookupError::Client {
         path: kubeconfig.to_path_buf(),
         source,
@@ -231,8 +234,14 @@ async fn attempt_once(
     let ns_text = get_text(client, "/api/v1/namespaces", namespace)
         .await
         .map_err(|e| e.context(&format!("namespace {namespace}")))?;
-    let ns =
+    let ns: Namespace =
         pod_policy::json::decode(&ns_text, "Namespace").map_err(|e| permanent(e.to_string()))?;
+    let got = ns.metadata.name.as_deref().unwrap_or("");
+    if got != namespace {
+        return Err(permanent(format!(
+            "the API server answered namespace {namespace} with namespace {got:?}"
+        )));
+    }
     Ok((pod, Some(ns)))
 }
 

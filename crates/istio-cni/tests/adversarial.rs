@@ -481,6 +481,40 @@ fn adversarial_netns_targets() {
     tally.finish("netns targets");
 }
 
+/// The API server's answer must be the pod asked for: another pod's JSON at its path, or the
+/// pod re-created under its name since the runtime made this sandbox (K8S_POD_UID differs), is
+/// refused and nothing is programmed. Before, either was programmed from (or, for a non-mesh
+/// pod's JSON, passed through).
+#[test]
+fn an_answer_that_is_not_the_sandboxs_pod_is_refused() {
+    let node = node();
+    let stdin = node.plugin_stdin(None);
+    let mut other = fixture("sidecar");
+    other["metadata"]["name"] = "x".into();
+    other["metadata"]["namespace"] = "default".into();
+    node.api.put_verbatim("default", "web", other);
+    let pod = pod_ns();
+    let env = add_env(pod.path().to_str().unwrap());
+    run(&node, &env, &stdin).assert_err(6, &["default/web", "default/x"]);
+    assert_eq!(rules(&pod).trim(), "", "programmed from another pod");
+
+    node.api.put("default", "web", fixture("sidecar"));
+    let uid = fixture("sidecar")["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let with_uid = |u: &str| {
+        let mut env = add_env(pod.path().to_str().unwrap());
+        env[4].1 = format!("{};K8S_POD_UID={u}", env[4].1);
+        env
+    };
+    run(&node, &with_uid("an-older-pods-uid"), &stdin)
+        .assert_err(11, &["an-older-pods-uid", &uid, "re-created"]);
+    assert_eq!(rules(&pod).trim(), "", "programmed from the re-created pod");
+    run(&node, &with_uid(&uid), &stdin).assert_ok();
+    assert!(rules(&pod).contains("istio-proxy-nat"));
+}
+
 /// Bytes that are not UTF-8 in the environment (Linux allows them; Istio's Go plugin reads them
 /// as bytes): in a CNI_ARGS key nobody reads the pod is still found and programmed (it passed
 /// through with no rules before); in CNI_CONTAINERID or CNI_IFNAME they are refused by name.

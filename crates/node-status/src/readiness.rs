@@ -307,7 +307,13 @@ mod tests {
         // Rolling update: the successor starts while the first still runs; it must wait.
         let second = Publisher::start(&run);
         second.set(&Conditions::installed());
-        std::thread::sleep(Duration::from_millis(100));
+        // Its thread is queued on the first's lock (the kernel lists it as a waiter: "->").
+        use std::os::unix::fs::MetadataExt;
+        let ino = std::fs::metadata(contract::lock_path(&run)).unwrap().ino();
+        assert!(wait(|| std::fs::read_to_string("/proc/locks")
+            .unwrap()
+            .lines()
+            .any(|l| l.contains("->") && l.contains(&format!(":{ino} ")))));
         assert!(!second.published());
         first.shutdown();
         assert!(!contract::marker_path(&run).exists());

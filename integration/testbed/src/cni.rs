@@ -146,6 +146,14 @@ impl FakeApi {
             .insert(format!("/api/v1/namespaces/{namespace}/pods/{name}"), pod);
     }
 
+    /// Serves `pod` as it is at `namespace/name`'s path (an answer naming another pod).
+    pub fn put_verbatim(&self, namespace: &str, name: &str, pod: Value) {
+        self.pods
+            .lock()
+            .unwrap()
+            .insert(format!("/api/v1/namespaces/{namespace}/pods/{name}"), pod);
+    }
+
     /// Serves the DaemonSet `namespace/name` (`deleting`: with a deletionTimestamp, as while
     /// `helm uninstall` deletes it); `None` removes it.
     pub fn put_daemonset(&self, namespace: &str, name: &str, deleting: Option<bool>) {

@@ -14,11 +14,13 @@ use zds::wire::{self, Request, Response};
 /// catch a hang.
 pub const WAIT: Duration = Duration::from_secs(10);
 
-/// Short timeouts, so that tests of their expiry run quickly.
+/// Short timeouts, so that tests of their expiry run quickly; long enough that a loaded machine
+/// pausing the test's one thread between a request and the fake ztunnel's answer does not
+/// expire them.
 pub fn quick() -> zds::ZdsConfig {
     zds::ZdsConfig {
-        ack_timeout: Duration::from_millis(300),
-        hello_timeout: Duration::from_millis(300),
+        ack_timeout: Duration::from_secs(1),
+        hello_timeout: Duration::from_secs(1),
         queue_timeout: Duration::from_secs(2),
     }
 }
