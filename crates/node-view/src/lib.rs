@@ -13,6 +13,7 @@ pub mod cache;
 pub mod cgroup;
 pub mod client;
 pub mod kubelet;
+mod line_cap;
 pub mod lookup;
 pub mod running;
 

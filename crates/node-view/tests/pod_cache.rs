@@ -160,3 +160,62 @@ fn a_server_answering_every_watch_with_410_is_not_listed_in_a_hot_loop() {
         assert!(cache.stats().gone >= 3, "{:?}", cache.stats());
     });
 }
+
+/// A watch line the API server never ends: the client fails the watch once the line passes
+/// its cap (64 MiB) and the cache lists again, instead of buffering the line for ever (before:
+/// 700 MB/s of growth until the watch's timeout).
+#[test]
+fn a_watch_line_that_never_ends_fails_the_watch_at_the_cap() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let kube = FakeKube::start();
+        let tmp = tempfile::tempdir().unwrap();
+        let api = node_view::client::ApiServer {
+            host: "127.0.0.1".into(),
+            port: kube.port,
+            protocol: "http".into(),
+            ca_file: tmp.path().join("ca.crt"),
+            skip_tls_verify: true,
+            service_account_dir: tmp.path().to_path_buf(),
+            kubeconfig: Some(kube.kubeconfig(tmp.path())),
+        };
+        let client = node_view::client::client(&api).await.unwrap();
+        kube.add(broken_pod("shop", "a", "uid-a", "10.0.0.1", "node-a", 126));
+        let cache = PodCache::new();
+        let mut events = cache.subscribe();
+        tokio::spawn(
+            cache
+                .clone()
+                .run(Api::all(client), "node-a".into(), Duration::from_secs(60)),
+        );
+        assert_eq!(take(&mut events, None).await, ["+a", "synced"]);
+        while kube.watchers() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let rss = || {
+            std::fs::read_to_string("/proc/self/status")
+                .unwrap()
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .unwrap()
+        };
+        let before = rss();
+        let sent = tokio::task::spawn_blocking(move || kube.send_unterminated(400 << 20))
+            .await
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        while cache.stats().watch_errors == 0 {
+            assert!(t0.elapsed() < T, "the watch never failed: {:?}", cache.stats());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let grown_mib = rss().saturating_sub(before) >> 10;
+        eprintln!("summary: endless watch line: {} MiB taken by the client, RSS +{grown_mib} MiB, the watch failed", sent >> 20);
+        assert!(sent < 400 << 20, "the client took all {} MiB", sent >> 20);
+        assert!(grown_mib < 300, "RSS grew {grown_mib} MiB");
+    });
+}

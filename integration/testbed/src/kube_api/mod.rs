@@ -232,6 +232,22 @@ impl FakeKube {
         ws.retain_mut(|w| w.stream.write_all(chunked(&line).as_bytes()).is_ok());
     }
 
+    /// `bytes` of `x` without a newline to every open pod watch, a MiB per chunk (a server that
+    /// never ends a line); stops at a watch that is closed. How many bytes were taken.
+    pub fn send_unterminated(&self, bytes: usize) -> usize {
+        let chunk = chunked(&"x".repeat(1 << 20));
+        let mut ws = self.inner.watchers.lock().unwrap();
+        let mut sent = 0;
+        while sent < bytes {
+            ws.retain_mut(|w| w.stream.write_all(chunk.as_bytes()).is_ok());
+            if ws.is_empty() {
+                break;
+            }
+            sent += 1 << 20;
+        }
+        sent
+    }
+
     /// An ERROR watch event with a Status (e.g. 500 "etcdserver: request timed out").
     pub fn send_error(&self, code: u16, reason: &str, message: &str) {
         self.send_raw(
