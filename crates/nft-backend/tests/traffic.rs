@@ -358,12 +358,19 @@ fn drop_invalid_covers_every_protocol_of_the_family() {
     };
     apply(w.pod.path(), &cfg);
     send_unsolicited_echo_reply(w.world.path(), w.pod_v4);
-    std::thread::sleep(std::time::Duration::from_millis(50));
-    let l = listing(&w.pod);
-    let line = l
-        .lines()
-        .find(|l| l.contains("ct state invalid"))
-        .expect("invalid rule");
+    // The veth hands the packet to the pod's side in a softirq: under load, a little later.
+    let invalid_rule = || {
+        listing(&w.pod)
+            .lines()
+            .find(|l| l.contains("ct state invalid"))
+            .expect("invalid rule")
+            .to_string()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !invalid_rule().contains("packets 1 ") && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let line = invalid_rule();
     assert!(
         !line.contains("tcp"),
         "drop-invalid must not be limited to TCP: {line}"

@@ -33,7 +33,12 @@ impl RunningPod {
             .unwrap();
         let sleeper = world
             .pod
-            .run(|| Command::new("sleep").arg("60").stdin(Stdio::null()).spawn())
+            .run(|| {
+                Command::new("sleep")
+                    .arg("infinity")
+                    .stdin(Stdio::null())
+                    .spawn()
+            })
             .unwrap()
             .unwrap();
         RunningPod { world, ip, sleeper }
