@@ -193,7 +193,7 @@ fn scenario(backend: Option<&str>) {
         .map(|i| DemoPod::new(PodKind::Sidecar, &format!("many-{i}")))
         .collect();
     for p in &pods {
-        rn.node.serve(p);
+        rn.serve(p);
     }
     let configs: Vec<_> = pods
         .iter()

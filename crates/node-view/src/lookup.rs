@@ -80,7 +80,7 @@ async fn find(caches: &Caches, q: &PodQuery) -> Result<Found, String> {
     // A cache that has not listed since its watch failed (or ever: the daemon just started,
     // or cannot reach the API server) may miss changes: the plugin asks the API server at once.
     if !caches.pods.is_current() {
-        return Err("the pod cache has not listed since its watch ended".into());
+        return Err("the pod cache has not listed yet, or not since its watch last failed".into());
     }
     let deadline = Instant::now() + q.wait;
     let same_uid = |p: &Pod| q.uid.is_none() || p.metadata.uid == q.uid;
@@ -100,7 +100,9 @@ async fn find(caches: &Caches, q: &PodQuery) -> Result<Found, String> {
     };
     // Its labels decide whether the pod is ambient: never from a view that lost track.
     if !namespaces.is_current() {
-        return Err("the namespace cache has not listed since its watch ended".into());
+        return Err(
+            "the namespace cache has not listed yet, or not since its watch last failed".into(),
+        );
     }
     let left = deadline.saturating_duration_since(Instant::now());
     let namespace = namespaces

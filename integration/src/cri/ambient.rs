@@ -275,7 +275,7 @@ impl AmbientRuntime {
     /// Running with that IP (as kubelet would) and starts its app.
     pub fn run(&self, plan: &PodPlan) -> CriResult<AmbientSandbox> {
         let demo = plan.demo_pod();
-        self.rn.node.serve(&demo);
+        self.rn.serve(&demo);
         let id = self
             .rn
             .cri

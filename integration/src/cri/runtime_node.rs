@@ -222,9 +222,18 @@ impl RuntimeNode {
 
     /// Serves `pod` from the API server and asks containerd for its sandbox.
     pub fn run(&self, pod: &DemoPod) -> CriResult<Sandbox> {
-        self.node.serve(pod);
+        self.serve(pod);
         let id = self.cri.run_pod(&pod_config(&pod.namespace, &pod.name))?;
         self.sandbox(id, pod)
+    }
+
+    /// Serves `pod` from the API with the UID its sandbox config carries ([`pod_config`]), as
+    /// kubelet creates a sandbox for the API server's pod: the plugin refuses a pod whose UID
+    /// is not the sandbox's `K8S_POD_UID`.
+    pub fn serve(&self, pod: &DemoPod) {
+        let mut served = pod.clone();
+        served.json["metadata"]["uid"] = super::pod_uid(&pod.namespace, &pod.name).into();
+        self.node.serve(&served);
     }
 
     /// The status of a sandbox containerd started.

@@ -56,7 +56,7 @@ fn measure(rn: &RuntimeNode, tag: &str, seq: usize, par: usize, captured: bool) 
         .map(|i| DemoPod::new(PodKind::Sidecar, &format!("{tag}-{i}")))
         .collect();
     for p in &pods {
-        rn.node.serve(p);
+        rn.serve(p);
     }
     // Warm-up (first use of the pause image's snapshot etc.), not counted.
     let warm = checked(rn.run(&pods[0]).expect("warm-up"), captured);
