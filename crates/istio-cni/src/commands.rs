@@ -165,7 +165,7 @@ fn same_pod(pod: &Pod, args: &K8sArgs) -> Result<(), CniError> {
         ));
     }
     let uid = m.uid.as_deref().unwrap_or("");
-    if !args.pod_uid.is_empty() && uid != args.pod_uid {
+    if !pod_policy::is_sandboxs_pod(pod, &args.pod_uid) {
         return Err(CniError::new(
             ErrorCode::TryAgainLater,
             format!(

@@ -483,7 +483,7 @@ fn adversarial_netns_targets() {
 
 /// The API server's answer must be the pod asked for: another pod's JSON at its path, or the
 /// pod re-created under its name since the runtime made this sandbox (K8S_POD_UID differs), is
-/// refused and nothing is programmed. Before, either was programmed from (or, for a non-mesh
+/// refused and nothing is programmed; a static pod's mirror (another UID by design) is not. Before, either was programmed from (or, for a non-mesh
 /// pod's JSON, passed through).
 #[test]
 fn an_answer_that_is_not_the_sandboxs_pod_is_refused() {
@@ -513,6 +513,16 @@ fn an_answer_that_is_not_the_sandboxs_pod_is_refused() {
     assert_eq!(rules(&pod).trim(), "", "programmed from the re-created pod");
     run(&node, &with_uid(&uid), &stdin).assert_ok();
     assert!(rules(&pod).contains("istio-proxy-nat"));
+    // A static pod: kubelet makes its sandbox with the static pod's own UID, the API server
+    // serves its mirror with another; the mirror is the sandbox's pod.
+    let mut mirror = fixture("sidecar");
+    mirror["metadata"]["annotations"]["kubernetes.io/config.mirror"] = "0123abcd".into();
+    node.api.put("default", "web", mirror);
+    let static_pod = pod_ns();
+    let mut env = add_env(static_pod.path().to_str().unwrap());
+    env[4].1 = format!("{};K8S_POD_UID=the-static-pods-own-uid", env[4].1);
+    run(&node, &env, &stdin).assert_ok();
+    assert!(rules(&static_pod).contains("istio-proxy-nat"));
 }
 
 /// Bytes that are not UTF-8 in the environment (Linux allows them; Istio's Go plugin reads them

@@ -83,7 +83,7 @@ async fn find(caches: &Caches, q: &PodQuery) -> Result<Found, String> {
         return Err("the pod cache has not listed yet, or not since its watch last failed".into());
     }
     let deadline = Instant::now() + q.wait;
-    let same_uid = |p: &Pod| q.uid.is_none() || p.metadata.uid == q.uid;
+    let same_uid = |p: &Pod| pod_policy::is_sandboxs_pod(p, q.uid.as_deref().unwrap_or(""));
     let pod = caches
         .pods
         .wait_for(&q.namespace, &q.name, same_uid, q.wait)
@@ -182,6 +182,28 @@ mod tests {
         assert!(e.contains("pod cache has not listed"), "{e}");
         caches.pods.replace(vec![pod("uid-1")]);
         assert!(find(&caches, &query(None)).await.is_ok());
+    }
+
+    /// A static pod's mirror is the sandbox's pod whatever its UID (kubelet makes the sandbox
+    /// with the static pod's own).
+    #[tokio::test]
+    async fn a_mirror_pod_is_answered_for_its_static_pods_sandbox() {
+        let caches = Caches {
+            pods: PodCache::new(),
+            namespaces: None,
+        };
+        let mut mirror = pod("uid-of-the-mirror");
+        mirror.metadata.annotations = Some(
+            [(
+                pod_policy::MIRROR_POD_ANNOTATION.to_string(),
+                "hash".to_string(),
+            )]
+            .into(),
+        );
+        caches.pods.replace(vec![mirror]);
+        let mut q = query(Some("uid-of-the-static-pod"));
+        q.with_namespace = false;
+        assert!(find(&caches, &q).await.is_ok());
     }
 
     /// A pod re-created under its name is named as such, not as missing.
