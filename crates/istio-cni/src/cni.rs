@@ -173,7 +173,7 @@ impl CniEnv {
                 })?),
                 ifname: required("CNI_IFNAME")?,
                 args: cni_args(&get),
-                path: text("CNI_PATH")?.unwrap_or_default(),
+                path: lossy(&get, "CNI_PATH"),
             },
             // DEL: the namespace may already be gone, so CNI_NETNS is optional.
             Command::Del => CniEnv {
@@ -181,11 +181,11 @@ impl CniEnv {
                 netns: netns(),
                 ifname: required("CNI_IFNAME")?,
                 args: cni_args(&get),
-                path: text("CNI_PATH")?.unwrap_or_default(),
+                path: lossy(&get, "CNI_PATH"),
             },
             Command::Status | Command::Gc | Command::Version => {
                 return Ok(CniEnv {
-                    path: text("CNI_PATH")?.unwrap_or_default(),
+                    path: lossy(&get, "CNI_PATH"),
                     ..CniEnv::default()
                 });
             }
@@ -200,7 +200,13 @@ impl CniEnv {
 /// bytes that are not UTF-8 can only sit in other keys' values, ignored as Istio's
 /// `IgnoreUnknown` ignores them, so they must not make the pod look like no pod at all.
 fn cni_args(get: &impl Fn(&str) -> Option<OsString>) -> String {
-    get("CNI_ARGS")
+    lossy(get, "CNI_ARGS")
+}
+
+/// A variable only passed along or searched (CNI_ARGS, CNI_PATH, which the plugin never uses):
+/// bytes that are not UTF-8 are no reason to fail a command.
+fn lossy(get: &impl Fn(&str) -> Option<OsString>, name: &str) -> String {
+    get(name)
         .map(|v| v.to_string_lossy().into_owned())
         .unwrap_or_default()
 }
@@ -408,20 +414,35 @@ mod shape {
         pci_id: Option<String>,
     }
 
+    /// An address, or nothing: Go decodes `""` as a nil `net.IP`, as if the field were absent.
+    #[derive(Deserialize)]
+    #[serde(try_from = "String")]
+    struct MaybeIp;
+
+    impl TryFrom<String> for MaybeIp {
+        type Error = String;
+        fn try_from(s: String) -> std::result::Result<Self, String> {
+            match s.is_empty() || s.parse::<IpAddr>().is_ok() {
+                true => Ok(MaybeIp),
+                false => Err(format!("{s:?} is not an IP address")),
+            }
+        }
+    }
+
     #[derive(Deserialize)]
     #[allow(dead_code)]
     struct Ip {
         version: Option<String>,
         interface: Option<u32>,
         address: Cidr,
-        gateway: Option<IpAddr>,
+        gateway: Option<MaybeIp>,
     }
 
     #[derive(Deserialize)]
     #[allow(dead_code)]
     struct Route {
         dst: Cidr,
-        gw: Option<IpAddr>,
+        gw: Option<MaybeIp>,
         mtu: Option<u32>,
         advmss: Option<u32>,
         priority: Option<u32>,
@@ -631,6 +652,16 @@ mod tests {
             let e = env(var, bad()).unwrap_err();
             assert!(e.msg.contains(var) && e.msg.contains("UTF-8"), "{e}");
         }
+        // CNI_PATH is never used: no reason to fail.
+        assert!(env("CNI_PATH", bad()).is_ok());
+    }
+
+    #[test]
+    fn empty_gateways_read_as_absent_as_go_does() {
+        let prev = json!({"cniVersion": "1.0.0",
+            "ips": [{"address": "10.0.0.5/24", "gateway": ""}],
+            "routes": [{"dst": "0.0.0.0/0", "gw": ""}]});
+        assert!(convert_result(Some(&prev), "1.0.0").is_ok());
     }
 
     #[test]

@@ -219,6 +219,16 @@ fn lookup_error(e: LookupError, args: &K8sArgs) -> CniError {
     )
 }
 
+/// Names CNI_NETNS beside the descriptor path the namespace is reached through (which is what
+/// the errors of the steps after the check name).
+fn held_as(env: &CniEnv, held: &netns::ForeignNetns) -> String {
+    format!(
+        " (CNI_NETNS {:?}, held as {})",
+        env.netns.as_deref().unwrap_or(Path::new("")),
+        held.path().display()
+    )
+}
+
 fn redirect_error(e: RedirectError, what: &str) -> CniError {
     let code = match &e {
         RedirectError::Netns(n) if n.is_missing() => ErrorCode::ContainerUnknown,
@@ -264,8 +274,13 @@ pub fn add(conf: &NetConf, env: &CniEnv) -> Result<Value, CniError> {
     match pod_action(conf, netns.path(), &args)? {
         PodAction::PassThrough => {}
         PodAction::Sidecar(plan) => {
-            let detection = redirect::apply(&plan, Some(netns.path()), conf.backend)
-                .map_err(|e| redirect_error(e, &format!("programming pod {}", pod_ref(&args))))?;
+            let detection =
+                redirect::apply(&plan, Some(netns.path()), conf.backend).map_err(|e| {
+                    redirect_error(
+                        e,
+                        &format!("programming pod {}{}", pod_ref(&args), held_as(env, &netns)),
+                    )
+                })?;
             tracing::info!(backend = %detection.backend, reason = %detection.reason, "redirect rules programmed");
         }
         PodAction::Ambient(pod) => hand_off(conf, env, &args, &pod, &result)?,
@@ -360,8 +375,12 @@ pub fn check(conf: &NetConf, env: &CniEnv) -> Result<(), CniError> {
         // The agent keeps ambient pods' rules true (its reconcile); nothing to compare here.
         PodAction::PassThrough | PodAction::Ambient(_) => return Ok(()),
     };
-    let diff = redirect::check(&plan, Some(netns.path()), conf.backend)
-        .map_err(|e| redirect_error(e, &format!("checking pod {}", pod_ref(&args))))?;
+    let diff = redirect::check(&plan, Some(netns.path()), conf.backend).map_err(|e| {
+        redirect_error(
+            e,
+            &format!("checking pod {}{}", pod_ref(&args), held_as(env, &netns)),
+        )
+    })?;
     if diff.is_empty() {
         tracing::info!("redirect rules match the plan");
         return Ok(());

@@ -520,9 +520,15 @@ fn an_answer_that_is_not_the_sandboxs_pod_is_refused() {
     node.api.put("default", "web", mirror);
     let static_pod = pod_ns();
     let mut env = add_env(static_pod.path().to_str().unwrap());
-    env[4].1 = format!("{};K8S_POD_UID=the-static-pods-own-uid", env[4].1);
+    env[4].1 = format!("{};K8S_POD_UID=0123abcd", env[4].1);
     run(&node, &env, &stdin).assert_ok();
     assert!(rules(&static_pod).contains("istio-proxy-nat"));
+    // The mirror of the manifest before it changed is not the new sandbox's pod.
+    let changed = pod_ns();
+    let mut env = add_env(changed.path().to_str().unwrap());
+    env[4].1 = format!("{};K8S_POD_UID=4567ef01", env[4].1);
+    run(&node, &env, &stdin).assert_err(11, &["4567ef01"]);
+    assert_eq!(rules(&changed).trim(), "");
 }
 
 /// Bytes that are not UTF-8 in the environment (Linux allows them; Istio's Go plugin reads them

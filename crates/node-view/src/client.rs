@@ -94,12 +94,9 @@ pub async fn client(api: &ApiServer) -> Result<Client, ClientError> {
     // Longer than the watch's server-side timeout (290 s), so a quiet watch is not cut.
     config.read_timeout = Some(Duration::from_secs(300));
     config.write_timeout = Some(Duration::from_secs(10));
-    // Every body capped: a line that never ends fails the request instead of growing memory.
-    let cap = tower::util::MapResponseLayer::new(|res: http::Response<_>| {
-        res.map(crate::line_cap::LineCapped::new)
-    });
+    // A watch line that never ends fails the watch instead of growing memory.
     Ok(kube::client::ClientBuilder::try_from(config)?
-        .with_layer(&cap)
+        .with_layer(&crate::line_cap::WatchLineCapLayer)
         .build())
 }
 

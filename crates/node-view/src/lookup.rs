@@ -196,14 +196,17 @@ mod tests {
         mirror.metadata.annotations = Some(
             [(
                 pod_policy::MIRROR_POD_ANNOTATION.to_string(),
-                "hash".to_string(),
+                "static-pods-uid".to_string(),
             )]
             .into(),
         );
         caches.pods.replace(vec![mirror]);
-        let mut q = query(Some("uid-of-the-static-pod"));
+        let mut q = query(Some("static-pods-uid"));
         q.with_namespace = false;
         assert!(find(&caches, &q).await.is_ok());
+        // The mirror of the manifest before it changed is not the new sandbox's pod.
+        q.uid = Some("the-changed-manifests-uid".into());
+        assert!(find(&caches, &q).await.is_err());
     }
 
     /// A pod re-created under its name is named as such, not as missing.

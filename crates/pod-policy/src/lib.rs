@@ -63,15 +63,18 @@ pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// Whether `pod`, as the API server serves it, is the pod a sandbox with `sandbox_uid` (CNI's
 /// `K8S_POD_UID`; empty: the runtime did not say) was made for: the same UID, not a pod deleted
-/// and re-created under its name since. A static pod's mirror counts whatever its UID: kubelet
-/// makes the sandbox with the static pod's own UID, the API server gives the mirror another.
+/// and re-created under its name since. A static pod's sandbox carries the static pod's own UID
+/// (kubelet's hash of its manifest), which its mirror in the API server keeps in
+/// [`MIRROR_POD_ANNOTATION`] under a UID of its own.
 pub fn is_sandboxs_pod(pod: &Pod, sandbox_uid: &str) -> bool {
-    let mirror = pod
+    let mirror_of = pod
         .metadata
         .annotations
         .as_ref()
-        .is_some_and(|a| a.contains_key(MIRROR_POD_ANNOTATION));
-    sandbox_uid.is_empty() || pod.metadata.uid.as_deref() == Some(sandbox_uid) || mirror
+        .and_then(|a| a.get(MIRROR_POD_ANNOTATION));
+    sandbox_uid.is_empty()
+        || pod.metadata.uid.as_deref() == Some(sandbox_uid)
+        || mirror_of.is_some_and(|hash| hash == sandbox_uid)
 }
 
 /// The decision, in Istio's order: the pass-through routing, then (ambient mode) the
