@@ -320,16 +320,32 @@ fn run_scenario(
             continue;
         }
         if with_trace {
-            let kp = match c.conn.direction {
-                Direction::Outbound => trace::trace(Some(w.pod.path()), &c.conn, TraceHow::Connect),
-                Direction::Inbound => netns::run_in(Some(w.world.path()), || {
-                    trace::trace(Some(w.pod.path()), &c.conn, TraceHow::Connect)
-                })
-                .unwrap(),
+            let traced = || {
+                let kp = match c.conn.direction {
+                    Direction::Outbound => {
+                        trace::trace(Some(w.pod.path()), &c.conn, TraceHow::Connect)
+                    }
+                    Direction::Inbound => netns::run_in(Some(w.world.path()), || {
+                        trace::trace(Some(w.pod.path()), &c.conn, TraceHow::Connect)
+                    })
+                    .unwrap(),
+                };
+                kp.map(|kp| ex::compare::compare(&rs, &e, &kp))
             };
-            match kp {
-                Ok(kp) => {
-                    let ag = ex::compare::compare(&rs, &e, &kp);
+            // A hook missing from one trace is taken once more (and said): seen once in many
+            // CI runs, never reproduced, and a second miss still fails.
+            let mut compared = traced();
+            if let Ok(ag) = &compared
+                && !ag.not_traced.is_empty()
+            {
+                eprintln!(
+                    "{name} {}: kernel's path not captured in {:?}; tracing again",
+                    c.name, ag.not_traced
+                );
+                compared = traced();
+            }
+            match compared {
+                Ok(ag) => {
                     // Also the second pass over lo (loopback, redirects, TPROXY's reroute).
                     if !ag.not_traced.is_empty() {
                         failures.push(format!(
