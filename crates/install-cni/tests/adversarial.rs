@@ -17,10 +17,6 @@ use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(15);
 
-fn calico() -> Vec<u8> {
-    golden("test-testdata/pre/calico.conflist")
-}
-
 fn other_list(name: &str, plugin: &str) -> Vec<u8> {
     serde_json::to_vec_pretty(&serde_json::json!({
         "cniVersion": "0.3.1", "name": name,
@@ -625,9 +621,7 @@ fn watch_faults_recover_quickly() {
 #[test]
 fn planted_temp_names_do_not_block_the_install() {
     let env = Env::new();
-    fs::write(env.net.join("10-calico.conflist"), calico()).unwrap();
-    let d = env.start(&[]);
-    d.wait_ready(T);
+    let (_, d) = env.ready_on_calico(T);
     let outside = env.tmp.path().join("outside");
     fs::create_dir(&outside).unwrap();
     let secret = outside.join("secret");

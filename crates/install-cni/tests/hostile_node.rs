@@ -14,10 +14,6 @@ use std::time::Duration;
 
 const T: Duration = Duration::from_secs(15);
 
-fn calico() -> Vec<u8> {
-    golden("test-testdata/pre/calico.conflist")
-}
-
 fn names_istio_cni(p: &Path) -> bool {
     read_json(p).is_some_and(|v| types(&v).iter().any(|t| t == "istio-cni"))
 }
@@ -54,10 +50,7 @@ impl Drop for ReadOnly<'_> {
 fn an_uninstall_that_cannot_edit_the_config_keeps_the_plugin_and_fails() {
     testbed::require_root();
     let env = Env::new();
-    let conflist = env.net.join("10-calico.conflist");
-    fs::write(&conflist, calico()).unwrap();
-    let d = env.start(&[]);
-    d.wait_ready(T);
+    let (conflist, d) = env.ready_on_calico(T);
     assert!(names_istio_cni(&conflist));
     let ro = ReadOnly::mount(&env.net);
     let (st, log) = d.stop().unwrap();
@@ -82,10 +75,7 @@ fn an_uninstall_that_cannot_edit_the_config_keeps_the_plugin_and_fails() {
 fn a_fifo_among_the_configs_holds_up_nothing() {
     testbed::require_root();
     let env = Env::new();
-    let conflist = env.net.join("10-calico.conflist");
-    fs::write(&conflist, calico()).unwrap();
-    let d = env.start(&[]);
-    d.wait_ready(T);
+    let (conflist, d) = env.ready_on_calico(T);
     let fifo = env.net.join("05-x.conflist");
     sh(&format!("mkfifo '{}'", fifo.display()));
     let sparse = fs::File::create(env.net.join("06-sparse.conflist")).unwrap();
@@ -146,9 +136,7 @@ fn a_primary_go_reads_as_valid_is_the_one_chained_into() {
 fn a_binary_that_loses_its_exec_bit_is_repaired() {
     use std::os::unix::fs::PermissionsExt;
     let env = Env::new();
-    fs::write(env.net.join("10-calico.conflist"), calico()).unwrap();
-    let d = env.start(&[]);
-    d.wait_ready(T);
+    let (_, d) = env.ready_on_calico(T);
     let plugin = env.bin.join("istio-cni");
     let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
     fs::set_permissions(&plugin, fs::Permissions::from_mode(0o644)).unwrap();

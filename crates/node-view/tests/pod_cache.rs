@@ -30,13 +30,18 @@ async fn take(s: &mut Subscription, n: Option<usize>) -> Vec<String> {
     }
 }
 
-/// A plain kube client for `kube` (its kubeconfig written into `dir`).
-async fn client_of(kube: &FakeKube, dir: &std::path::Path) -> kube::Client {
-    let kc = Kubeconfig::read_from(kube.kubeconfig(dir)).unwrap();
+/// The local API server serving pod `shop/a` on `node-a`, its kubeconfig's directory, and a
+/// plain kube client for it.
+async fn api_with_pod_a() -> (FakeKube, tempfile::TempDir, kube::Client) {
+    let kube = FakeKube::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let kc = Kubeconfig::read_from(kube.kubeconfig(tmp.path())).unwrap();
     let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
         .unwrap();
-    kube::Client::try_from(config).unwrap()
+    let client = kube::Client::try_from(config).unwrap();
+    kube.add(broken_pod("shop", "a", "uid-a", "10.0.0.1", "node-a", 126));
+    (kube, tmp, client)
 }
 
 fn sorted(mut v: Vec<String>) -> Vec<String> {
@@ -51,10 +56,7 @@ fn one_watch_serves_every_subscriber_and_relists_deletions() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let kube = FakeKube::start();
-        let tmp = tempfile::tempdir().unwrap();
-        let client = client_of(&kube, tmp.path()).await;
-        kube.add(broken_pod("shop", "a", "uid-a", "10.0.0.1", "node-a", 126));
+        let (kube, _tmp, client) = api_with_pod_a().await;
         kube.add(broken_pod("shop", "b", "uid-b", "10.0.0.2", "node-a", 126));
 
         let cache = PodCache::new();
@@ -142,10 +144,7 @@ fn a_server_answering_every_watch_with_410_is_not_listed_in_a_hot_loop() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let kube = FakeKube::start();
-        let tmp = tempfile::tempdir().unwrap();
-        let client = client_of(&kube, tmp.path()).await;
-        kube.add(broken_pod("shop", "a", "uid-a", "10.0.0.1", "node-a", 126));
+        let (kube, _tmp, client) = api_with_pod_a().await;
         kube.expire_next_watches(100_000);
         let cache = PodCache::new();
         tokio::spawn(

@@ -96,6 +96,21 @@ impl Env {
     pub fn kubeconfig(&self) -> PathBuf {
         self.run.join("istio-cni-kubeconfig")
     }
+
+    /// The daemon on a node whose primary is Calico's `10-calico.conflist` ([`calico`]), once it
+    /// is ready (chained into it) within `wait`: the list's path and the daemon.
+    pub fn ready_on_calico(&self, wait: Duration) -> (PathBuf, Daemon) {
+        let conflist = self.net.join("10-calico.conflist");
+        fs::write(&conflist, calico()).unwrap();
+        let d = self.start(&[]);
+        d.wait_ready(wait);
+        (conflist, d)
+    }
+}
+
+/// The primary config most tests start from: Istio's Calico fixture.
+pub fn calico() -> Vec<u8> {
+    golden("test-testdata/pre/calico.conflist")
 }
 
 /// The daemon in the caller's network namespace (the harness every daemon test shares:
