@@ -1,6 +1,6 @@
 #!/bin/bash
 # Every benchmark in one command (run as root on Debian 12; ~5 minutes). Each table is measured
-# side by side in the same run; results go to integration/results/bench.md and into README.md
+# side by side in the same run; results go to integration/results/bench.md and into docs/benchmarks.md
 # between the `bench:begin` / `bench:end` markers, with the machine and the date.
 #   rule programming      integration/bench/src/bin/bench-apply.rs   (CLI vs nft -f vs iptables-*-restore, in-process, CIDR scaling)
 #   per-connection cost   integration/bench/src/bin/bench-conn.rs    (10,000 excluded CIDRs: interval set vs linear rules)
@@ -93,16 +93,16 @@ mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)
 } > "$tmp"
 cp "$tmp" "$out"
 
-python3 - "$out" README.md <<'PY'
+python3 - "$out" docs/benchmarks.md <<'PY'
 import sys
 res, readme = sys.argv[1], sys.argv[2]
 body = open(res).read().rstrip() + "\n"
 s = open(readme).read()
 b, e = "<!-- bench:begin -->\n", "<!-- bench:end -->"
 if b not in s or e not in s:
-    sys.exit("README.md has no bench:begin/bench:end markers")
+    sys.exit(readme + " has no bench:begin/bench:end markers")
 i, j = s.index(b) + len(b), s.index(e)
 open(readme, "w").write(s[:i] + body + s[j:])
 PY
 cat "$out"
-echo "bench: results in $out and README.md" >&2
+echo "bench: results in $out and docs/benchmarks.md" >&2

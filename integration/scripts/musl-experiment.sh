@@ -1,5 +1,5 @@
 #!/bin/bash
-# musl-experiment.sh - the evidence behind the README's "CLI apply vs nft -f" row: the same
+# musl-experiment.sh - the evidence behind docs/benchmarks.md's "CLI apply vs nft -f" row: the same
 # istio-nftables linked against musl instead of glibc, applied in fresh namespaces by
 # bench-apply beside the shipped (glibc) build, alternating, so that the cost of glibc's
 # start-up (its CPU cache probe: ≈90 `cpuid`, each a VM exit on this nested VM) is measured,

@@ -4,7 +4,7 @@
 //! namespace holds either nothing of ours or ONE backend's complete rules — never both kinds,
 //! never a half state that CHECK calls "in place" or that the next ADD cannot repair.
 //!
-//! Each test prints a one-line summary (run with `--nocapture`) for the README's Reliability
+//! Each test prints a one-line summary (run with `--nocapture`) for docs/reliability.md's
 //! section.
 
 use integration::*;

@@ -3,7 +3,8 @@
 //! between backends, and every one of them must land on Envoy. Failures of the new program must leave the old rules.
 //!
 //! `migration_under_continuous_traffic_never_lets_a_connection_escape` prints the migration
-//! time per pod (p50/p99 per direction) for the README; run with `--nocapture`.
+//! time per pod (p50/p99 per direction) for docs/how-it-works.md (live migration); run with
+//! `--nocapture`.
 
 use capture::{Config, Ipv6Mode, Plan};
 use integration::*;

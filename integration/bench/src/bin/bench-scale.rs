@@ -1,5 +1,5 @@
-//! The node daemon's per-event costs, for the README's scale table (issue 22 item 4): CPU and
-//! RSS of install-cni holding a node's pods in its one pod watch, CPU per watch event handled,
+//! The node daemon's per-event costs, for docs/benchmarks.md's scale table (issue 22 item 4):
+//! CPU and RSS of install-cni holding a node's pods in its one pod watch, CPU per watch event handled,
 //! and CPU per pod lookup answered (what each pod start costs the daemon instead of the API
 //! server). CPU is the daemon's own utime + stime from /proc (10 ms ticks; enough events per
 //! sample that the tick does not matter).
