@@ -19,9 +19,8 @@ use std::time::Duration;
     about = "Program Istio's sidecar traffic redirect into a network namespace with nftables (one atomic netlink batch) or iptables-legacy.",
     long_about = "A drop-in for istio-iptables: the same flags, environment variables and defaults. \
                   Flags win over environment variables, which win over defaults. \
-                  `istio-nftables explain --help`: where a connection goes through a pod's live \
-                  rules, and why. `istio-nftables migrate --help`: move a running pod's rules \
-                  to the other backend without a capture gap."
+                  Without a command it programs (or checks, or removes) a namespace's rules \
+                  from these flags."
 )]
 pub struct Args {
     /// Port Envoy captures outbound traffic on.

@@ -8,23 +8,42 @@ mod pod;
 mod validation;
 
 use args::Args;
-use clap::Parser;
+use clap::{Command, CommandFactory, FromArgMatches};
 use redirect::{Backend, BackendChoice};
 use std::process::ExitCode;
 
 /// istio-iptables' exit code when the validation probe fails.
 const VALIDATION_FAILED: u8 = 126;
 
+/// A command of its own beside istio-iptables' flags: `istio-nftables NAME …` hands the
+/// arguments after NAME to `run`, which parses them (and its own `--help`).
+struct Subcommand {
+    name: &'static str,
+    about: &'static str,
+    run: fn(Vec<String>) -> ExitCode,
+}
+
+/// The commands `--help` lists, in its order; one row each.
+const COMMANDS: &[Subcommand] = &[
+    Subcommand {
+        name: "explain",
+        about: "Where a connection goes through a pod's live rules, and why (--trace: the kernel confirms it)",
+        run: explain::main,
+    },
+    Subcommand {
+        name: "migrate",
+        about: "Move a running pod's rules to the other backend without a gap in capture",
+        run: migrate::main,
+    },
+];
+
 fn main() -> ExitCode {
-    // `istio-nftables explain …` and `… migrate …` are their own commands; everything else is
-    // istio-iptables' flags.
     let mut argv = std::env::args();
-    match argv.nth(1).as_deref() {
-        Some("explain") => return explain::main(argv.collect()),
-        Some("migrate") => return migrate::main(argv.collect()),
-        _ => {}
+    let first = argv.nth(1);
+    if let Some(c) = COMMANDS.iter().find(|c| first.as_deref() == Some(c.name)) {
+        return (c.run)(argv.collect());
     }
-    let args = Args::parse();
+    let args = parse();
     init_logging();
     let settings = match args.settings() {
         Ok(s) => s,
@@ -40,6 +59,36 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// istio-iptables' flags, or exits (status 2 on bad input, 0 for `--help`/`--version`).
+fn parse() -> Args {
+    let mut cmd = cli();
+    let matches = cmd.get_matches_mut();
+    if let Some(name) = matches.subcommand_name() {
+        // Only reached when the command is not the first argument (`main` dispatches that).
+        cmd.error(
+            clap::error::ErrorKind::ArgumentConflict,
+            format!("the command {name} must come first: istio-nftables {name} ..."),
+        )
+        .exit();
+    }
+    Args::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut cmd).exit())
+}
+
+/// The plain command's parser, with [`COMMANDS`] listed as commands. They are dispatched in
+/// `main` before this parser sees the arguments, so here they only show in `--help` and usage.
+fn cli() -> Command {
+    COMMANDS.iter().fold(
+        Args::command()
+            .subcommand_value_name("COMMAND")
+            .subcommand_help_heading("Commands")
+            .disable_help_subcommand(true)
+            // `istio-nftables -p 1 explain` is a mistake, never the plain command.
+            .args_conflicts_with_subcommands(true)
+            .after_help("`istio-nftables COMMAND --help` describes each command."),
+        |cmd, c| cmd.subcommand(Command::new(c.name).about(c.about)),
+    )
 }
 
 /// Logs to stderr (stdout carries results), level from `LOG_LEVEL` (a filter directive),

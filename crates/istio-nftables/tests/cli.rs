@@ -458,3 +458,44 @@ fn own_namespace_needs_an_explicit_opt_in() {
         "the opt-in programs the namespace"
     );
 }
+
+/// `--help` lists the commands as commands (clap's `Commands:` section), beside istio-iptables'
+/// flags; a command after a flag is refused, so it never runs the plain command instead.
+#[test]
+fn help_lists_the_commands_and_a_command_comes_first() {
+    let out = cli(&["--help"], &[]);
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{}", common::text(&out));
+    let commands = help
+        .split("\nCommands:\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n\n").next())
+        .unwrap_or_else(|| panic!("no Commands: section in\n{help}"));
+    let names: Vec<&str> = commands
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    for name in ["explain", "migrate"] {
+        assert!(names.contains(&name), "{name} not in {names:?}\n{help}");
+    }
+    for flag in [
+        "--envoy-port",
+        "--istio-service-cidr",
+        "--check",
+        "--dry-run",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from\n{help}");
+    }
+    for name in ["explain", "migrate"] {
+        let out = cli(&[name, "--help"], &[]);
+        let usage = format!("Usage: istio-nftables {name}");
+        assert!(out.status.success(), "{}", common::text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(&usage),
+            "{}",
+            common::text(&out)
+        );
+        let out = cli(&["-p", "15001", name], &[]);
+        assert_eq!(out.status.code(), Some(2), "{}", common::text(&out));
+    }
+}
