@@ -27,26 +27,35 @@ fn local(l: &TcpListener) -> String {
 }
 
 /// Binds the health and metrics listeners (one listener when both ports are the same) and
-/// serves them in the background; port 0 takes any free port (logged).
+/// serves them in the background; port 0 takes any free port (logged). `metrics_port` `None`:
+/// no metrics listener (Istio's `MONITORING_PORT` 0 or negative), logged as `metrics_addr=off`.
 pub async fn listen(
     address: IpAddr,
     health_port: u16,
-    metrics_port: u16,
+    metrics_port: Option<u16>,
     state: Arc<State>,
 ) -> Result<(), BindError> {
     let health_addr = SocketAddr::new(address, health_port);
-    let metrics_addr = SocketAddr::new(address, metrics_port);
     let routes = |health, metrics| Routes { health, metrics };
-    if health_port != 0 && health_port == metrics_port {
-        let l = bind("health+metrics", health_addr).await?;
-        tracing::info!(health_addr = %local(&l), metrics_addr = %local(&l), "listening");
-        tokio::spawn(serve(l, state, routes(true, true)));
-    } else {
-        let h = bind("health (HEALTH_PORT)", health_addr).await?;
-        let m = bind("metrics (MONITORING_PORT)", metrics_addr).await?;
-        tracing::info!(health_addr = %local(&h), metrics_addr = %local(&m), "listening");
-        tokio::spawn(serve(h, state.clone(), routes(true, false)));
-        tokio::spawn(serve(m, state, routes(false, true)));
+    match metrics_port {
+        Some(port) if health_port != 0 && health_port == port => {
+            let l = bind("health+metrics", health_addr).await?;
+            tracing::info!(health_addr = %local(&l), metrics_addr = %local(&l), "listening");
+            tokio::spawn(serve(l, state, routes(true, true)));
+        }
+        Some(port) => {
+            let h = bind("health (HEALTH_PORT)", health_addr).await?;
+            let metrics_addr = SocketAddr::new(address, port);
+            let m = bind("metrics (MONITORING_PORT)", metrics_addr).await?;
+            tracing::info!(health_addr = %local(&h), metrics_addr = %local(&m), "listening");
+            tokio::spawn(serve(h, state.clone(), routes(true, false)));
+            tokio::spawn(serve(m, state, routes(false, true)));
+        }
+        None => {
+            let h = bind("health (HEALTH_PORT)", health_addr).await?;
+            tracing::info!(health_addr = %local(&h), metrics_addr = %"off", "listening (MONITORING_PORT switches /metrics off)");
+            tokio::spawn(serve(h, state, routes(true, false)));
+        }
     }
     Ok(())
 }

@@ -251,7 +251,7 @@ impl Node {
             ("KUBERNETES_SERVICE_PORT", self.api_port().to_string()),
             ("KUBERNETES_SERVICE_PROTOCOL", "http".into()),
             ("HEALTH_PORT", "0".into()),
-            ("MONITORING_PORT", "0".into()),
+            ("MONITORING_PORT", "any".into()),
             ("LISTEN_ADDRESS", "127.0.0.1".into()),
             ("EXCLUDE_NAMESPACES", "kube-system".into()),
             ("POD_NAMESPACE", "istio-system".into()),

@@ -11,6 +11,7 @@
 pub mod ambient;
 pub mod guard;
 pub mod installer;
+pub mod logging;
 pub mod view;
 
 use clap::{ArgAction, Parser};
@@ -36,9 +37,10 @@ pub struct Args {
     #[command(flatten)]
     pub install: installer::InstallArgs,
 
-    /// Prometheus /metrics port (0: any free port, logged).
-    #[arg(long, env = "MONITORING_PORT", default_value = "15014")]
-    pub monitoring_port: u16,
+    /// Prometheus /metrics port; 0 or negative: no metrics listener (as Istio); `any`: any
+    /// free port, logged (ours, for tests).
+    #[arg(long, env = "MONITORING_PORT", default_value = "15014", value_parser = parse_monitoring_port, allow_hyphen_values = true)]
+    pub monitoring_port: MonitoringPort,
 
     /// /healthz and /readyz port (0: any free port, logged).
     #[arg(long, env = "HEALTH_PORT", default_value = "8000")]
@@ -79,6 +81,9 @@ pub struct Args {
     pub ambient_disable_safe_upgrade: bool,
 
     #[command(flatten)]
+    pub logs: logging::LogArgs,
+
+    #[command(flatten)]
     pub view: view::ViewArgs,
 
     #[command(flatten)]
@@ -108,14 +113,16 @@ pub fn env_vars() -> Vec<String> {
 /// Validated settings: the node-wide ones, and each job's.
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub monitoring_port: u16,
+    /// `None`: no metrics listener (`MONITORING_PORT` 0 or negative); `Some(0)`: any free port.
+    pub monitoring_port: Option<u16>,
     pub health_port: u16,
     pub listen_address: IpAddr,
     /// The namespaces the plugin leaves alone (`EXCLUDE_NAMESPACES`, `POD_NAMESPACE`).
     pub scope: pod_policy::Scope,
     pub native_nftables: bool,
     pub backend_choice: BackendChoice,
-    pub log_level: String,
+    /// The daemon's logging (LOG_LEVEL and Istio's `--log_*` flags).
+    pub logging: logging::Logging,
     pub plugin_log_level: String,
     pub installer: cni_installer::Settings,
     pub view: node_view::Settings,
@@ -147,8 +154,9 @@ impl Config {
         let reconcile = guard::reconcile(&a.reconcile)?;
         let node_taint_key = guard::node_taint_key(&a.reconcile.node_taint_key, &view.node_name)?;
         let ambient = ambient::settings(&a.ambient)?;
+        let logging = logging::settings(&a.logs, &a.log_level)?;
         Ok(Config {
-            monitoring_port: a.monitoring_port,
+            monitoring_port: a.monitoring_port.0,
             health_port: a.health_port,
             listen_address: a.listen_address,
             scope: pod_policy::Scope {
@@ -157,8 +165,8 @@ impl Config {
             },
             native_nftables: a.native_nftables,
             backend_choice: a.redirect_backend,
-            log_level: a.log_level,
-            plugin_log_level: a.plugin_log_level,
+            plugin_log_level: logging.plugin_level.clone().unwrap_or(a.plugin_log_level),
+            logging,
             installer,
             view,
             repair,
@@ -261,16 +269,75 @@ pub fn parse_bool(s: &str) -> Result<bool, String> {
     }
 }
 
-/// File modes are octal whether or not they carry a leading 0 / 0o ("600" means 0600, as in chmod).
-pub fn parse_mode(s: &str) -> Result<u32, String> {
+/// An integer as Istio's viper (spf13/cast) and pflag read one: Go's `strconv.ParseInt(s, 0,
+/// 64)`, the base from the prefix (`0x` hex, `0o` or a bare leading `0` octal, `0b` binary, else
+/// decimal; `_` between digits), after cast's trimming of a zero decimal part (`600.0`).
+pub fn parse_go_int(s: &str) -> Result<i64, String> {
     let t = s.trim();
-    let digits = t.strip_prefix("0o").unwrap_or(t);
-    let mode =
-        u32::from_str_radix(digits, 8).map_err(|_| "expected an octal file mode such as 0600")?;
-    if mode > 0o777 {
-        return Err("expected an octal file mode no larger than 0777".into());
+    let t = match t.split_once('.') {
+        Some((int, frac))
+            if !int.is_empty() && !frac.is_empty() && frac.bytes().all(|b| b == b'0') =>
+        {
+            int
+        }
+        _ => t,
+    };
+    let (neg, body) = match t.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, t.strip_prefix('+').unwrap_or(t)),
+    };
+    let lower = body.to_ascii_lowercase();
+    let (radix, digits) = if let Some(r) = lower.strip_prefix("0x") {
+        (16, r)
+    } else if let Some(r) = lower.strip_prefix("0o") {
+        (8, r)
+    } else if let Some(r) = lower.strip_prefix("0b") {
+        (2, r)
+    } else if lower.len() > 1 && lower.starts_with('0') {
+        (8, &lower[1..])
+    } else {
+        (10, lower.as_str())
+    };
+    let underscores_ok =
+        !digits.starts_with('_') && !digits.ends_with('_') && !digits.contains("__");
+    let clean: String = digits.chars().filter(|c| *c != '_').collect();
+    if clean.is_empty() || !underscores_ok || clean.starts_with(['+', '-']) {
+        return Err("expected an integer".into());
     }
-    Ok(mode)
+    let v = i64::from_str_radix(&clean, radix).map_err(|_| "expected an integer")?;
+    Ok(if neg { -v } else { v })
+}
+
+/// `KUBECONFIG_MODE` as Istio reads it (an integer, [`parse_go_int`]): `0600`, `0o600` and
+/// `384` are all mode 0600; `600` is decimal 600 (0o1130), which Istio would apply as 0130 (the
+/// owner cannot read), so a value beyond 0777 is refused rather than written.
+pub fn parse_mode(s: &str) -> Result<u32, String> {
+    let v = parse_go_int(s).map_err(|_| "expected a file mode such as 0600 (octal) or 384")?;
+    match u32::try_from(v) {
+        Ok(mode) if mode <= 0o777 => Ok(mode),
+        _ => Err(format!(
+            "{v} is {v:#o}, beyond 0777 (Go reads an integer without a leading 0 as decimal: \
+             write 0600, not 600)"
+        )),
+    }
+}
+
+/// `MONITORING_PORT`: `None` when 0 or negative (Istio switches /metrics off), `Some(0)` for
+/// `any`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MonitoringPort(pub Option<u16>);
+
+fn parse_monitoring_port(s: &str) -> Result<MonitoringPort, String> {
+    if s.trim() == "any" {
+        return Ok(MonitoringPort(Some(0)));
+    }
+    let v = parse_go_int(s).map_err(|_| "expected a port number, 0 (off) or any")?;
+    if v <= 0 {
+        return Ok(MonitoringPort(None));
+    }
+    u16::try_from(v)
+        .map(|p| MonitoringPort(Some(p)))
+        .map_err(|_| format!("{v} is not a port (1..65535; 0 or negative: off)"))
 }
 
 fn parse_backend(s: &str) -> Result<BackendChoice, String> {
@@ -317,7 +384,7 @@ mod tests {
         assert_eq!(i.run_dir, PathBuf::from("/var/run/istio-cni"));
         assert_eq!(i.kubeconfig_mode, 0o600);
         assert_eq!(i.conf_mode, 0o600);
-        assert_eq!(c.monitoring_port, 15014);
+        assert_eq!(c.monitoring_port, Some(15014));
         assert_eq!(c.health_port, 8000);
         assert_eq!(
             c.view.api.ca_file,
@@ -387,7 +454,7 @@ mod tests {
     fn values_parse_like_istio() {
         let c = parse(&[
             "--chained-cni-plugin=F",
-            "--kubeconfig-mode=640",
+            "--kubeconfig-mode=0640",
             "--cni-conf-group-read=1",
             "--exclude-namespaces= kube-system, ,istio-system",
             "--redirect-backend=iptables-legacy",
@@ -403,6 +470,78 @@ mod tests {
         );
         assert_eq!(c.plugin_log_level, "debug");
         assert_eq!(parse_mode("0o600"), Ok(0o600));
+    }
+
+    #[test]
+    fn kubeconfig_mode_is_a_go_integer() {
+        for (text, want) in [
+            ("0600", 0o600),
+            ("384", 0o600),
+            ("0o600", 0o600),
+            ("0x180", 0o600),
+            ("0640", 0o640),
+            (" 0600 ", 0o600),
+            ("384.0", 0o600),
+            ("0", 0),
+        ] {
+            let c = parse(&[&format!("--kubeconfig-mode={text}")]).unwrap();
+            assert_eq!(c.installer.kubeconfig_mode, want, "{text}");
+        }
+        // Go reads 600 as decimal (0o1130): refused, not applied as Istio's 0130.
+        for text in ["600", "0999", "-1", "0o", "6_", "abc"] {
+            let e = parse(&[&format!("--kubeconfig-mode={text}")]).unwrap_err();
+            assert!(e.contains("KUBECONFIG_MODE"), "{text}: {e}");
+        }
+        assert!(
+            parse(&["--kubeconfig-mode=600"])
+                .unwrap_err()
+                .contains("0600")
+        );
+        assert_eq!(parse_go_int("1_000"), Ok(1000));
+        assert_eq!(parse_go_int("0b101"), Ok(5));
+    }
+
+    #[test]
+    fn monitoring_port_zero_or_negative_is_off() {
+        for (text, want) in [
+            ("0", None),
+            ("-1", None),
+            ("any", Some(0)),
+            ("15014", Some(15014)),
+        ] {
+            let c = parse(&[&format!("--monitoring-port={text}")]).unwrap();
+            assert_eq!(c.monitoring_port, want, "{text}");
+        }
+        for text in ["70000", "abc", ""] {
+            let e = parse(&[&format!("--monitoring-port={text}")]).unwrap_err();
+            assert!(e.contains("MONITORING_PORT"), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn istio_log_flags_start_the_daemon() {
+        // Istio's DaemonSet args, both flag forms, and the plugin's level from its scope.
+        let c = parse(&["--log_output_level=info", "--log_as_json"]).unwrap();
+        assert!(c.logging.json);
+        assert_eq!(c.logging.filter, "info");
+        assert_eq!(c.plugin_log_level, "info");
+        let c = parse(&[
+            "--log_output_level",
+            "default:warn,cni-plugin:debug",
+            "--plugin-log-level=error",
+        ])
+        .unwrap();
+        assert_eq!(c.plugin_log_level, "debug", "the scope wins, as in Istio");
+        assert!(c.logging.filter.starts_with("warn,"));
+        let c = parse(&["--log-level=debug"]).unwrap();
+        assert_eq!(c.logging.filter, "debug");
+        assert_eq!(
+            parse(&[]).unwrap().logging.filter,
+            "info",
+            "Istio's default"
+        );
+        let e = parse(&["--log_output_level=default:loud"]).unwrap_err();
+        assert!(e.contains("--log_output_level"), "{e}");
     }
 
     #[test]

@@ -78,7 +78,7 @@ impl Env {
             .env("CNI_BIN_TARGET_DIRS", &self.bin)
             .env("SERVICE_ACCOUNT_DIR", &self.sa)
             .env("HEALTH_PORT", "0")
-            .env("MONITORING_PORT", "0")
+            .env("MONITORING_PORT", "any")
             .env("LISTEN_ADDRESS", "127.0.0.1")
             .env("REDIRECT_BACKEND", "iptables-legacy")
             .env("LOG_LEVEL", "info");
