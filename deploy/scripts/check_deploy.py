@@ -405,6 +405,8 @@ def main():
     ws_bins = {t["name"] for p in meta["packages"] for t in p["targets"] if "bin" in t["kind"]}
     ws_version = {p["name"]: p["version"] for p in meta["packages"]}["install-cni"]
 
+    for e in sorted(PENDING_DAEMON_ENV & daemon_env):
+        warn(f"PENDING_DAEMON_ENV: install-cni --list-env now prints {e}: remove it from the allow-list")
     # --- renderings -------------------------------------------------------------------------
     rendered = {}
     kube_of = {}
