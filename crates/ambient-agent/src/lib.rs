@@ -102,9 +102,20 @@ pub fn wants(policy: &Policy, pod: &Pod, namespace_labels: &BTreeMap<String, Str
         )
 }
 
-/// The pod as the agent needs it (`ips`: given by the plugin, else the pod's status).
+/// The pod as the agent needs it (`ips`: given by the plugin, else the pod's status). Ambient
+/// annotations ignored (not booleans, as Istio ignores them) are logged as warnings.
 pub fn pod_ref(pod: &Pod, ips: Vec<IpAddr>) -> Result<AmbientPodRef, AnnotationError> {
     let ips = if ips.is_empty() { pod_ips(pod) } else { ips };
+    for w in pod_policy::ambient::ignored_annotations(pod) {
+        tracing::warn!(
+            pod = %format!(
+                "{}/{}",
+                pod.metadata.namespace.as_deref().unwrap_or(""),
+                pod.metadata.name.as_deref().unwrap_or("")
+            ),
+            "{w}"
+        );
+    }
     Ok(AmbientPodRef {
         uid: pod.metadata.uid.clone().unwrap_or_default(),
         name: pod.metadata.name.clone().unwrap_or_default(),

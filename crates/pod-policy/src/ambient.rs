@@ -59,8 +59,6 @@ pub fn decide(
 /// An ambient pod annotation whose value cannot be used, named with its value.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AnnotationError {
-    #[error("annotation {key}: {value:?} is not a boolean (true or false)")]
-    NotBool { key: &'static str, value: String },
     #[error("annotation {key}: {source}")]
     Interfaces {
         key: &'static str,
@@ -68,27 +66,44 @@ pub enum AnnotationError {
     },
 }
 
-/// The pod's own ambient settings (Istio's `PodOverrides`) from its annotations. An invalid
-/// value is an error naming the annotation and the value.
+/// The boolean annotations of [`pod_settings`]: a value that is not a boolean is ignored (the
+/// annotation counts as absent), as Istio's `CheckBooleanAnnotation` does.
+const BOOL_ANNOTATIONS: [&str; 2] = [
+    annotations::DNS_CAPTURE,
+    annotations::BYPASS_INBOUND_CAPTURE,
+];
+
+/// The pod's ambient annotations that are ignored, each with its value, in the words of
+/// Istio's warning (the plugin and the agent log them).
+pub fn ignored_annotations(pod: &Pod) -> Vec<String> {
+    let empty = BTreeMap::new();
+    let a = pod.metadata.annotations.as_ref().unwrap_or(&empty);
+    BOOL_ANNOTATIONS
+        .iter()
+        .filter_map(|key| {
+            let v = a.get(*key)?;
+            go_parse_bool(v).is_none().then(|| {
+                format!(
+                    "annotation {key}={v:?} found, but only boolean values are supported, ignoring"
+                )
+            })
+        })
+        .collect()
+}
+
+/// The pod's own ambient settings (Istio's `PodOverrides`) from its annotations. A boolean
+/// annotation that is not a boolean is ignored, as in Istio ([`ignored_annotations`] says
+/// which); an invalid interface list is an error naming the annotation and the value.
 pub fn pod_settings(pod: &Pod) -> Result<AmbientPod, AnnotationError> {
     let empty = BTreeMap::new();
     let a = pod.metadata.annotations.as_ref().unwrap_or(&empty);
-    let bool_of = |key: &'static str| -> Result<Option<bool>, AnnotationError> {
-        a.get(key)
-            .map(|v| {
-                go_parse_bool(v).ok_or_else(|| AnnotationError::NotBool {
-                    key,
-                    value: v.clone(),
-                })
-            })
-            .transpose()
-    };
-    let dns = match bool_of(annotations::DNS_CAPTURE)? {
+    let bool_of = |key: &'static str| a.get(key).and_then(|v| go_parse_bool(v));
+    let dns = match bool_of(annotations::DNS_CAPTURE) {
         None => PodDns::Unset,
         Some(true) => PodDns::Enabled,
         Some(false) => PodDns::Disabled,
     };
-    let ingress_mode = bool_of(annotations::BYPASS_INBOUND_CAPTURE)?.unwrap_or(false);
+    let ingress_mode = bool_of(annotations::BYPASS_INBOUND_CAPTURE).unwrap_or(false);
     let virtual_interfaces = match a.get(keys::REROUTE_VIRTUAL_INTERFACES) {
         Some(v) => parse_interface_list(keys::REROUTE_VIRTUAL_INTERFACES, v).map_err(|source| {
             AnnotationError::Interfaces {
@@ -161,11 +176,39 @@ mod tests {
         assert_eq!(s.dns, PodDns::Disabled);
         assert!(s.ingress_mode);
         assert_eq!(s.virtual_interfaces, ["tap0", "tap1"]);
-        let bad = pod(json!({"metadata": {"annotations": {annotations::DNS_CAPTURE: "maybe"}}}));
-        let e = pod_settings(&bad).unwrap_err().to_string();
+        assert!(ignored_annotations(&p).is_empty());
+    }
+
+    #[test]
+    fn non_boolean_annotations_are_ignored_with_a_warning() {
+        // Istio's CheckBooleanAnnotation: warns and treats the annotation as absent.
+        let bad = pod(json!({"metadata": {"annotations": {
+            annotations::DNS_CAPTURE: "maybe",
+            annotations::BYPASS_INBOUND_CAPTURE: "yes",
+        }}}));
+        let s = pod_settings(&bad).unwrap();
+        assert_eq!(s.dns, PodDns::Unset);
+        assert!(!s.ingress_mode);
+        let w = ignored_annotations(&bad);
+        assert_eq!(w.len(), 2, "{w:?}");
         assert!(
-            e.contains(annotations::DNS_CAPTURE) && e.contains("maybe"),
-            "{e}"
+            w[0].contains(annotations::DNS_CAPTURE) && w[0].contains("maybe"),
+            "{w:?}"
         );
+        assert!(w[1].contains(annotations::BYPASS_INBOUND_CAPTURE) && w[1].contains("yes"));
+        let sel = default_selectors();
+        let mut labelled = bad.clone();
+        labelled.metadata.labels = Some(BTreeMap::from([(
+            DATAPLANE_MODE_LABEL.to_string(),
+            "ambient".to_string(),
+        )]));
+        let policy = crate::Policy {
+            scope: Default::default(),
+            ambient: Some(sel),
+        };
+        assert!(matches!(
+            crate::decide(&labelled, &BTreeMap::new(), &policy),
+            Ok(crate::Decision::Ambient(_))
+        ));
     }
 }
