@@ -51,6 +51,16 @@ impl Answer {
     }
 }
 
+/// Why an exchange ended at EOF with no complete answer head.
+fn closed_before_head(read: usize) -> String {
+    match read {
+        0 => "the server closed the connection without answering".into(),
+        n => {
+            format!("the server closed the connection after {n} bytes of an unfinished answer head")
+        }
+    }
+}
+
 /// Sends `method path` with `body` and waits for the answer, all within `timeout`.
 pub fn request(
     socket: &Path,
@@ -153,7 +163,11 @@ impl Exchange<'_> {
     fn receive(&self, stream: &mut UnixStream) -> Result<Answer, ClientError> {
         let mut buf = Vec::with_capacity(8192);
         let (status, head_len, length) = loop {
-            self.read_some(stream, &mut buf)?;
+            // EOF before a whole head is the server's answer: it will say nothing more, so
+            // waiting on (a 0-byte read at once, again and again) only spins to the deadline.
+            if self.read_some(stream, &mut buf)? == 0 {
+                return Err(self.protocol(closed_before_head(buf.len())));
+            }
             if let Some(head) = self.parse_head(&buf)? {
                 break head;
             }

@@ -7,11 +7,15 @@ use hyper::body::{Bytes, Incoming};
 use hyper::{Response, StatusCode};
 use std::collections::VecDeque;
 use std::future::Future;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -67,8 +71,10 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
 /// accept (a head not in by then closes the connection, a body not in is answered 408); a
 /// head over [`MAX_HEAD`] is answered 431; one request per connection (no keep-alive); no
 /// connection outlives [`MAX_CONNECTION_LIFETIME`]; at most [`MAX_CONNECTIONS`] are open, and
-/// a connection over that closes the oldest one still sending its request, so a flood of idle
-/// connections cannot starve the plugin, whose request arrives whole right after its connect.
+/// a connection over that closes the oldest one that has sent nothing yet (else the oldest
+/// still sending its request), so a flood of idle connections cannot starve the plugin, whose
+/// request arrives whole right after its connect: its bytes wait in the socket even before
+/// its task first reads them.
 pub async fn serve<H, F>(listener: UnixListener, name: &'static str, max_body: usize, handler: H)
 where
     H: Fn(Request) -> F + Clone + Send + Sync + 'static,
@@ -85,7 +91,11 @@ where
             }
         };
         let permit = slots.admit().await;
-        let conn = slots.arrived();
+        let conn = slots.arrived(&stream);
+        let stream = Tracked {
+            stream,
+            conn: conn.clone(),
+        };
         tokio::spawn(connection(
             stream,
             conn,
@@ -99,7 +109,7 @@ where
 
 /// One connection, from accept to close; `_permit` is its slot.
 async fn connection<H, F>(
-    stream: UnixStream,
+    stream: Tracked,
     conn: Arc<Conn>,
     slots: Arc<Slots>,
     _permit: OwnedSemaphorePermit,
@@ -171,9 +181,28 @@ struct Conn {
     head_in: AtomicBool,
     /// Closed to make room for a newer connection.
     evicted: Notify,
+    /// Some of its bytes were read.
+    sent_any: AtomicBool,
+    /// Its socket while it is open (cleared before the descriptor closes, so its number,
+    /// once reused, is never asked about).
+    fd: Mutex<Option<RawFd>>,
 }
 
 impl Conn {
+    /// Whether the client has sent anything: bytes read, or bytes waiting to be read.
+    fn has_sent(&self) -> bool {
+        if self.sent_any.load(Ordering::Acquire) {
+            return true;
+        }
+        let fd = self.fd.lock().unwrap_or_else(|e| e.into_inner());
+        fd.is_some_and(|fd| {
+            let mut waiting: libc::c_int = 0;
+            // SAFETY: FIONREAD writes one int; `fd` is open while its lock is held here (the
+            // connection clears it under the lock before closing).
+            unsafe { libc::ioctl(fd, libc::FIONREAD, &mut waiting) == 0 && waiting > 0 }
+        })
+    }
+
     /// Resolves when the connection must be closed unanswered: evicted, or its head not in
     /// by `deadline`.
     async fn cut_off(&self, deadline: Instant) -> &'static str {
@@ -205,14 +234,14 @@ impl Slots {
         }
     }
 
-    /// A slot for a new connection; when all are taken, the oldest connection still sending
-    /// its request is closed for it (or, none sending, the first to finish makes room).
+    /// A slot for a new connection; when all are taken, a connection still sending its
+    /// request is closed for it: the oldest that has sent nothing, else the oldest (or, none
+    /// sending, the first to finish makes room).
     async fn admit(&self) -> OwnedSemaphorePermit {
         if let Ok(p) = self.permits.clone().try_acquire_owned() {
             return p;
         }
-        let oldest = self.waiting().pop_front();
-        if let Some(oldest) = oldest {
+        if let Some(oldest) = self.to_evict() {
             tracing::debug!(
                 socket = self.name,
                 max = MAX_CONNECTIONS,
@@ -233,12 +262,22 @@ impl Slots {
             .expect("the semaphore is never closed")
     }
 
+    /// The connection to close for a newcomer, out of the waiting list: the oldest that has
+    /// sent nothing, else the oldest.
+    fn to_evict(&self) -> Option<Arc<Conn>> {
+        let mut waiting = self.waiting();
+        let idle = waiting.iter().position(|c| !c.has_sent()).unwrap_or(0);
+        waiting.remove(idle)
+    }
+
     /// A connection just accepted, now waiting for its request.
-    fn arrived(&self) -> Arc<Conn> {
+    fn arrived(&self, stream: &UnixStream) -> Arc<Conn> {
         let conn = Arc::new(Conn {
             accepted: Instant::now(),
             head_in: AtomicBool::new(false),
             evicted: Notify::new(),
+            sent_any: AtomicBool::new(false),
+            fd: Mutex::new(Some(stream.as_raw_fd())),
         });
         self.waiting().push_back(conn.clone());
         conn
@@ -251,5 +290,88 @@ impl Slots {
 
     fn waiting(&self) -> std::sync::MutexGuard<'_, VecDeque<Arc<Conn>>> {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A connection's stream that tells its [`Conn`] when bytes were read and when it closes.
+struct Tracked {
+    stream: UnixStream,
+    conn: Arc<Conn>,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        // Before `stream` (a field) closes the descriptor.
+        *self.conn.fd.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.conn.sent_any.store(true, Ordering::Release);
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plugin's request waits whole in its socket before its task first reads it: a
+    /// newcomer over the limit closes an idle connection, never that one, even when it is
+    /// the oldest. Among connections that all sent something, the oldest goes.
+    #[tokio::test]
+    async fn a_newcomer_evicts_the_oldest_idle_connection_not_one_with_bytes_waiting() {
+        use tokio::io::AsyncWriteExt;
+        let slots = Slots::new("test");
+        let (real, mut real_client) = UnixStream::pair().unwrap();
+        let (idle, _idle_client) = UnixStream::pair().unwrap();
+        let (half, mut half_client) = UnixStream::pair().unwrap();
+        let real_conn = slots.arrived(&real);
+        let idle_conn = slots.arrived(&idle);
+        let half_conn = slots.arrived(&half);
+        real_client
+            .write_all(b"GET /pod HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        half_client.write_all(b"GET /x HTT").await.unwrap();
+        half_conn.sent_any.store(true, Ordering::Release);
+        let first = slots.to_evict().unwrap();
+        assert!(Arc::ptr_eq(&first, &idle_conn), "the idle one goes first");
+        let second = slots.to_evict().unwrap();
+        assert!(Arc::ptr_eq(&second, &real_conn), "then the oldest");
+        // A closed connection's descriptor is never asked about.
+        let tracked = Tracked {
+            stream: half,
+            conn: half_conn.clone(),
+        };
+        drop(tracked);
+        assert!(half_conn.fd.lock().unwrap().is_none());
     }
 }

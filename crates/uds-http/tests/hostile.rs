@@ -430,3 +430,26 @@ fn a_chunked_answer_is_refused_not_taken_for_the_body() {
     assert!(e.to_string().contains("chunked"), "{e}");
     assert!(took < SLACK, "{took:?}");
 }
+
+/// EOF is the server's answer: a daemon that closes without answering (an agent SIGKILLed
+/// mid-burst, a lookup socket whose server exits) fails the request at once, whole head or
+/// half, instead of spinning on 0-byte reads until the deadline.
+#[test]
+fn a_daemon_that_closes_without_answering_fails_the_request_at_once() {
+    let closes: [fn(UnixStream); 2] = [
+        |mut s| read_request(&mut s),
+        |mut s| {
+            read_request(&mut s);
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Le");
+        },
+    ];
+    for (case, behave) in closes.into_iter().enumerate() {
+        let (_d, path) = fake_daemon(behave);
+        let (e, took) = ask(&path, Duration::from_secs(10));
+        assert!(
+            matches!(e, ClientError::Protocol { .. }) && e.to_string().contains("closed"),
+            "case {case}: {e}"
+        );
+        assert!(took < SLACK, "case {case}: {took:?}");
+    }
+}
