@@ -200,3 +200,91 @@ fn a_restarted_agent_prunes_probe_addresses_of_pods_deleted_while_it_was_down() 
     });
     assert!(legacy_save(n.node.ns.path(), false).contains(LEGACY_HOST_RULE));
 }
+
+/// A failed enroll leaves the pod without in-pod rules. The host probe rule cannot be written
+/// (an `istio-inpod-probes-v4` of another type is in the way): the ADD is refused naming the
+/// set, and the pod's namespace keeps no chain of ours. Before, its outbound TCP went to
+/// 127.0.0.1:15001, where nothing listens, and a pod the agent enrolls by itself (startup, a
+/// namespace label) never gets the DEL that would clear it. Once the obstacle goes, the
+/// runtime's retry serves the pod.
+#[test]
+fn an_enroll_whose_host_rule_cannot_be_written_leaves_no_rules_in_the_pod() {
+    let Some(bin) = prerequisites() else { return };
+    let n = AmbientNode::start(&bin, &legacy_node(), &[a()]).unwrap();
+    let node = &n.node.ns;
+    node.exec_ok("ipset", &["create", PROBE_SET_V4, "hash:net"])
+        .unwrap();
+    let pa = n.create_pod(&a()).unwrap();
+    let run = n.add(&pa);
+    assert!(!run.ok, "the ADD passed: {run:?}\n{}", n.logs());
+    let said = format!("{}{}", run.stdout, run.stderr);
+    assert!(
+        said.contains(PROBE_SET_V4) || said.contains("ipset"),
+        "{said}"
+    );
+    let save = legacy_save(pa.ns.path(), false);
+    assert!(
+        !save.contains("ISTIO_"),
+        "rules left after a failed enroll:\n{save}\n{}",
+        n.logs()
+    );
+    no_nft(&n, &pa.ns, "the pod");
+
+    node.exec_ok("ipset", &["destroy", PROBE_SET_V4]).unwrap();
+    n.del(&pa).assert_ok();
+    n.add(&pa).assert_ok();
+    assert!(n.served(&pa), "{}", n.logs());
+    assert_eq!(members(&n), [(pa.ip(), pa.uid())]);
+}
+
+/// The probe set goes with the last pod even when a rule that is not ours still uses it: the
+/// kernel refuses to destroy a set in use, so the agent empties it at once (no address is
+/// SNATed any more), keeps Istio's rule out (no reconcile pass writes it back for no pod), and
+/// destroys the set on the first pass after the foreign rule goes.
+#[test]
+fn a_probe_set_a_foreign_rule_uses_goes_once_that_rule_goes() {
+    let Some(bin) = prerequisites() else { return };
+    let mut opts = legacy_node();
+    opts.env.push(("RECONCILE_INTERVAL".into(), "1s".into()));
+    let n = AmbientNode::start(&bin, &opts, &[a()]).unwrap();
+    let node = &n.node.ns;
+    let pa = n.start_pod(&a());
+    assert!(n.served(&pa), "{}", n.logs());
+    let foreign = [
+        "-t",
+        "filter",
+        "-I",
+        "INPUT",
+        "-m",
+        "set",
+        "--match-set",
+        PROBE_SET_V4,
+        "src",
+        "-j",
+        "ACCEPT",
+    ];
+    node.exec_ok("iptables-legacy", &foreign).unwrap();
+
+    n.del(&pa).assert_ok();
+    n.eventually(
+        "the set emptied and Istio's rule gone with the last pod",
+        || members(&n).is_empty() && !legacy_save(node.path(), false).contains("ISTIO_POSTRT"),
+    );
+    assert_eq!(n.ipsets(), [PROBE_SET_V4], "the set in use cannot go yet");
+    // Several reconcile passes: the rule stays out, the set stays (in use) and empty.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    assert!(
+        !legacy_save(node.path(), false).contains("ISTIO_POSTRT"),
+        "{}",
+        n.logs()
+    );
+    assert!(members(&n).is_empty());
+
+    let mut gone = foreign;
+    gone[2] = "-D";
+    node.exec_ok("iptables-legacy", &gone).unwrap();
+    n.eventually("the set destroyed once nothing uses it", || {
+        n.ipsets().is_empty()
+    });
+    no_nft(&n, node, "the node");
+}

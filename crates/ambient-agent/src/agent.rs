@@ -107,6 +107,10 @@ struct Enrolled {
 struct Inner {
     pods: HashMap<String, Enrolled>,
     host_installed: bool,
+    /// The last pod went but the host rule's removal failed (e.g. a foreign iptables rule
+    /// still uses a probe set, which the kernel then refuses to destroy): each reconcile pass
+    /// tries again while no pod needs the rule.
+    host_removal_pending: bool,
     /// Enrolls between their host-rule check and their end, by UID, with the addresses they
     /// put in the probe sets: the host rule and those addresses stay for them.
     in_flight: HashMap<String, Vec<IpAddr>>,
@@ -253,15 +257,11 @@ impl Agent {
         if !g.held().is_empty() {
             return;
         }
-        match blocking(move || host.remove_all()).await {
-            Ok(Ok(true)) => tracing::info!(
-                rule = host.describe(),
-                "no ambient pod on the node: the host probe rule a previous agent left removed"
-            ),
-            Ok(Ok(false)) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "removing a leftover host probe rule failed"),
-            Err(e) => tracing::warn!(error = %e, "removing a leftover host probe rule failed"),
-        }
+        g.host_removal_pending = !self
+            .remove_host_rule(
+                "no ambient pod on the node: the host probe rule a previous agent left removed",
+            )
+            .await;
     }
 
     /// Serves a pod: rules, probe IPs, ztunnel. Enrolling an enrolled pod again re-applies its
@@ -283,7 +283,12 @@ impl Agent {
         let plan = self.plan_for(&pod)?;
         let netns = Arc::new(netns);
         program(&plan, &netns, self.settings.backend, &pod).await?;
-        self.begin(&pod).await?;
+        if let Err(e) = self.begin(&pod).await {
+            // No host probe rule: the rules just written would send the pod's traffic to a
+            // ztunnel that never gets it, and a pod the agent enrolled itself gets no DEL.
+            self.undo_rules(&pod, &netns).await;
+            return Err(e);
+        }
         let served = self.serve(&pod, &netns).await;
         let previous = self.finish(&pod, &netns, served.is_ok()).await;
         if let Err(e) = served {
@@ -360,14 +365,19 @@ impl Agent {
 
     /// Rolls a failed enroll back: no rules, no probe IPs (ZDS withdrew the pod itself).
     async fn undo(&self, pod: &AmbientPodRef, netns: &Arc<OwnedFd>) {
-        if let Err(e) = unprogram(netns).await {
-            tracing::error!(pod = %pod.label(), error = %e, "rolling back: removing the ambient rules failed");
-        }
+        self.undo_rules(pod, netns).await;
         if let Err(e) = self.remove_probe_ips(&pod.uid, &pod.ips).await {
             tracing::error!(pod = %pod.label(), error = %e, "rolling back: removing the probe IPs failed");
         }
         let mut g = self.inner.lock().await;
         self.drop_host_if_idle(&mut g).await;
+    }
+
+    /// Rolls back the in-pod rules of an enroll that failed before ztunnel was asked.
+    async fn undo_rules(&self, pod: &AmbientPodRef, netns: &Arc<OwnedFd>) {
+        if let Err(e) = unprogram(netns).await {
+            tracing::error!(pod = %pod.label(), error = %e, "rolling back: removing the ambient rules failed");
+        }
     }
 
     /// Stops serving a pod: ztunnel told, the rules removed from its namespace (which our fd
@@ -473,6 +483,7 @@ impl Agent {
         }
         self.on_host(pod, |host, plan| host.ensure(&plan)).await?;
         g.host_installed = true;
+        g.host_removal_pending = false;
         tracing::info!(
             rule = self.settings.host.describe(),
             "host probe rule installed"
@@ -485,15 +496,30 @@ impl Agent {
         if !g.held().is_empty() || !g.host_installed {
             return;
         }
+        // Either way the rule is no longer ours to keep: a reconcile pass must not write it
+        // back for no pod, only finish its removal.
+        g.host_installed = false;
+        g.host_removal_pending = !self
+            .remove_host_rule("last ambient pod gone: host probe rule removed")
+            .await;
+    }
+
+    /// Removes the host rule and its sets (`removed` is logged if there were any); whether
+    /// that finished. What could not go is said in the log, and the caller retries.
+    async fn remove_host_rule(&self, removed: &'static str) -> bool {
         let host = self.settings.host;
-        match blocking(move || host.remove_all()).await {
-            Ok(Ok(_)) => {
-                g.host_installed = false;
-                tracing::info!("last ambient pod gone: host probe rule removed");
+        let failed = match blocking(move || host.remove_all()).await {
+            Ok(Ok(any)) => {
+                if any {
+                    tracing::info!(rule = host.describe(), "{removed}");
+                }
+                return true;
             }
-            Ok(Err(e)) => tracing::warn!(error = %e, "removing the host probe rule failed"),
-            Err(e) => tracing::warn!(error = %e, "removing the host probe rule failed"),
-        }
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e,
+        };
+        tracing::warn!(error = %failed, rule = host.describe(), "removing the host probe rule failed (its sets are emptied first, so no address is SNATed); retried on each reconcile pass");
+        false
     }
 
     /// The pod's IPs into the host probe sets, commented with its UID.
@@ -560,8 +586,13 @@ impl Agent {
     /// a released pod is never put back. Returns the differences found (empty: in sync, or no
     /// host rule is due).
     pub async fn reconcile_host(&self) -> Result<Vec<String>, AgentError> {
-        let g = self.inner.lock().await;
+        let mut g = self.inner.lock().await;
         if !g.host_installed {
+            if g.host_removal_pending && g.held().is_empty() {
+                g.host_removal_pending = !self
+                    .remove_host_rule("host probe rule removed: the last ambient pod went earlier")
+                    .await;
+            }
             return Ok(Vec::new());
         }
         let (held, prune) = (g.held(), g.discovered);

@@ -297,11 +297,14 @@ fn create_sets(sets: &[NamedSet]) -> String {
         .collect()
 }
 
-/// Destroys those of `names` that exist. Returns whether any did.
+/// Destroys those of `names` that exist. Returns whether any did. Each is emptied first: the
+/// kernel refuses to destroy a set another rule (not ours) still uses, and an address left in
+/// it would have a later pod's probes SNATed once the address is reused.
 fn destroy_sets(tools: &Tools, names: &[&str]) -> Result<bool, LegacyError> {
     let existing = existing_sets(tools)?;
     let mut any = false;
     for name in names.iter().filter(|n| existing.iter().any(|e| e == *n)) {
+        tools.ipset(&["flush", name], None)?;
         tools.ipset(&["destroy", name], None)?;
         any = true;
     }
