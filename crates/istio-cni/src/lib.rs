@@ -114,7 +114,7 @@ pub fn run(get_env: impl Fn(&str) -> Option<OsString>, stdin: &[u8]) -> Outcome 
             .map(|v| v.to_string_lossy().into_owned())
             .unwrap_or_default()
     };
-    let container_id = lossy("CNI_CONTAINERID");
+    let container_id = loggable_container_id(&lossy("CNI_CONTAINERID"));
     let pod = settings::parse_cni_args(&lossy("CNI_ARGS")).unwrap_or_default();
     let span = logging::command_span(
         command.as_str(),
@@ -151,6 +151,16 @@ pub fn run(get_env: impl Fn(&str) -> Option<OsString>, stdin: &[u8]) -> Outcome 
 }
 
 /// The process's peak resident set (VmHWM), for the log line that ends each invocation.
+/// The container ID as the log span carries it: as given when it is a valid CNI name, else
+/// escaped and marked (the command then refuses it by name). A raw newline here was a forged
+/// line in the daemon's log, which relays this span.
+fn loggable_container_id(raw: &str) -> String {
+    if raw.is_empty() || cni::is_cni_name(raw) {
+        return raw.to_string();
+    }
+    format!("(invalid) {}", raw.escape_debug())
+}
+
 fn peak_rss_kb() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -177,5 +187,13 @@ mod tests {
         let e = super::read_stdin(std::io::repeat(b' ')).unwrap_err();
         assert_eq!(e.code, super::ErrorCode::InvalidConfig);
         assert!(e.msg.contains("64 MiB"), "{e}");
+    }
+
+    #[test]
+    fn a_container_id_reaches_the_log_span_only_as_one_line_of_plain_text() {
+        assert_eq!(super::loggable_container_id("c0ffee-1.x_y"), "c0ffee-1.x_y");
+        let forged = super::loggable_container_id("c1\n2026-01-01 INFO forged\u{1b}[2J");
+        assert!(!forged.chars().any(char::is_control), "{forged:?}");
+        assert!(forged.starts_with("(invalid) c1\\n2026"), "{forged:?}");
     }
 }

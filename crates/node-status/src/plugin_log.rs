@@ -134,7 +134,7 @@ impl Line {
         let Ok(Value::Object(obj)) = serde_json::from_str::<Value>(text.trim()) else {
             return Line {
                 level: "WARN".into(),
-                message: format!("(not the plugin's JSON) {}", text.trim()),
+                message: format!("(not the plugin's JSON) {}", escaped(text.trim())),
                 ..Line::default()
             };
         };
@@ -178,11 +178,27 @@ fn innermost_span(obj: &Map<String, Value>) -> Map<String, Value> {
         .unwrap_or_default()
 }
 
+/// A field as one line of plain text: its control characters escaped (`\n`, `\u{1b}`), so
+/// nothing a pod's spec, the runtime or the API server put into it (a newline in a container
+/// ID, an ESC in a Status message) can start a forged line in the daemon's log or drive the
+/// reader's terminal.
 fn plain(v: &Value) -> String {
     match v {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
+        Value::String(s) => escaped(s),
+        other => escaped(&other.to_string()),
     }
+}
+
+fn escaped(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    s.chars()
+        .map(|c| match c {
+            c if c.is_control() => c.escape_default().to_string(),
+            c => c.to_string(),
+        })
+        .collect()
 }
 
 fn print(l: &Line) {
@@ -225,6 +241,37 @@ mod tests {
         assert_eq!(
             (0..LINE_BURST * 2).filter(|_| b.take(later)).count(),
             LINE_BURST
+        );
+    }
+
+    #[test]
+    fn control_characters_in_any_relayed_field_are_escaped_not_printed() {
+        let forged = "x\n2026-01-01T00:00:00Z  INFO forged line\u{1b}[2J";
+        let line = serde_json::json!({
+            "level": "ERROR",
+            "fields": {"message": forged, "error": forged, "code": 7},
+            "spans": [{"command": forged, "container_id": forged, "pod_namespace": forged, "pod_name": forged}]
+        })
+        .to_string();
+        let l = Line::parse(line.as_bytes());
+        for (what, text) in [
+            ("message", &l.message),
+            ("pod", &l.pod),
+            ("container", &l.container),
+            ("command", &l.command),
+            ("fields", &l.fields),
+        ] {
+            assert!(!text.chars().any(char::is_control), "{what}: {text:?}");
+            assert!(
+                text.contains("\\n2026") && text.contains("\\u{1b}[2J"),
+                "{what}: {text:?}"
+            );
+        }
+        let raw = Line::parse(b"not json\nforged\x1b[2J");
+        assert!(
+            !raw.message.chars().any(char::is_control),
+            "{:?}",
+            raw.message
         );
     }
 
