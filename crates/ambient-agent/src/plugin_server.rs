@@ -9,7 +9,7 @@
 //! API server; an event waiting for a worker is dropped if its caller hangs up first.
 
 use crate::agent::Agent;
-use cni_config::ambient::{AddPodRequest, CMD_ADD_PATH, CMD_DEL_PATH, DelPodRequest};
+use cni_config::ambient::{AddPodRequest, CMD_ADD_PATH, CMD_DEL_PATH, DelPodRequest, NetnsId};
 use k8s_openapi::api::core::v1::Pod;
 use node_view::cache::PodCache;
 use std::os::fd::OwnedFd;
@@ -91,7 +91,10 @@ impl Handler {
     }
 
     async fn add(&self, body: &[u8]) -> Reply {
-        let req: AddPodRequest = match decode(body) {
+        let req: AddPodRequest = match decode(body).and_then(|r: AddPodRequest| {
+            r.validate()?;
+            Ok(r)
+        }) {
             Ok(r) => r,
             Err(e) => return reply(StatusCode::BAD_REQUEST, e),
         };
@@ -116,7 +119,7 @@ impl Handler {
                 format!("pod {pod_label}: IPs is empty (no address in the chain's prevResult)"),
             );
         }
-        let netns = match open_netns(&req.netns, &self.proc_root) {
+        let netns = match open_netns(&req.netns, &self.proc_root, req.netns_id) {
             Ok(fd) => fd,
             Err(e) => return reply(StatusCode::BAD_REQUEST, format!("pod {pod_label}: {e}")),
         };
@@ -131,7 +134,10 @@ impl Handler {
     }
 
     async fn del(&self, body: &[u8]) -> Reply {
-        let req: DelPodRequest = match decode(body) {
+        let req: DelPodRequest = match decode(body).and_then(|r: DelPodRequest| {
+            r.validate()?;
+            Ok(r)
+        }) {
             Ok(r) => r,
             Err(e) => return reply(StatusCode::BAD_REQUEST, e),
         };
@@ -180,23 +186,43 @@ fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, String> {
         .map_err(|e| format!("invalid request at {}: {}", e.path(), e.inner()))
 }
 
-/// The pod's namespace as the runtime named it. A `/proc/...` path is read under the host's
-/// /proc (the agent's own /proc is its container's). Never the host's or our own namespace.
-fn open_netns(path: &str, proc_root: &Path) -> Result<OwnedFd, String> {
+/// The pod's namespace as the runtime named it, found from inside the agent's container
+/// ([`resolve_netns`]); never the host's or our own namespace. When the plugin says which
+/// namespace it checked there (`NetnsID`), the one opened must be it: a path re-pointed (a
+/// bind mount replaced, a link swapped) between the plugin's check and this open is refused.
+fn open_netns(path: &str, proc_root: &Path, checked: Option<NetnsId>) -> Result<OwnedFd, String> {
     if path.is_empty() || !path.starts_with('/') {
         return Err(format!("Netns {path:?} must be an absolute path"));
     }
     let resolved = resolve_netns(path, proc_root);
     // Checked and kept as one open: the descriptor served is the namespace that was checked.
-    netns::ForeignNetns::open(&resolved)
-        .map(netns::ForeignNetns::into_fd)
-        .map_err(|e| format!("Netns {path:?}: {e}"))
+    let ns = netns::ForeignNetns::open(&resolved).map_err(|e| format!("Netns {path:?}: {e}"))?;
+    if let Some(want) = checked {
+        let got = ns.id();
+        if (got.dev, got.ino) != (want.dev, want.ino) {
+            return Err(format!(
+                "Netns {path:?} is now {got}, not the namespace the plugin checked (NetnsID dev {} inode {}): it was re-pointed in between; refused",
+                want.dev, want.ino
+            ));
+        }
+    }
+    Ok(ns.into_fd())
 }
 
-/// Where the agent finds a namespace path the runtime gave: `/proc/...` under the host's /proc.
+/// Where the agent finds a namespace path the runtime gave (a path on the node):
+/// `/proc/...` under the host's /proc; any other path under the host mounts' root (the
+/// parent of the host's /proc, `/host` as Istio's chart mounts the node's netns directory at
+/// `/host/var/run/netns`) when it is there, else as given (our chart mounts that directory at
+/// the node's own path).
 fn resolve_netns(path: &str, proc_root: &Path) -> PathBuf {
-    match path.strip_prefix("/proc/") {
-        Some(rest) if proc_root != Path::new("/proc") => proc_root.join(rest),
+    if let Some(rest) = path.strip_prefix("/proc/") {
+        return proc_root.join(rest);
+    }
+    let host_root = proc_root
+        .parent()
+        .filter(|root| *root != Path::new("/") && proc_root.ends_with("proc"));
+    match host_root.map(|root| root.join(path.trim_start_matches('/'))) {
+        Some(under_host) if under_host.symlink_metadata().is_ok() => under_host,
         _ => PathBuf::from(path),
     }
 }
@@ -223,4 +249,41 @@ pub fn start(run_dir: &Path, handler: Arc<Handler>) -> Result<(), ServerError> {
         move |req| handler.clone().handle(req),
     ));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resolve_netns;
+    use std::path::{Path, PathBuf};
+
+    /// Istio's chart mounts the node's netns directory at `/host/var/run/netns` (its agent
+    /// joins `/host` to every path); ours mounts it at the node's own path. Both layouts work.
+    #[test]
+    fn a_runtime_path_is_found_under_the_host_mounts_root_or_as_given() {
+        let root = std::env::temp_dir().join(format!("resolve-netns-{}", std::process::id()));
+        let under_host = root.join("var/run/netns/cni-1");
+        std::fs::create_dir_all(under_host.parent().unwrap()).unwrap();
+        std::fs::write(&under_host, "").unwrap();
+        let proc_root = root.join("proc");
+        assert_eq!(
+            resolve_netns("/var/run/netns/cni-1", &proc_root),
+            under_host
+        );
+        assert_eq!(
+            resolve_netns("/var/run/netns/cni-2", &proc_root),
+            PathBuf::from("/var/run/netns/cni-2"),
+            "not under the host root: as given"
+        );
+        assert_eq!(
+            resolve_netns("/proc/42/ns/net", &proc_root),
+            proc_root.join("42/ns/net")
+        );
+        let own = Path::new("/proc");
+        assert_eq!(
+            resolve_netns("/var/run/netns/cni-1", own),
+            PathBuf::from("/var/run/netns/cni-1"),
+            "the agent's own /proc: no host root"
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }

@@ -28,6 +28,46 @@ pub struct AddPodRequest {
     /// The pod's addresses from the chain's `prevResult`.
     #[serde(rename = "IPs", default)]
     pub ips: Vec<IpAddr>,
+    /// The identity of the namespace the plugin opened and checked at `Netns` (ours; Istio's
+    /// plugin sends none). The agent opens the path itself and serves the pod only if it
+    /// names this same namespace: a path re-pointed in between is refused.
+    #[serde(rename = "NetnsID", default, skip_serializing_if = "Option::is_none")]
+    pub netns_id: Option<NetnsId>,
+}
+
+/// A network namespace's identity: device and inode of its nsfs file, the same seen from any
+/// mount namespace (`netns::NsId` on the wire).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetnsId {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl AddPodRequest {
+    /// The names are Kubernetes names (they become API paths and log fields).
+    pub fn validate(&self) -> Result<(), String> {
+        validate_names(&self.pod_namespace, &self.pod_name)
+    }
+}
+
+impl DelPodRequest {
+    /// As [`AddPodRequest::validate`].
+    pub fn validate(&self) -> Result<(), String> {
+        validate_names(&self.pod_namespace, &self.pod_name)
+    }
+}
+
+fn validate_names(namespace: &str, name: &str) -> Result<(), String> {
+    if !pod_policy::names::is_namespace_name(namespace) {
+        return Err(format!(
+            "PodNamespace {namespace:?} is not a valid namespace name"
+        ));
+    }
+    if !pod_policy::names::is_pod_name(name) {
+        return Err(format!("PodName {name:?} is not a valid pod name"));
+    }
+    Ok(())
 }
 
 /// `POST /cmddel`: the pod's sandbox is going away.
@@ -55,6 +95,7 @@ mod tests {
             pod_namespace: "ns".into(),
             pod_uid: "u".into(),
             ips: vec!["10.0.0.5".parse().unwrap()],
+            netns_id: None,
         };
         let v = serde_json::to_value(&req).unwrap();
         assert_eq!(v["Netns"], "/var/run/netns/cni-1");
@@ -65,5 +106,43 @@ mod tests {
         )
         .unwrap();
         assert_eq!(istio.pod_uid, "");
+        assert_eq!(istio.netns_id, None);
+        assert!(v.get("NetnsID").is_none(), "{v}");
+    }
+
+    #[test]
+    fn names_that_would_be_paths_are_refused_naming_the_field() {
+        let ok =
+            r#"{"Netns":"/n","PodName":"p","PodNamespace":"ns","NetnsID":{"dev":4,"ino":4026532}}"#;
+        let req: AddPodRequest = serde_json::from_str(ok).unwrap();
+        assert_eq!(req.validate(), Ok(()));
+        assert_eq!(
+            req.netns_id,
+            Some(NetnsId {
+                dev: 4,
+                ino: 4026532
+            })
+        );
+        for (field, ns, name) in [
+            ("PodName", "default", "../../p1"),
+            ("PodName", "default", ""),
+            ("PodNamespace", "a/b", "p"),
+            ("PodNamespace", "", "p"),
+        ] {
+            let add = AddPodRequest {
+                pod_namespace: ns.into(),
+                pod_name: name.into(),
+                ..req.clone()
+            };
+            let e = add.validate().unwrap_err();
+            assert!(e.starts_with(field), "{e}");
+            let del = DelPodRequest {
+                netns: String::new(),
+                pod_name: name.into(),
+                pod_namespace: ns.into(),
+                pod_uid: String::new(),
+            };
+            assert!(del.validate().unwrap_err().starts_with(field));
+        }
     }
 }

@@ -5,7 +5,7 @@ use crate::k8s::{self, LookupError};
 use crate::node_cache;
 use crate::settings::{K8sArgs, LookupSettings, NetConf, parse_cni_args};
 use capture::{Facts, Plan};
-use cni_config::ambient::{AddPodRequest, DelPodRequest};
+use cni_config::ambient::{AddPodRequest, DelPodRequest, NetnsId};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use pod_policy::{Decision, PodConfig};
 use redirect::RedirectError;
@@ -139,6 +139,7 @@ fn lookup(conf: &NetConf, args: &K8sArgs) -> Result<(Pod, BTreeMap<String, Strin
         }
     };
     same_pod(&pod, args)?;
+    same_namespace(namespace.as_ref(), args)?;
     // Fail closed: a namespace we cannot read may be the one that enrolls the pod.
     let labels = namespace
         .and_then(|n| n.metadata.labels)
@@ -176,6 +177,24 @@ fn same_pod(pod: &Pod, args: &K8sArgs) -> Result<(), CniError> {
         ));
     }
     Ok(())
+}
+
+/// The namespace answered (ambient mode) is the pod's: its labels decide whether the pod is
+/// enrolled, so another namespace's would let an ambient pod pass through without rules.
+/// Checked here once for both sources, the node daemon's cache and the API server.
+fn same_namespace(namespace: Option<&Namespace>, args: &K8sArgs) -> Result<(), CniError> {
+    let Some(ns) = namespace else { return Ok(()) };
+    let got = ns.metadata.name.as_deref().unwrap_or("");
+    if got == args.pod_namespace {
+        return Ok(());
+    }
+    Err(CniError::new(
+        ErrorCode::Decode,
+        format!(
+            "pod {}: the answer's namespace is {got:?}; refusing to decide the pod by another namespace's labels",
+            pod_ref(args)
+        ),
+    ))
 }
 
 fn api_lookup(
@@ -283,7 +302,7 @@ pub fn add(conf: &NetConf, env: &CniEnv) -> Result<Value, CniError> {
                 })?;
             tracing::info!(backend = %detection.backend, reason = %detection.reason, "redirect rules programmed");
         }
-        PodAction::Ambient(pod) => hand_off(conf, env, &args, &pod, &result)?,
+        PodAction::Ambient(pod) => hand_off(conf, env, &args, &pod, &result, netns.id())?,
     }
     Ok(result)
 }
@@ -297,6 +316,7 @@ fn hand_off(
     args: &K8sArgs,
     pod: &Pod,
     result: &Value,
+    checked: netns::NsId,
 ) -> Result<(), CniError> {
     let req = AddPodRequest {
         netns: netns_text(env),
@@ -308,6 +328,10 @@ fn hand_off(
             args.pod_uid.clone()
         },
         ips: result_ips(result),
+        netns_id: Some(NetnsId {
+            dev: checked.dev,
+            ino: checked.ino,
+        }),
     };
     let socket = conf.settings.plugin_event_socket();
     let timeout = Duration::from_millis(conf.settings.ambient_handoff_timeout_ms);

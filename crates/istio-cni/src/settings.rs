@@ -252,7 +252,7 @@ pub fn parse_cni_args(args: &str) -> Result<K8sArgs, CniError> {
             _ => {}
         }
     }
-    if !out.pod_namespace.is_empty() && !is_dns_label(&out.pod_namespace) {
+    if !out.pod_namespace.is_empty() && !pod_policy::names::is_namespace_name(&out.pod_namespace) {
         return Err(CniError::new(
             ErrorCode::InvalidEnv,
             format!(
@@ -261,7 +261,7 @@ pub fn parse_cni_args(args: &str) -> Result<K8sArgs, CniError> {
             ),
         ));
     }
-    if !out.pod_name.is_empty() && !is_dns_subdomain(&out.pod_name) {
+    if !out.pod_name.is_empty() && !pod_policy::names::is_pod_name(&out.pod_name) {
         return Err(CniError::new(
             ErrorCode::InvalidEnv,
             format!(
@@ -271,20 +271,6 @@ pub fn parse_cni_args(args: &str) -> Result<K8sArgs, CniError> {
         ));
     }
     Ok(out)
-}
-
-/// RFC 1123 label, as Kubernetes validates namespace names.
-fn is_dns_label(s: &str) -> bool {
-    s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-/// RFC 1123 subdomain, as Kubernetes validates pod names.
-fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(|l| !l.is_empty() && is_dns_label(l))
 }
 
 #[cfg(test)]

@@ -1085,6 +1085,44 @@ fn a_hostile_pod_lookup_socket_never_holds_an_add_past_its_deadline() {
     );
 }
 
+/// Claim: an ambient pod is decided by its own namespace's labels whichever source answers.
+/// A node daemon whose answer carries another namespace fails the ADD, as the API server's
+/// would (before, only the API path was checked, and the pod passed through without rules).
+#[test]
+fn a_lookup_answer_with_another_namespace_fails_the_add_on_the_daemon_path_too() {
+    let node = node();
+    hostile_lookup_socket(&node.run_dir().join("pods.sock"), |mut s| {
+        read_head(&mut s);
+        let mut pod = fixture("no-sidecar");
+        pod["metadata"]["name"] = "web".into();
+        let elsewhere =
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "elsewhere"}});
+        let body = json!({"pod": pod, "namespace": elsewhere}).to_string();
+        let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+        let _ = s
+            .write_all(head.as_bytes())
+            .and_then(|()| s.write_all(body.as_bytes()));
+    });
+    let pod = pod_ns();
+    let mut conf = node.plugin_conf();
+    conf["cniVersion"] = node.opts.cni_version.into();
+    conf["ambient_enabled"] = true.into();
+    let before = node.api.requests.load(std::sync::atomic::Ordering::SeqCst);
+    let r = run(
+        &node,
+        &add_env(pod.path().to_str().unwrap()),
+        &serde_json::to_vec(&conf).unwrap(),
+    );
+    assert!(!r.ok, "a wrong namespace was taken: {r:#?}");
+    assert!(
+        r.stdout.contains("namespace is") && r.stdout.contains("elsewhere"),
+        "{r:#?}"
+    );
+    let asked = node.api.requests.load(std::sync::atomic::Ordering::SeqCst) - before;
+    assert_eq!(asked, 0, "the daemon answered: the API server is not asked");
+    assert_eq!(rules(&pod).trim(), "");
+}
+
 /// Claim: the log relay never blocks or fails an ADD, whatever `log.sock` is; the plugin's
 /// file keeps the lines.
 #[test]

@@ -15,6 +15,7 @@
 pub mod ambient;
 pub mod bypass;
 pub mod json;
+pub mod names;
 pub mod selector;
 pub mod selector_text;
 pub mod sidecar;
