@@ -194,7 +194,16 @@ impl ExplainArgs {
                 .map(Some);
         }
         match (&self.netns, self.host) {
-            (Some(p), _) => Ok(Some(p.clone())),
+            (Some(p), _) => {
+                // Its type read before anything opens it, as the plugin does: a FIFO (or a
+                // link to one) is refused at once instead of blocking every later open.
+                netns::HeldNetns::open(p).map_err(|e| ExplainError::BadInput {
+                    arg: "--network-namespace",
+                    value: p.display().to_string(),
+                    why: e.to_string(),
+                })?;
+                Ok(Some(p.clone()))
+            }
             (None, true) => Ok(None),
             (None, false) => Err(ExplainError::BadInput {
                 arg: "--network-namespace",

@@ -621,3 +621,47 @@ fn link_local_destinations_take_a_zone() {
         assert!(t.contains(dst) && !t.contains("panicked"), "{t}");
     }
 }
+
+/// `--network-namespace` naming a FIFO (or a link to one), with or without `--trace`, is
+/// refused at once naming the argument, as the plugin refuses it; before, the open blocked
+/// for want of a writer and the command never answered.
+#[test]
+fn a_fifo_as_the_namespace_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("netns-fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a plain syscall on a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let link = dir.path().join("netns-link");
+    std::os::unix::fs::symlink(&fifo, &link).unwrap();
+    for path in [&fifo, &link] {
+        for trace in [false, true] {
+            let mut args = vec!["explain", "--network-namespace", path.to_str().unwrap()];
+            args.extend(["--dst", "10.0.0.1:80"]);
+            if trace {
+                args.push("--trace");
+            }
+            let mut child = Command::new(CLI.as_str())
+                .args(&args)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let start = std::time::Instant::now();
+            while child.try_wait().unwrap().is_none() {
+                if start.elapsed() > std::time::Duration::from_secs(10) {
+                    let _ = child.kill();
+                    panic!("{args:?}: no answer within 10 s");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let o = child.wait_with_output().unwrap();
+            let t = text(&o);
+            assert_eq!(o.status.code(), Some(2), "{args:?}: {t}");
+            assert!(
+                t.contains("--network-namespace") && t.contains("FIFO"),
+                "{args:?}: {t}"
+            );
+        }
+    }
+}

@@ -40,23 +40,48 @@ impl ForeignError {
     }
 }
 
-/// A network namespace that is neither the caller's own nor the host's, held open.
+/// A network namespace held open, any one (the node's own included): the path it was given
+/// was opened once, its type read first through `O_PATH` (a FIFO, a device or a directory is
+/// refused without being opened, so it can never block the caller), then checked to be a
+/// network namespace. [`ForeignNetns`] adds that it is neither ours nor the host's.
 #[derive(Debug)]
-pub struct ForeignNetns {
+pub struct HeldNetns {
     file: File,
     id: NsId,
     path: PathBuf,
 }
 
-impl ForeignNetns {
-    /// Opens the namespace at `path` once and checks it: a network namespace, neither the
-    /// caller's own (`/proc/thread-self/ns/net`, i.e. call this on a thread that has not
-    /// entered another namespace) nor the host's (`/proc/1/ns/net`). Nothing but a namespace
-    /// file is ever opened for reading: a FIFO, a device or a directory is refused from its
-    /// type alone, so it can neither block the caller nor be acted on.
-    pub fn open(path: &Path) -> Result<ForeignNetns, ForeignError> {
+impl HeldNetns {
+    pub fn open(path: &Path) -> Result<HeldNetns, ForeignError> {
         let file = open_namespace_file(path)?;
+        check_is_netns(&file, path)?;
         let id = NsId::of_file(&file).map_err(|source| io_error(path, source))?;
+        let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        Ok(HeldNetns { file, id, path })
+    }
+
+    pub fn id(&self) -> NsId {
+        self.id
+    }
+
+    /// A path naming exactly this namespace while `self` lives, in this process (its own
+    /// descriptor's `/proc/self/fd` link).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// A network namespace that is neither the caller's own nor the host's, held open.
+#[derive(Debug)]
+pub struct ForeignNetns(HeldNetns);
+
+impl ForeignNetns {
+    /// Opens the namespace at `path` once ([`HeldNetns::open`]) and checks it: neither the
+    /// caller's own (`/proc/thread-self/ns/net`, i.e. call this on a thread that has not
+    /// entered another namespace) nor the host's (`/proc/1/ns/net`).
+    pub fn open(path: &Path) -> Result<ForeignNetns, ForeignError> {
+        let held = HeldNetns::open(path)?;
+        let id = held.id();
         let own = NsId::current().map_err(|source| io_error(path, source))?;
         if id == own {
             return Err(ForeignError::Own {
@@ -74,24 +99,22 @@ impl ForeignNetns {
                 id,
             });
         }
-        check_is_netns(&file, path)?;
-        let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-        Ok(ForeignNetns { file, id, path })
+        Ok(ForeignNetns(held))
     }
 
     pub fn id(&self) -> NsId {
-        self.id
+        self.0.id
     }
 
     /// A path naming exactly this namespace while `self` lives, in this process (its own
     /// descriptor's `/proc/self/fd` link): what the work after the check opens, so it lands
     /// where the check looked whatever becomes of the path the caller was given.
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.0.path
     }
 
     pub fn into_fd(self) -> OwnedFd {
-        self.file.into()
+        self.0.file.into()
     }
 }
 

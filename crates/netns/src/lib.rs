@@ -8,7 +8,7 @@
 mod foreign;
 mod lock;
 
-pub use foreign::{ForeignError, ForeignNetns, ensure_foreign};
+pub use foreign::{ForeignError, ForeignNetns, HeldNetns, ensure_foreign};
 pub use lock::{LockError, NsLock};
 
 use nix::sched::{CloneFlags, setns};
