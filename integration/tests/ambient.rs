@@ -20,7 +20,9 @@ use integration::cni::require_cni_tools;
 use integration::dns::query_a;
 use integration::node::{GATEWAY_V4, wait_until};
 use integration::pods::APP_UID;
-use integration::ztunnel::{LocalService, hbone_labels, passthrough_labels, ztunnel_binary};
+use integration::ztunnel::{
+    LocalService, hbone_labels, metric_sum, passthrough_labels, ztunnel_binary,
+};
 use integration::{ConnectSpec, Probe, send_udp};
 use serde_json::json;
 
@@ -69,6 +71,15 @@ fn ambient_pods_through_the_chain_talk_hbone_and_others_are_left_alone() {
     // The ADD returned after ztunnel acknowledged the pods: its listeners are there.
     assert!(n.served(&pa) && n.served(&pb), "{}", n.logs());
     assert!(n.not_served(&pp) && n.not_served(&ps));
+    // Istio's metric names beside ours: ztunnel's ZDS connection, the agent's events.
+    let (_, metrics) = n.node.daemon_get("/metrics");
+    assert!(metrics.contains("\nztunnel_connected 1\n"), "{metrics}");
+    let adds = metric_sum(
+        &metrics,
+        "nodeagent_reconcile_events_total",
+        &[("type", "add")],
+    );
+    assert!(adds >= 2.0, "pods a and b at least: {metrics}");
     // In-pod rules: ambient's three tables in ambient pods, none in the plain pod, the
     // sidecar tables (and nothing of ambient) in the sidecar pod.
     for p in [&pa, &pb] {

@@ -210,6 +210,13 @@ pub fn start(
 ) {
     let pod_events = pods.subscribe();
     let ns_events = namespaces.subscribe();
+    let events = Arc::new(Counters::by(
+        "nodeagent_reconcile_events_total",
+        "The total number of node agent reconcile events.",
+        &["type"],
+        &["add", "update", "delete"],
+    ));
+    state.register(events.clone());
     let run = Runner {
         policy: node.policy,
         proc_root: node.proc_root,
@@ -227,6 +234,8 @@ pub fn start(
         checks,
         client,
         unmarked: Default::default(),
+        events,
+        seen: Default::default(),
     };
     tokio::spawn(run.run(pod_events, ns_events));
 }
@@ -251,6 +260,11 @@ struct Runner {
     client: kube::Client,
     /// Former ambient pods already cleaned up, by (UID, resourceVersion).
     unmarked: std::sync::Mutex<std::collections::HashSet<(Option<String>, Option<String>)>>,
+    /// Istio's `nodeagent_reconcile_events_total{type}`: the pod and namespace events handled.
+    events: Arc<Counters>,
+    /// Pods and namespaces seen (`pod/<ns>/<name>`, `ns/<name>`): an event for one of them is
+    /// an update, else an add.
+    seen: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 type Events<K> = UnboundedReceiver<CacheEvent<K>>;
@@ -423,7 +437,7 @@ impl Runner {
         check.tick().await;
         loop {
             tokio::select! {
-                Some(ev) = pods.recv() => match ev {
+                Some(ev) = pods.recv() => match self.count(ev, |p| format!("pod/{}", node_view::cache::key(p))) {
                     CacheEvent::Applied(p) => self.on_pod(&agent, &p).await,
                     CacheEvent::Deleted(p) => {
                         let uid = p.metadata.uid.clone().unwrap_or_default();
@@ -431,7 +445,7 @@ impl Runner {
                     }
                     CacheEvent::Synced => self.resync(&agent).await,
                 },
-                Some(ev) = nss.recv() => match ev {
+                Some(ev) = nss.recv() => match self.count(ev, |n| format!("ns/{}", n.metadata.name.as_deref().unwrap_or(""))) {
                     CacheEvent::Applied(ns) => self.on_namespace(&agent, ns.metadata.name.as_deref().unwrap_or("")).await,
                     CacheEvent::Deleted(_) => {}
                     CacheEvent::Synced => self.resync(&agent).await,
@@ -440,6 +454,22 @@ impl Runner {
                 _ = check.tick() => self.reconcile(&agent).await,
             }
         }
+    }
+
+    /// Counts the event as Istio's informers do (add, update, delete), and passes it on.
+    fn count<K>(&self, ev: CacheEvent<K>, key: impl Fn(&K) -> String) -> CacheEvent<K> {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let kind = match &ev {
+            CacheEvent::Applied(o) if seen.insert(key(o)) => "add",
+            CacheEvent::Applied(_) => "update",
+            CacheEvent::Deleted(o) => {
+                seen.remove(&key(o));
+                "delete"
+            }
+            CacheEvent::Synced => return ev,
+        };
+        self.events.inc(&[kind]);
+        ev
     }
 
     /// Enrolls or releases the pod as its labels (and its namespace's) now say.

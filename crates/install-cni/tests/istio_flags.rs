@@ -110,3 +110,25 @@ fn kubeconfig_mode_as_istio_reads_it() {
         "{err}"
     );
 }
+
+#[test]
+fn metrics_carry_the_process_families() {
+    let env = Env::new();
+    let (_, d) = env.ready_on_calico(T);
+    assert!(d.metric("process_resident_memory_bytes ") > 1e6);
+    assert!(d.metric("process_open_fds ") >= 3.0);
+    assert!(d.metric("process_max_fds ") >= d.metric("process_open_fds "));
+    assert!(d.metric("process_cpu_seconds_total ") >= 0.0);
+    assert!(d.metric("process_virtual_memory_bytes ") > 1e6);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let started = d.metric("process_start_time_seconds ");
+    assert!(
+        started <= now + 1.0 && started > now - 120.0,
+        "{started} vs {now}"
+    );
+    let (_, m) = d.get("/metrics");
+    assert!(!m.contains("ztunnel_connected"), "not in ambient mode");
+}

@@ -174,6 +174,20 @@ mod tests {
             metrics: false,
         };
         assert_eq!(respond(&s, health_only, "/metrics").0, 404);
+        assert!(!m.contains("ztunnel_connected"), "not in ambient mode");
+        assert!(m.contains("\nprocess_resident_memory_bytes "), "{m}");
+        s.set_ztunnel_connected(Some(false));
+        assert!(
+            respond(&s, both, "/metrics")
+                .2
+                .contains("\nztunnel_connected 0\n")
+        );
+        s.set_ztunnel_connected(Some(true));
+        assert!(
+            respond(&s, both, "/metrics")
+                .2
+                .contains("\nztunnel_connected 1\n")
+        );
         s.set_ztunnel_connected(Some(false));
         let (code, _, body) = respond(&s, both, "/readyz");
         assert_eq!(code, 503);

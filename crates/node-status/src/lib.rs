@@ -12,6 +12,7 @@
 pub mod http;
 pub mod metrics;
 pub mod plugin_log;
+pub mod process;
 pub mod readiness;
 
 use metrics::Metrics;
@@ -125,7 +126,8 @@ impl State {
         lock(&self.metrics).push(m);
     }
 
-    /// Prometheus text exposition (version 0.0.4): readiness, then every registered job's.
+    /// Prometheus text exposition (version 0.0.4): readiness, (ambient mode) Istio's
+    /// `ztunnel_connected`, every registered job's, then the process' own (`process_*`).
     pub fn render_metrics(&self) -> String {
         let mut s = String::new();
         metrics::gauge(
@@ -134,9 +136,18 @@ impl State {
             "Whether the CNI plugin installation is ready or not",
             u64::from(self.is_ready()),
         );
+        if let Some(connected) = *lock(&self.ztunnel) {
+            metrics::gauge(
+                &mut s,
+                "ztunnel_connected",
+                "number of connections to ztunnel",
+                u64::from(connected),
+            );
+        }
         for m in lock(&self.metrics).iter() {
             m.render(&mut s);
         }
+        process::render(&mut s);
         s
     }
 
