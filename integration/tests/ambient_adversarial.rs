@@ -208,6 +208,26 @@ fn hostile_plugin_events_are_refused_naming_the_field_and_touch_nothing() {
             "/nonexistent",
         ),
         (with(&format!("\"{}\"", pod.ip()), ""), 400, "IPs is empty"),
+        // A name that is a path never reaches an API path (`/pods/../../p1` was requested).
+        (
+            with(
+                &format!("\"PodName\":\"{}\"", pod.name()),
+                "\"PodName\":\"../../p1\"",
+            ),
+            400,
+            "PodName \"../../p1\" is not a valid pod name",
+        ),
+        (
+            with("\"PodNamespace\":\"default\"", "\"PodNamespace\":\"a/b\""),
+            400,
+            "PodNamespace",
+        ),
+        // The path now names another namespace than the one the plugin checked.
+        (
+            with("\"IPs\"", "\"NetnsID\":{\"dev\":1,\"ino\":2},\"IPs\""),
+            400,
+            "not the namespace the plugin checked",
+        ),
         (vec![b'x'; 200 * 1024], 413, "body"),
     ];
     for (body, status, needle) in &cases {
