@@ -3,7 +3,8 @@
 # REAL peer of our ZDS server (crates/zds) in tests. Nothing of ztunnel enters this checkout:
 # source, cargo target dir and binary all live in the cache dir below.
 #
-#   ZTUNNEL_SRC    source tarball (default /work/shared/peers/ztunnel-src.tar.gz, see its README)
+#   ZTUNNEL_SRC    source tarball (default ../shared/peers/ztunnel-src.tar.gz beside the checkout,
+#                  see its README)
 #   ZTUNNEL_CACHE  cache dir      (default /var/cache/istio-cni-build/ztunnel)
 #   ZTUNNEL_BIN    installed binary (default /usr/local/bin/ztunnel-test; the tests look there,
 #                  or wherever the env var ZTUNNEL_BIN points when they run)
@@ -19,7 +20,9 @@
 # the rest of the machine.
 # Needs protoc (protobuf-compiler; ztunnel's build.rs compiles its .proto files) and cargo.
 set -euo pipefail
-SRC_TGZ=${ZTUNNEL_SRC:-/work/shared/peers/ztunnel-src.tar.gz}
+# The shared folder sits beside the checkout (where CI and developers have it), wherever that is.
+SHARED=$(readlink -f "$(dirname "$(readlink -f "$0")")/../../../shared")
+SRC_TGZ=${ZTUNNEL_SRC:-$SHARED/peers/ztunnel-src.tar.gz}
 CACHE=${ZTUNNEL_CACHE:-/var/cache/istio-cni-build/ztunnel}
 DEST=${ZTUNNEL_BIN:-/usr/local/bin/ztunnel-test}
 log() { echo "build-ztunnel: $*"; }

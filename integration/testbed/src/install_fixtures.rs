@@ -4,10 +4,12 @@
 
 use serde_json::Value;
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-/// The fixtures' directory.
-pub const GOLDEN: &str = "/work/shared/golden/install-cni";
+/// The fixtures' directory: `../shared` beside the checkout, wherever the checkout is.
+pub fn golden_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden/install-cni")
+}
 
 /// Fields of Istio's entry we do not write; off/empty in every fixture.
 const ISTIO_ONLY: &[&str] = &["ipam", "dns"];
@@ -76,7 +78,7 @@ pub fn assert_conflist_matches(ours: &Value, istio: &Value) {
 }
 
 pub fn golden(p: &str) -> Vec<u8> {
-    fs::read(Path::new(GOLDEN).join(p)).unwrap()
+    fs::read(golden_dir().join(p)).unwrap()
 }
 
 pub fn golden_json(p: &str) -> Value {

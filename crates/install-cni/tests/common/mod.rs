@@ -50,11 +50,7 @@ impl Env {
         )
         .unwrap();
         fs::write(sa.join("token"), "service_account_token_string").unwrap();
-        fs::copy(
-            Path::new(GOLDEN).join("testdata/kube-ca.crt"),
-            sa.join("ca.crt"),
-        )
-        .unwrap();
+        fs::copy(golden_dir().join("testdata/kube-ca.crt"), sa.join("ca.crt")).unwrap();
         Env {
             tmp,
             src,
