@@ -27,7 +27,8 @@ pub struct InstallArgs {
     #[arg(long, env = "CNI_AGENT_RUN_DIR", default_value = cni_config::DEFAULT_RUN_DIR)]
     pub cni_agent_run_dir: PathBuf,
 
-    /// File mode of the kubeconfig, octal.
+    /// File mode of the kubeconfig, an integer as Istio (Go) reads it: 0600 or 0o600 (octal),
+    /// 384 (decimal); a value beyond 0777 (e.g. decimal 600) is refused.
     #[arg(long, env = "KUBECONFIG_MODE", default_value = "0600", value_parser = parse_mode)]
     pub kubeconfig_mode: u32,
 
