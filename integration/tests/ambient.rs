@@ -80,6 +80,13 @@ fn ambient_pods_through_the_chain_talk_hbone_and_others_are_left_alone() {
         &[("type", "add")],
     );
     assert!(adds >= 2.0, "pods a and b at least: {metrics}");
+    // Istio's count of the plugin's ADD events the agent answered, by status code.
+    let served = metric_sum(
+        &metrics,
+        "istio_cni_plugin_requests_total",
+        &[("response_code", "200")],
+    );
+    assert_eq!(served, 2.0, "the ADDs of a and b: {metrics}");
     // In-pod rules: ambient's three tables in ambient pods, none in the plain pod, the
     // sidecar tables (and nothing of ambient) in the sidecar pod.
     for p in [&pa, &pb] {

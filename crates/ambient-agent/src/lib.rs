@@ -217,6 +217,8 @@ pub fn start(
         &["add", "update", "delete"],
     ));
     state.register(events.clone());
+    let requests = Arc::new(plugin_server::requests_metric());
+    state.register(requests.clone());
     let run = Runner {
         policy: node.policy,
         proc_root: node.proc_root,
@@ -235,6 +237,7 @@ pub fn start(
         client,
         unmarked: Default::default(),
         events,
+        requests,
         seen: Default::default(),
     };
     tokio::spawn(run.run(pod_events, ns_events));
@@ -262,6 +265,8 @@ struct Runner {
     unmarked: std::sync::Mutex<std::collections::HashSet<(Option<String>, Option<String>)>>,
     /// Istio's `nodeagent_reconcile_events_total{type}`: the pod and namespace events handled.
     events: Arc<Counters>,
+    /// Istio's `istio_cni_plugin_requests_total{response_code}` (`plugin_server`).
+    requests: Arc<Counters>,
     /// Pods and namespaces seen (`pod/<ns>/<name>`, `ns/<name>`): an event for one of them is
     /// an update, else an add.
     seen: std::sync::Mutex<std::collections::HashSet<String>>,
@@ -299,6 +304,7 @@ impl Runner {
             self.pods.clone(),
             self.client.clone(),
             self.proc_root.clone(),
+            self.requests.clone(),
         );
         if let Err(e) = plugin_server::start(&self.run_dir, handler) {
             tracing::error!(error = %e, "plugin event socket not started; ambient pods cannot start on this node");

@@ -11,6 +11,7 @@
 use crate::agent::Agent;
 use cni_config::ambient::{AddPodRequest, CMD_ADD_PATH, CMD_DEL_PATH, DelPodRequest, NetnsId};
 use k8s_openapi::api::core::v1::Pod;
+use node_status::metrics::Counters;
 use node_view::cache::PodCache;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -42,6 +43,19 @@ pub struct Handler {
     proc_root: PathBuf,
     pod_gets: Semaphore,
     workers: Arc<Semaphore>,
+    /// Istio's `istio_cni_plugin_requests_total{response_code}`: the plugin's ADDs answered.
+    requests: Arc<Counters>,
+}
+
+/// Istio's `istio_cni_plugin_requests_total` (`cni/pkg/nodeagent/cni-watcher.go`: every ADD
+/// event the agent answered, by status code), over the codes this handler answers.
+pub fn requests_metric() -> Counters {
+    Counters::by(
+        "istio_cni_plugin_requests_total",
+        "The total number of CNI plugin requests handled by the node agent.",
+        &["response_code"],
+        &["200", "400", "413", "500", "503"],
+    )
 }
 
 impl Handler {
@@ -50,6 +64,7 @@ impl Handler {
         pods: PodCache,
         client: kube::Client,
         proc_root: PathBuf,
+        requests: Arc<Counters>,
     ) -> Arc<Handler> {
         Arc::new(Handler {
             agent,
@@ -58,6 +73,7 @@ impl Handler {
             proc_root,
             pod_gets: Semaphore::new(MAX_POD_GETS),
             workers: Arc::new(Semaphore::new(MAX_WORKERS)),
+            requests,
         })
     }
 
@@ -77,7 +93,11 @@ impl Handler {
         let task = tokio::spawn(async move {
             let _worker = worker;
             match path.as_str() {
-                CMD_ADD_PATH => self.add(&body).await,
+                CMD_ADD_PATH => {
+                    let answer = self.add(&body).await;
+                    self.requests.inc(&[answer.status().as_str()]);
+                    answer
+                }
                 CMD_DEL_PATH => self.del(&body).await,
                 other => reply(StatusCode::NOT_FOUND, format!("no such path {other}")),
             }

@@ -83,7 +83,13 @@ fn pod_action(conf: &NetConf, netns: &Path, args: &K8sArgs) -> Result<PodAction,
             tracing::info!(%reason, "not in the mesh, no rules");
             Ok(PodAction::PassThrough)
         }
-        Decision::Ambient(_) => Ok(PodAction::Ambient(Box::new(pod))),
+        Decision::Ambient(_) => {
+            // Istio ignores a non-boolean ambient annotation with a warning: so do we.
+            for w in pod_policy::ambient::ignored_annotations(&pod) {
+                tracing::warn!(warning = %w, "pod configuration");
+            }
+            Ok(PodAction::Ambient(Box::new(pod)))
+        }
         Decision::Sidecar(pc) => {
             let facts = early_facts.unwrap_or_else(|| read_pod_facts(netns))?;
             tracing::debug!(addresses = ?facts.local_addrs, "pod namespace read");

@@ -367,12 +367,22 @@ impl FakeKube {
     /// As kubelet reports a pod's progress: `phase` and, when `ips` is not empty, `podIP` and
     /// `podIPs` on the stored pod `ns/name` (a MODIFIED event). Returns false if there is no
     /// such pod.
+    /// In one step under the store's lock, as a real API server applies a status update: a
+    /// write in between (the agent's annotation PATCH) is kept, not overwritten by a stale copy.
     pub fn set_status(&self, ns: &str, name: &str, phase: &str, ips: &[std::net::IpAddr]) -> bool {
-        let Some(mut pod) = self.pod(ns, name) else {
-            return false;
+        let pod = {
+            let mut pods = self.inner.pods.lock().unwrap();
+            let Some(p) = pods
+                .iter_mut()
+                .find(|p| p["metadata"]["namespace"] == ns && p["metadata"]["name"] == name)
+            else {
+                return false;
+            };
+            with_status(p, phase, ips);
+            p["metadata"]["resourceVersion"] = self.next_rv().into();
+            p.clone()
         };
-        with_status(&mut pod, phase, ips);
-        self.modify(pod);
+        self.push("MODIFIED", &pod);
         true
     }
 
