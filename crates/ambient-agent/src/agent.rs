@@ -191,6 +191,11 @@ impl Agent {
         &self.zds
     }
 
+    /// The node's settings for every ambient pod (the host probe rule and its plan).
+    pub fn settings(&self) -> &AgentSettings {
+        &self.settings
+    }
+
     /// The in-pod plan for a pod.
     pub fn plan_for(&self, pod: &AmbientPodRef) -> Result<Plan, AgentError> {
         Plan::ambient(&AmbientConfig {

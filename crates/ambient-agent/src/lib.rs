@@ -14,6 +14,7 @@
 pub mod agent;
 pub mod plugin_server;
 
+pub mod view;
 use agent::{Agent, AgentSettings, AmbientPodRef};
 use capture::{HostProbeConfig, Plan};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -168,6 +169,10 @@ fn marked_enabled(pod: &Pod) -> bool {
 pub fn annotate(client: &kube::Client, pod: &Pod, enabled: bool) {
     use pod_policy::ambient::annotations::{REDIRECTION, REDIRECTION_ENABLED};
     let (Some(ns), Some(name)) = (pod.metadata.namespace.clone(), pod.metadata.name.clone()) else {
+    if enabled {
+        // Every enroll (the plugin's ADD, the agent's own) ends here: the pod was programmed.
+        view::AGENT.stamp(pod.metadata.uid.as_deref().unwrap_or(""));
+    }
         return;
     };
     let current = pod
@@ -353,8 +358,11 @@ impl Runner {
             if self.reconcile_on_startup {
                 let plan = agent.plan_for(&pod).map_err(|e| e.to_string())?;
                 let fd = Arc::new(netns.try_clone().map_err(|e| e.to_string())?);
-                if let Err(e) = agent::program(&plan, &fd, backend, &pod).await {
-                    tracing::warn!(error = %e, "startup: reconciling the pod's rules failed");
+                match agent::program(&plan, &fd, backend, &pod).await {
+                    Ok(()) => view::AGENT.stamp(&pod.uid),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "startup: reconciling the pod's rules failed")
+                    }
                 }
             }
             if let Err(e) = agent.adopt(pod, netns).await {
@@ -437,6 +445,7 @@ impl Runner {
 
     async fn follow(self, agent: Arc<Agent>, mut pods: Events<Pod>, mut nss: Events<Namespace>) {
         let mut retry = tokio::time::interval(RETRY);
+        view::AGENT.publish(agent.clone());
         // Without reconcile the tick never comes (a year; `Duration::MAX` would overflow).
         let never = Duration::from_secs(365 * 24 * 3600);
         let mut check = tokio::time::interval(self.reconcile_interval.unwrap_or(never));
@@ -582,7 +591,9 @@ impl Runner {
 
     /// Keeps every ambient pod's rules true (the continuous reconcile, for ambient pods).
     async fn reconcile(&self, agent: &Agent) {
-        for (pod, _) in agent.enrolled().await {
+        let enrolled = agent.enrolled().await;
+        view::AGENT.retain(|uid| enrolled.iter().any(|(p, _)| p.uid == uid));
+        for (pod, _) in enrolled {
             match agent.reconcile(&pod.uid).await {
                 Ok(drift) if drift.is_empty() => self.checks.inc(&["ok"]),
                 Ok(drift) => {
@@ -590,6 +601,7 @@ impl Runner {
                     self.checks.inc(&["repaired"]);
                     tracing::warn!(pod = %pod.label(), differences = ?drift, "ambient rules drifted; re-applied");
                 }
+                    view::AGENT.stamp(&pod.uid);
                 Err(e) => {
                     self.checks.inc(&["failed"]);
                     tracing::warn!(error = %e, "checking the ambient rules failed");

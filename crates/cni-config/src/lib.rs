@@ -6,7 +6,9 @@
 //! - [`ready`]: the readiness marker the daemon holds and the plugin's CNI STATUS reads;
 //! - [`ambient`]: the ambient plugin → node agent event messages (`pluginevent.sock`);
 //! - [`lookup`]: the pod lookup the plugin asks the daemon's caches (`pods.sock`);
-//! - [`log`]: the plugin's log lines relayed to the daemon's log (`log.sock`).
+//! - [`log`]: the plugin's log lines relayed to the daemon's log (`log.sock`);
+//! - [`status`]: the node's enrollment report the daemon serves `istio-nftables status`
+//!   (`status.sock`).
 
 use serde::{Deserialize, Serialize};
 
@@ -14,6 +16,7 @@ pub mod ambient;
 pub mod log;
 pub mod lookup;
 pub mod ready;
+pub mod status;
 
 /// Plugin type and name as installed.
 pub const PLUGIN_TYPE: &str = "istio-cni";
@@ -128,6 +131,11 @@ impl PluginSettings {
     /// The node agent's socket for plugin events.
     pub fn plugin_event_socket(&self) -> std::path::PathBuf {
         self.run_dir().join(ambient::PLUGIN_EVENT_SOCKET)
+    }
+
+    /// The node daemon's enrollment report socket.
+    pub fn status_socket(&self) -> std::path::PathBuf {
+        self.run_dir().join(status::STATUS_SOCKET)
     }
 
     /// The selectors in force: the configured ones, or Istio's defaults when none are.

@@ -45,6 +45,8 @@ pub struct Metrics {
     pub checks: Arc<Counters>,
     /// `istio_cni_reconcile_pods`.
     pub reconciled_pods: Arc<Gauge>,
+    /// Each reconciled pod's last check (not a metric: the node's enrollment report reads it).
+    pub ledger: crate::reconcile::ledger::Ledger,
 }
 
 impl Metrics {
@@ -57,6 +59,7 @@ impl Metrics {
                 "istio_cni_reconcile_pods",
                 "Mesh pods of this node whose rules are reconciled",
             )),
+            ledger: Default::default(),
         };
         state.register(m.repaired.clone());
         state.register(m.checks.clone());
@@ -69,6 +72,7 @@ impl Metrics {
         crate::reconcile::Metrics {
             checks: self.checks.clone(),
             pods: self.reconciled_pods.clone(),
+            ledger: self.ledger.clone(),
         }
     }
 }

@@ -213,6 +213,8 @@ fn start_pod_consumers(
             ns,
         );
     }
+    let ledger = metrics.ledger.clone();
+    crate::status::start_for(cfg, backend, state, ledger, &cache, namespaces.as_ref());
     let timeout = cfg.view.watch_timeout;
     if let Some(ns) = namespaces {
         tokio::spawn(ns.run(kube::Api::all(client.clone()), timeout));

@@ -8,7 +8,10 @@
 //! - `ambient_agent`: the ambient node agent (plugin events, ZDS to ztunnel, host probe rule);
 //! - `node_status`: readiness (`/readyz`, the plugin's STATUS), health and metrics.
 //!
+//! [`status`] serves the node's enrollment report (`istio-nftables status`) from all of them.
+//!
 //! [`config`] turns Istio's environment into each job's settings; [`daemon`] starts them.
 
 pub mod config;
 pub mod daemon;
+pub mod status;

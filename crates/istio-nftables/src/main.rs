@@ -5,6 +5,7 @@ mod args;
 mod explain;
 mod migrate;
 mod pod;
+mod status;
 mod validation;
 
 use args::Args;
@@ -29,6 +30,11 @@ const COMMANDS: &[Subcommand] = &[
         name: "explain",
         about: "Where a connection goes through a pod's live rules, and why (--trace: the kernel confirms it)",
         run: explain::main,
+    },
+    Subcommand {
+        name: "status",
+        about: "The node's enrollment report: every pod, what it should get and what it has (exit 1: a pod that should be captured is not)",
+        run: status::main,
     },
     Subcommand {
         name: "migrate",

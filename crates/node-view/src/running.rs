@@ -76,13 +76,41 @@ fn ns_inode(p: &Path) -> io::Result<u64> {
     netns::inode(p)
 }
 
-/// `<proc_root>/<pid>/ns/net` of the oldest process in the namespace holding `ip` (and
-/// belonging to pod `uid`, see the module doc).
-pub fn find_pod_netns(
-    proc_root: &Path,
-    ip: IpAddr,
-    uid: Option<&str>,
-) -> Result<PathBuf, FindError> {
+/// One running network namespace other than the host's: reached through its oldest process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunningNetns {
+    /// `<proc_root>/<pid>/ns/net`.
+    pub path: PathBuf,
+    pub pid: u32,
+    /// The namespace's inode.
+    pub inode: u64,
+    /// The pod UID its oldest process's cgroups name (`None`: outside kubepods).
+    pub pod_uid: Option<String>,
+}
+
+/// Every network namespace with a process under `proc_root`, except the host's and our own,
+/// oldest first, each once (through its oldest process). Blocking; enters no namespace.
+pub fn namespaces(proc_root: &Path) -> Result<Vec<RunningNetns>, FindError> {
+    let mut cands: Vec<(u64, Candidate)> = candidates(proc_root)?.into_iter().collect();
+    cands.sort_by_key(|(_, c)| (c.start, c.pid));
+    Ok(cands
+        .into_iter()
+        .map(|(inode, c)| {
+            let dir = proc_root.join(c.pid.to_string());
+            let cgroups = std::fs::read_to_string(dir.join("cgroup")).unwrap_or_default();
+            RunningNetns {
+                path: dir.join("ns/net"),
+                pid: c.pid,
+                inode,
+                pod_uid: crate::cgroup::pod_uid(&cgroups),
+            }
+        })
+        .collect())
+}
+
+/// The processes under `proc_root` grouped by network namespace inode (the oldest of each),
+/// the host's namespace (`<proc>/1/ns/net`) and our own left out.
+fn candidates(proc_root: &Path) -> Result<HashMap<u64, Candidate>, FindError> {
     let host_path = proc_root.join("1/ns/net");
     let own = ns_inode(Path::new("/proc/thread-self/ns/net")).ok();
     // Some sandboxes make PID 1's namespace unreadable even to root; the daemon runs on the
@@ -128,6 +156,17 @@ pub fn find_pod_netns(
             })
             .or_insert(c);
     }
+    Ok(by_ns)
+}
+
+/// `<proc_root>/<pid>/ns/net` of the oldest process in the namespace holding `ip` (and
+/// belonging to pod `uid`, see the module doc).
+pub fn find_pod_netns(
+    proc_root: &Path,
+    ip: IpAddr,
+    uid: Option<&str>,
+) -> Result<PathBuf, FindError> {
+    let by_ns = candidates(proc_root)?;
     let namespaces = by_ns.len();
     let mut found: Vec<Holder> = Vec::new();
     let mut cands: Vec<Candidate> = by_ns.into_values().collect();

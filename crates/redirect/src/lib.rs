@@ -18,6 +18,7 @@ pub use migrate::{MigrateOptions, Migration, migrate, migrate_with};
 pub mod host_probe;
 mod migrate;
 pub mod node;
+pub mod present;
 
 /// The mechanism that programs the rules.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,6 +14,7 @@
 
 pub mod check;
 pub mod controller;
+pub mod ledger;
 pub mod tracker;
 
 use crate::podplan;
@@ -122,6 +123,8 @@ pub fn start(settings: Settings, metrics: Metrics, client: Client, pods: &PodCac
 pub struct Metrics {
     pub checks: Arc<Counters>,
     pub pods: Arc<Gauge>,
+    /// Each pod's last check, for the node's enrollment report.
+    pub ledger: ledger::Ledger,
 }
 
 /// What the reconciler follows.
@@ -175,6 +178,7 @@ pub async fn run(settings: Arc<Settings>, metrics: Arc<Metrics>, client: Client,
                         tracker.on_event(ev);
                     }
                     metrics.pods.set(tracker.len() as u64);
+                    metrics.ledger.retain(|k| tracker.is_tracked(k));
                 }
                 None => return,
             },
@@ -195,6 +199,10 @@ pub async fn run(settings: Arc<Settings>, metrics: Arc<Metrics>, client: Client,
                 marks.start(&client, &due.pod, &due.key);
             }
             report(
+            let netns = target.netns.as_ref().map(|f| f.path.clone());
+            let uid = due.pod.metadata.uid.clone();
+            let now = std::time::SystemTime::now();
+            metrics.ledger.record(&due.key, uid, &outcome, netns, now);
                 &settings,
                 &metrics.checks,
                 &client,
