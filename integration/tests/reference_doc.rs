@@ -448,6 +448,7 @@ fn metric_families(src: &str) -> Vec<(String, String, String, String)> {
         let before = &rest[..i];
         let kind = match before.rfind(['(', '{']).map(|p| &before[..p]) {
             Some(b) if b.ends_with("Gauge::new") || b.ends_with("gauge") => "gauge",
+            Some(b) if b.ends_with("Histograms::new") => "histogram",
             _ => "counter",
         };
         let (name, after) = literal(&rest[i..]).unwrap();

@@ -273,6 +273,14 @@ impl Agent {
     /// rules and re-sends it (idempotent), e.g. a sandbox re-ADDed by the runtime.
     pub async fn enroll(&self, pod: AmbientPodRef, netns: OwnedFd) -> Result<(), AgentError> {
         let started = Instant::now();
+        let served = self.enroll_untimed(pod, netns).await;
+        let failed = served.as_ref().err().map(crate::figures::failure_reason);
+        node_status::figures::global().observe_enroll(started.elapsed(), failed);
+        served
+    }
+
+    async fn enroll_untimed(&self, pod: AmbientPodRef, netns: OwnedFd) -> Result<(), AgentError> {
+        let started = Instant::now();
         // Without ztunnel the enroll cannot finish: fail before touching anything.
         if !self.zds.is_ready() {
             return Err(AgentError::Ztunnel {

@@ -12,6 +12,7 @@
 //! (`Agent::discovered`).
 
 pub mod agent;
+mod figures;
 pub mod plugin_server;
 
 pub mod view;
@@ -591,6 +592,7 @@ impl Runner {
 
     /// Keeps every ambient pod's rules true (the continuous reconcile, for ambient pods).
     async fn reconcile(&self, agent: &Agent) {
+        let started = std::time::Instant::now();
         let enrolled = agent.enrolled().await;
         view::AGENT.retain(|uid| enrolled.iter().any(|(p, _)| p.uid == uid));
         for (pod, _) in enrolled {
@@ -620,5 +622,7 @@ impl Runner {
                 tracing::warn!(error = %e, "checking the host probe rule failed");
             }
         }
+        let figures = node_status::figures::global();
+        figures.reconcile_pass.observe(&["ambient"], started.elapsed());
     }
 }

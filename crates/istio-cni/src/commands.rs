@@ -1,6 +1,7 @@
 //! ADD, DEL, CHECK, STATUS, GC: the I/O around the pure decisions in `pod` and `settings`.
 
 use crate::cni::{self, CniEnv, CniError, ErrorCode};
+use crate::figures::{self, failed};
 use crate::k8s::{self, LookupError};
 use crate::node_cache;
 use crate::settings::{K8sArgs, LookupSettings, NetConf, parse_cni_args};
@@ -55,6 +56,7 @@ enum PodAction {
 fn pod_action(conf: &NetConf, netns: &Path, args: &K8sArgs) -> Result<PodAction, CniError> {
     if let Route::PassThrough(reason) = route(conf, args) {
         tracing::info!(%reason, "passing through, no rules");
+        figures::mode("none");
         return Ok(PodAction::PassThrough);
     }
     // Where every mesh pod is a sidecar pod (no ambient on this node), the pod's addresses
@@ -70,17 +72,19 @@ fn pod_action(conf: &NetConf, netns: &Path, args: &K8sArgs) -> Result<PodAction,
             (looked_up, facts.join().ok())
         })
     };
-    let (pod, namespace_labels) = looked_up?;
-    let decision =
-        pod_policy::decide(&pod, &namespace_labels, &conf.settings.policy()).map_err(|e| {
+    let (pod, namespace_labels) = looked_up.map_err(failed("lookup_failed"))?;
+    let decision = pod_policy::decide(&pod, &namespace_labels, &conf.settings.policy())
+        .map_err(|e| {
             CniError::new(
                 ErrorCode::InvalidPodSpec,
                 format!("pod {}: {e}; no rules were programmed", pod_ref(args)),
             )
-        })?;
+        })
+        .map_err(failed("decide_failed"))?;
     match decision {
         Decision::Skip(reason) => {
             tracing::info!(%reason, "not in the mesh, no rules");
+            figures::mode("none");
             Ok(PodAction::PassThrough)
         }
         Decision::Ambient(_) => {
@@ -91,9 +95,14 @@ fn pod_action(conf: &NetConf, netns: &Path, args: &K8sArgs) -> Result<PodAction,
             Ok(PodAction::Ambient(Box::new(pod)))
         }
         Decision::Sidecar(pc) => {
-            let facts = early_facts.unwrap_or_else(|| read_pod_facts(netns))?;
+            figures::mode("sidecar");
+            let facts = early_facts
+                .unwrap_or_else(|| read_pod_facts(netns))
+                .map_err(failed("rules_failed"))?;
             tracing::debug!(addresses = ?facts.local_addrs, "pod namespace read");
-            sidecar_plan(&pc, &facts, args).map(PodAction::Sidecar)
+            sidecar_plan(&pc, &facts, args)
+                .map(PodAction::Sidecar)
+                .map_err(failed("rules_failed"))
         }
     }
 }
@@ -135,13 +144,16 @@ fn lookup(conf: &NetConf, args: &K8sArgs) -> Result<(Pod, BTreeMap<String, Strin
     let (pod, namespace) = match node_cache::ask(&socket, args, ambient, conf.lookup.deadline) {
         Ok(found) => {
             tracing::debug!(elapsed = ?started.elapsed(), "pod from the node daemon's cache");
+            figures::lookup("cache", started.elapsed());
             found
         }
         Err(miss) => {
             tracing::info!(%miss, "pod not from the node daemon; asking the API server");
             let mut lookup = conf.lookup;
             lookup.deadline = lookup.deadline.saturating_sub(started.elapsed());
-            api_lookup(conf, args, lookup)?
+            let found = api_lookup(conf, args, lookup)?;
+            figures::lookup("api", started.elapsed());
+            found
         }
     };
     same_pod(&pod, args)?;
@@ -293,22 +305,29 @@ fn netns_error(e: &netns::ForeignError, path: &Path) -> CniError {
 
 pub fn add(conf: &NetConf, env: &CniEnv) -> Result<Value, CniError> {
     // Convert first: an unusable prevResult fails before any rule is programmed.
-    let result = cni::convert_result(conf.prev_result.as_ref(), &conf.cni_version)?;
-    let netns = pod_netns(env)?;
-    let args = parse_cni_args(&env.args)?;
+    // Each step notes itself as the reason should it fail (`figures`, for the daemon).
+    let result = cni::convert_result(conf.prev_result.as_ref(), &conf.cni_version)
+        .map_err(failed("config_failed"))?;
+    let netns = pod_netns(env).map_err(failed("netns_failed"))?;
+    let args = parse_cni_args(&env.args).map_err(failed("config_failed"))?;
     match pod_action(conf, netns.path(), &args)? {
         PodAction::PassThrough => {}
         PodAction::Sidecar(plan) => {
-            let detection =
-                redirect::apply(&plan, Some(netns.path()), conf.backend).map_err(|e| {
+            let detection = redirect::apply(&plan, Some(netns.path()), conf.backend)
+                .map_err(|e| {
                     redirect_error(
                         e,
                         &format!("programming pod {}{}", pod_ref(&args), held_as(env, &netns)),
                     )
-                })?;
+                })
+                .map_err(failed("rules_failed"))?;
             tracing::info!(backend = %detection.backend, reason = %detection.reason, "redirect rules programmed");
         }
-        PodAction::Ambient(pod) => hand_off(conf, env, &args, &pod, &result, netns.id())?,
+        PodAction::Ambient(pod) => {
+            figures::mode("ambient");
+            hand_off(conf, env, &args, &pod, &result, netns.id())
+                .map_err(failed("handoff_failed"))?
+        }
     }
     Ok(result)
 }

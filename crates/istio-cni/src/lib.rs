@@ -10,6 +10,7 @@
 pub mod agent;
 pub mod cni;
 pub mod commands;
+pub mod figures;
 pub mod k8s;
 pub mod logging;
 pub mod node_cache;
@@ -136,18 +137,36 @@ pub fn run(get_env: impl Fn(&str) -> Option<OsString>, stdin: &[u8]) -> Outcome 
             Command::Gc => commands::gc(&conf).map(|_| None),
             Command::Version => unreachable!("handled above"),
         });
-    let elapsed_us = start.elapsed().as_micros() as u64;
+    let elapsed = start.elapsed();
+    let elapsed_us = elapsed.as_micros() as u64;
     let peak_rss_kb = peak_rss_kb();
-    match result {
+    // ADD's figures for the daemon's histograms: one non-blocking datagram, never waited for.
+    let figures = (command == Command::Add).then(|| figures::for_add(result.is_ok(), elapsed));
+    let (mode, lookup) = figures
+        .as_ref()
+        .map_or(("", ""), |f| (f.mode.as_str(), f.lookup_source.as_str()));
+    let lookup_us = figures.as_ref().map_or(0, |f| f.lookup_us);
+    let outcome = match result {
         Ok(out) => {
-            tracing::info!(elapsed_us, peak_rss_kb, "command succeeded");
+            tracing::info!(
+                elapsed_us,
+                peak_rss_kb,
+                mode,
+                lookup,
+                lookup_us,
+                "command succeeded"
+            );
             Outcome::ok(out)
         }
         Err(e) => {
-            tracing::error!(elapsed_us, peak_rss_kb, code = e.code as u32, error = %e, details = %e.details, "command failed");
+            tracing::error!(elapsed_us, peak_rss_kb, mode, lookup, lookup_us, code = e.code as u32, error = %e, details = %e.details, "command failed");
             Outcome::error(&e, &conf.cni_version)
         }
+    };
+    if let Some(f) = figures {
+        figures::send(f);
     }
+    outcome
 }
 
 /// The process's peak resident set (VmHWM), for the log line that ends each invocation.

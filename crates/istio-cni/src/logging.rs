@@ -134,6 +134,17 @@ impl Sink for Relay {
     }
 }
 
+/// The relay's socket, also for the ADD's figures (`crate::figures`).
+static FIGURES_TO: std::sync::OnceLock<Arc<Relay>> = std::sync::OnceLock::new();
+
+/// One non-blocking datagram to the daemon on the relay's socket: dropped when there is no
+/// daemon or its queue is full, as the log lines.
+pub fn send_figures(datagram: &[u8]) {
+    if let Some(r) = FIGURES_TO.get() {
+        r.write_line(datagram);
+    }
+}
+
 /// One formatted event, written in one call when dropped.
 pub struct LineWriter {
     target: Arc<dyn Sink>,
@@ -213,7 +224,9 @@ pub fn init(level: &str, log_file: Option<&Path>, relay: Option<&Path>) -> Vec<S
         }
     }
     if let Some(r) = relay.and_then(Relay::connect) {
-        sinks.push(Arc::new(r));
+        let r = Arc::new(r);
+        let _ = FIGURES_TO.set(r.clone());
+        sinks.push(r);
     }
     let _ = tracing_subscriber::registry()
         .with(json_layer(SinkMaker(Arc::new(Tee(sinks))), filter))

@@ -5,10 +5,13 @@
 //!   plugin's CNI STATUS reads ([`readiness::Publisher`], the daemon's side of
 //!   `cni_config::ready`);
 //! - metrics: each job owns its counters ([`metrics`]) and registers them here; `/metrics`
-//!   renders them in registration order;
+//!   renders them in registration order, then the process' latency and failure histograms
+//!   ([`figures`], [`histogram`]);
 //! - the health and metrics listeners ([`http`]);
 //! - the plugin's log lines, printed in the daemon's own log ([`plugin_log`]).
 
+pub mod figures;
+pub mod histogram;
 pub mod http;
 pub mod metrics;
 pub mod plugin_log;
@@ -127,7 +130,8 @@ impl State {
     }
 
     /// Prometheus text exposition (version 0.0.4): readiness, (ambient mode) Istio's
-    /// `ztunnel_connected`, every registered job's, then the process' own (`process_*`).
+    /// `ztunnel_connected`, every registered job's, the latency and failure [`figures`], then
+    /// the process' own (`process_*`).
     pub fn render_metrics(&self) -> String {
         let mut s = String::new();
         metrics::gauge(
@@ -147,6 +151,7 @@ impl State {
         for m in lock(&self.metrics).iter() {
             m.render(&mut s);
         }
+        figures::global().render(&mut s);
         process::render(&mut s);
         s
     }

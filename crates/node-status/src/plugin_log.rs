@@ -2,7 +2,9 @@
 //! own log stream, so `kubectl logs` of the node agent shows what the plugin did for each pod
 //! (Istio's `--log-uds-address`). Each datagram is one JSON line as the plugin wrote it; its
 //! level, message, pod, container, command and other fields are kept. A line that is not the
-//! plugin's JSON is printed as it came, marked so.
+//! plugin's JSON is printed as it came, marked so. The plugin's figures for each ADD
+//! ([`cni_config::log::FiguresDatagram`]) come on the same socket: they become observations in
+//! [`crate::figures`], outside the line budget, and are not printed.
 
 use serde_json::{Map, Value};
 use std::os::unix::fs::PermissionsExt;
@@ -47,6 +49,9 @@ async fn relay(socket: UnixDatagram) {
     loop {
         match socket.recv(&mut buf).await {
             Ok(n) => {
+                if take_figures(&buf[..n]) {
+                    continue;
+                }
                 let now = Instant::now();
                 if let Some(dropped) = budget.report(now) {
                     tracing::warn!(
@@ -64,6 +69,20 @@ async fn relay(socket: UnixDatagram) {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
+    }
+}
+
+/// A datagram of the plugin's figures is observed (and not printed); anything else is a line.
+pub fn take_figures(datagram: &[u8]) -> bool {
+    if !datagram.starts_with(b"{\"figures\"") {
+        return false;
+    }
+    match serde_json::from_slice::<cni_config::log::FiguresDatagram>(datagram) {
+        Ok(d) => {
+            crate::figures::global().observe_plugin_add(&d.figures);
+            true
+        }
+        Err(_) => false,
     }
 }
 
@@ -284,6 +303,32 @@ mod tests {
         assert_eq!(l.pod, "default/web");
         assert_eq!((l.container.as_str(), l.command.as_str()), ("c1", "ADD"));
         assert_eq!(l.fields, "reason=no istio-proxy container");
+    }
+
+    #[test]
+    fn the_plugins_figures_are_observed_not_printed() {
+        let f = crate::figures::global();
+        let before = f.plugin_add.count(&["ambient", "failure"]);
+        let failed = f.failures.get(&["handoff_failed"]);
+        let d = cni_config::log::FiguresDatagram {
+            figures: cni_config::log::AddFigures {
+                mode: "ambient".into(),
+                result: "failure".into(),
+                reason: "handoff_failed".into(),
+                elapsed_us: 5000,
+                lookup_source: "api".into(),
+                lookup_us: 2000,
+            },
+        };
+        assert!(take_figures(&serde_json::to_vec(&d).unwrap()));
+        assert_eq!(f.plugin_add.count(&["ambient", "failure"]), before + 1);
+        assert_eq!(f.failures.get(&["handoff_failed"]), failed + 1);
+        assert!(f.pod_lookup.count(&["api"]) >= 1);
+        // A log line, or a broken figures datagram, is a line to print.
+        assert!(!take_figures(
+            br#"{"level":"INFO","fields":{"message":"x"}}"#
+        ));
+        assert!(!take_figures(br#"{"figures": 7}"#));
     }
 
     #[test]

@@ -487,7 +487,13 @@ impl<K: Cached> ObjectCache<K> {
                     if let Some(v) = rv(&p) {
                         *version = v.to_string();
                     }
+                    let lag = write_lag(p.meta(), std::time::SystemTime::now());
                     self.apply(p);
+                    if let Some(lag) = lag {
+                        let resource = K::plural(&());
+                        let figures = node_status::figures::global();
+                        figures.watch_lag.observe(&[resource.as_ref()], lag);
+                    }
                 }
                 Ok(WatchEvent::Deleted(p)) => {
                     if let Some(v) = rv(&p) {
@@ -508,6 +514,27 @@ impl<K: Cached> ObjectCache<K> {
             events += 1;
         }
     }
+}
+
+/// From the object's last write to `now`: its newest managedFields entry (each manager's last
+/// change), else its creation. The API server's times are whole seconds, so this is rounded up
+/// to within a second; a clock behind the writer's counts zero. (A deletion's timestamp is when
+/// it is due, not when it was asked: never a write time.)
+pub fn write_lag(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    now: std::time::SystemTime,
+) -> Option<Duration> {
+    let written = meta
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|f| f.time.as_ref())
+        .chain(meta.creation_timestamp.as_ref())
+        .map(|t| t.0.as_nanosecond())
+        .max()?;
+    let now = now.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos() as i128;
+    let lag = u64::try_from((now - written).max(0)).unwrap_or(u64::MAX);
+    Some(Duration::from_nanos(lag))
 }
 
 enum WatchEnd {
@@ -645,6 +672,37 @@ mod tests {
         assert_eq!(drain(&mut late), ["-ns/c"]);
         assert_eq!(c.snapshot().len(), 1);
         assert!(c.get("ns", "a").is_some() && c.is_synced());
+    }
+
+    #[test]
+    fn the_lag_runs_from_the_newest_write() {
+        let p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "creationTimestamp": "2026-01-01T00:00:00Z",
+                "managedFields": [
+                    {"manager": "kubelet", "time": "2026-01-01T00:00:10Z"},
+                    {"manager": "kube-scheduler", "time": "2026-01-01T00:00:02Z"},
+                    {"manager": "no-time"}
+                ]}
+        }))
+        .unwrap();
+        let at = |s: u64| std::time::UNIX_EPOCH + Duration::from_secs(1_767_225_600 + s);
+        assert_eq!(write_lag(&p.metadata, at(12)), Some(Duration::from_secs(2)));
+        assert_eq!(
+            write_lag(&p.metadata, at(5)),
+            Some(Duration::ZERO),
+            "clock behind"
+        );
+        let created: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "b", "creationTimestamp": "2026-01-01T00:00:00Z"}
+        }))
+        .unwrap();
+        assert_eq!(
+            write_lag(&created.metadata, at(1)),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(write_lag(&pod("c", "1", "1").metadata, at(1)), None);
+        assert_eq!(<Pod as kube::Resource>::plural(&()), "pods");
+        assert_eq!(<Namespace as kube::Resource>::plural(&()), "namespaces");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `<run_dir>/pods.sock`: the plugin's pod lookup answered from the node's caches (contract in
 //! [`cni_config::lookup`]). A pod the watch has not delivered yet is waited for, up to the
-//! plugin's `wait_ms` (capped); a miss is 404 and the plugin asks the API server itself.
+//! plugin's `wait_ms` (capped); a miss is 404 and the plugin asks the API server itself. Each
+//! answer's time goes into `istio_cni_pod_lookup_wait_seconds{result}` (`node_status::figures`).
 
 use crate::cache::{NamespaceCache, PodCache};
 use cni_config::lookup::{POD_LOOKUP_SOCKET, POD_PATH, PodAnswer, PodQuery};
@@ -59,7 +60,12 @@ async fn answer(caches: Caches, req: Request) -> Reply {
         Ok(q) => q,
         Err(e) => return reply(StatusCode::BAD_REQUEST, format!("invalid query: {e}")),
     };
-    match find(&caches, &query).await {
+    let asked = Instant::now();
+    let found = find(&caches, &query).await;
+    let result = if found.is_ok() { "found" } else { "missed" };
+    let figures = node_status::figures::global();
+    figures.lookup_wait.observe(&[result], asked.elapsed());
+    match found {
         Ok(found) => {
             let body = PodAnswer {
                 pod: found.pod.as_ref(),

@@ -192,7 +192,10 @@ pub async fn run(settings: Arc<Settings>, metrics: Arc<Metrics>, client: Client,
         }
         // Whatever is due now, then back to the events (a due pod never waits for a batch).
         while let Some(due) = tracker.next_due(Instant::now()) {
+            let checking = Instant::now();
             let (target, outcome) = check_blocking(&settings, due.target).await;
+            let figures = node_status::figures::global();
+            figures.reconcile_pass.observe(&["sidecar"], checking.elapsed());
             let made = !matches!(outcome, Outcome::Failed(_));
             let failures = tracker.record(&due.key, target, made, Instant::now());
             if made && settings.controller.is_some() && tracker.needs_mark(&due.key) {
