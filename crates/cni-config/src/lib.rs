@@ -38,6 +38,10 @@ pub struct PluginSettings {
     pub exclude_namespaces: Vec<String>,
     /// Namespace of the istio-cni DaemonSet (its own pods bypass the plugin).
     pub pod_namespace: String,
+    /// Istio's `SYSTEM_NAMESPACE`, where ztunnel's pods are (they bypass the plugin); absent:
+    /// `pod_namespace`.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub system_namespace: String,
     /// Istio's switch; `true` means `redirect_backend: nft`.
     pub native_nftables: bool,
     /// `auto|nft|iptables-legacy`.
@@ -82,6 +86,7 @@ impl Default for PluginSettings {
             cni_agent_run_dir: DEFAULT_RUN_DIR.into(),
             exclude_namespaces: Vec::new(),
             pod_namespace: String::new(),
+            system_namespace: String::new(),
             native_nftables: false,
             redirect_backend: "auto".into(),
             pod_lookup_attempts: 30,
@@ -153,6 +158,7 @@ impl PluginSettings {
             scope: pod_policy::Scope {
                 exclude_namespaces: self.exclude_namespaces.clone(),
                 cni_namespace: self.pod_namespace.clone(),
+                system_namespace: self.system_namespace.clone(),
             },
             ambient: self.ambient_enabled.then(|| self.effective_selectors()),
         }

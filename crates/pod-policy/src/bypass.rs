@@ -15,6 +15,10 @@ pub struct Scope {
     pub exclude_namespaces: Vec<String>,
     /// The istio-cni DaemonSet's namespace: its own pods bypass the plugin.
     pub cni_namespace: String,
+    /// Istio's `SYSTEM_NAMESPACE`, where ztunnel runs (its pods bypass); empty: the DaemonSet's
+    /// namespace, where the charts put both unless told otherwise (GKE puts istio-cni in
+    /// kube-system).
+    pub system_namespace: String,
 }
 
 /// Istio's self-bypass: the istio-cni DaemonSet's own pods must start even while the
@@ -36,6 +40,15 @@ pub fn is_ztunnel(pod: &Pod, cni_namespace: &str) -> bool {
 }
 
 impl Scope {
+    /// The namespace whose `app=ztunnel` pods are ztunnel's.
+    pub fn ztunnel_namespace(&self) -> &str {
+        if self.system_namespace.is_empty() {
+            &self.cni_namespace
+        } else {
+            &self.system_namespace
+        }
+    }
+
     /// What can be decided from the pod's name and namespace alone, before any lookup
     /// (the plugin's CNI_ARGS): `Some(why)` when the pod is passed through.
     pub fn by_name(&self, pod_name: &str, pod_namespace: &str) -> Option<String> {
@@ -54,7 +67,7 @@ impl Scope {
         if host_network(pod) {
             return Some("host-network pod".into());
         }
-        if is_ztunnel(pod, &self.cni_namespace) {
+        if is_ztunnel(pod, self.ztunnel_namespace()) {
             return Some("ztunnel's own pod".into());
         }
         let ns = pod.metadata.namespace.as_deref().unwrap_or("");
@@ -169,6 +182,14 @@ mod tests {
         );
         assert_eq!(scope.bypassed(&zt("default", "ztunnel")), None);
         assert_eq!(scope.bypassed(&zt("istio-system", "web")), None);
+        // istio-cni in kube-system (GKE), ztunnel in SYSTEM_NAMESPACE.
+        let gke = Scope {
+            cni_namespace: "kube-system".into(),
+            system_namespace: "istio-system".into(),
+            ..Scope::default()
+        };
+        assert!(gke.bypassed(&zt("istio-system", "ztunnel")).is_some());
+        assert_eq!(gke.bypassed(&zt("kube-system", "ztunnel")), None);
     }
 
     #[test]

@@ -21,6 +21,7 @@ const OURS_ONLY: &[&str] = &[
     "pod_lookup_timeout_ms",
     "pod_lookup_deadline_ms",
     "ambient_handoff_timeout_ms",
+    "system_namespace",
 ];
 
 fn off(v: &Value) -> bool {

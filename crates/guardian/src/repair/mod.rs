@@ -504,6 +504,7 @@ mod tests {
                     scope: pod_policy::Scope {
                         exclude_namespaces: vec!["kube-system".into()],
                         cni_namespace: "istio-system".into(),
+                        ..Default::default()
                     },
                     ambient: None,
                 },

@@ -58,6 +58,11 @@ pub struct Args {
     #[arg(long, env = "POD_NAMESPACE", default_value = "")]
     pub pod_namespace: String,
 
+    /// Istio's system namespace, where ztunnel runs: its `app=ztunnel` pods bypass the plugin
+    /// and the agent (Istio's `IsZtunnelPod`).
+    #[arg(long, env = "SYSTEM_NAMESPACE", default_value = "istio-system")]
+    pub system_namespace: String,
+
     /// Istio's switch for nftables; true means REDIRECT_BACKEND=nft.
     #[arg(long, env = "NATIVE_NFTABLES", default_value = "false", value_parser = parse_bool, action = ArgAction::Set)]
     pub native_nftables: bool,
@@ -162,6 +167,7 @@ impl Config {
             scope: pod_policy::Scope {
                 exclude_namespaces: split_list(&a.exclude_namespaces),
                 cni_namespace: a.pod_namespace.trim().to_string(),
+                system_namespace: a.system_namespace.trim().to_string(),
             },
             native_nftables: a.native_nftables,
             backend_choice: a.redirect_backend,
@@ -213,6 +219,7 @@ impl Config {
             cni_agent_run_dir: self.installer.run_dir.display().to_string(),
             exclude_namespaces: self.scope.exclude_namespaces.clone(),
             pod_namespace: self.scope.cni_namespace.clone(),
+            system_namespace: self.scope.system_namespace.clone(),
             native_nftables: backend == redirect::Backend::Nft,
             redirect_backend: backend.to_string(),
             ambient_enabled: self.ambient.enabled,

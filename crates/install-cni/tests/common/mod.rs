@@ -192,6 +192,7 @@ pub fn sidecar_policy() -> pod_policy::Policy {
         scope: pod_policy::Scope {
             exclude_namespaces: Vec::new(),
             cni_namespace: "istio-system".into(),
+            ..Default::default()
         },
         ambient: None,
     }

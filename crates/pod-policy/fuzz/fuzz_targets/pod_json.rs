@@ -20,6 +20,7 @@ fuzz_target!(|data: &[u8]| {
     let scope = Scope {
         exclude_namespaces: vec!["kube-system".into()],
         cni_namespace: "istio-system".into(),
+        ..Default::default()
     };
     for ambient in [None, Some(default_selectors())] {
         let policy = Policy {
