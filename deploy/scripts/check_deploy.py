@@ -33,9 +33,7 @@ PENDING_ENV = re.compile(r"^(REPAIR_[A-Z_]+|KUBERNETES_NODE_NAME|AMBIENT_[A-Z0-9
 # adding Istio's flags/env to the daemon; once `--list-env` prints a name, remove it here (the
 # check warns when an entry is no longer needed). Rendered only when the value asks for it:
 #   LOG_AS_JSON                      <- global.logAsJson (Istio's --log_as_json)
-#   ISTIO_OWNED_CNI_CONFIG           <- istioOwnedCNIConfig: true
-#   ISTIO_OWNED_CNI_CONFIG_FILENAME  <- istioOwnedCNIConfigFileName (with istioOwnedCNIConfig)
-PENDING_DAEMON_ENV = {"LOG_AS_JSON", "ISTIO_OWNED_CNI_CONFIG", "ISTIO_OWNED_CNI_CONFIG_FILENAME"}
+PENDING_DAEMON_ENV = {"LOG_AS_JSON"}
 # Istio's istio-cni chart (manifests/charts/istio-cni/values.yaml, `ambient:` and `cniNetnsDir`):
 # the same names and defaults here.
 ISTIO_AMBIENT_DEFAULTS = {

@@ -6,6 +6,7 @@
 use crate::discovery::{self, ConfFile, ConfPlan};
 use crate::gojson;
 use crate::kubeconfig::{self, Trust};
+use crate::owned::{self, OwnedPlan};
 use crate::settings::{STANDALONE_CONF_NAME, Settings};
 use node_fs::Stamp;
 use node_status::metrics::Counters;
@@ -114,6 +115,13 @@ fn err_hint(e: &io::Error) -> &'static str {
 
 impl Installer {
     pub fn new(cfg: Settings, entry: Value) -> Installer {
+        if cfg.owned_conf && !cfg.chained {
+            tracing::warn!(
+                "ISTIO_OWNED_CNI_CONFIG applies to chained mode only (as in Istio): CHAINED_CNI_PLUGIN=false writes its standalone file"
+            );
+        } else if cfg.owned_conf {
+            tracing::info!(file = %cfg.owned_conf_name, "ISTIO_OWNED_CNI_CONFIG: the primary's config with istio-cni is kept in a file of our own; the primary's file is not written");
+        }
         Installer {
             cfg,
             entry,
@@ -297,7 +305,10 @@ impl Installer {
         Ok((files, stamps))
     }
 
-    fn install_conf(&mut self, changes: Vec<String>) -> Result<Outcome, InstallError> {
+    fn install_conf(&mut self, mut changes: Vec<String>) -> Result<Outcome, InstallError> {
+        if self.cfg.chained && !self.cfg.owned_conf {
+            self.retire_owned(&mut changes);
+        }
         // The primary may rewrite its file between our read and our rename; then our write
         // would resurrect its old content. Re-check the file's identity right before the
         // rename and start over if it moved (bounded: a storm is the throttle's job).
@@ -313,11 +324,9 @@ impl Installer {
 
     fn try_install_conf(&mut self, changes: &[String]) -> Result<Option<Outcome>, InstallError> {
         let (files, stamps) = self.snapshot()?;
-        let plan = if self.cfg.chained {
-            discovery::plan_chained(&files, self.cfg.cni_conf_name.as_deref(), &self.entry)
-        } else {
-            let name = self.standalone_conf_name();
-            discovery::plan_standalone(&files, &name, &self.entry)
+        let plan = match self.plan_conf(&files) {
+            Ok(owned) => return self.install_owned(owned, &files, &stamps, changes),
+            Err(plan) => plan,
         };
         let mut changes = changes.to_vec();
         match plan {
@@ -416,6 +425,136 @@ impl Installer {
                     warning: None,
                 }))
             }
+        }
+    }
+
+    /// What this pass does with the CNI config: `Ok` for the owned file (`ISTIO_OWNED_CNI_CONFIG`),
+    /// `Err` for the primary's file (chained) or the standalone file.
+    fn plan_conf(&self, files: &[ConfFile]) -> Result<ConfPlan, ConfPlan> {
+        let conf_name = self.cfg.cni_conf_name.as_deref();
+        if !self.cfg.chained {
+            let name = self.standalone_conf_name();
+            return Err(discovery::plan_standalone(files, &name, &self.entry));
+        }
+        if !self.cfg.uses_owned_conf() {
+            return Err(discovery::plan_chained(files, conf_name, &self.entry));
+        }
+        let owned_name = &self.cfg.owned_conf_name;
+        match owned::plan(files, conf_name, owned_name, &self.entry) {
+            OwnedPlan::Conf(plan) => Ok(plan),
+            OwnedPlan::Fallback { first } => {
+                let note = format!(
+                    "{first} sorts before ISTIO_OWNED_CNI_CONFIG_FILENAME {owned_name}: the runtime would never read our file; istio-cni is chained into the primary's file instead (name ours to sort first, e.g. 00-istio-cni.conflist)"
+                );
+                Err(
+                    match discovery::plan_chained(files, conf_name, &self.entry) {
+                        ConfPlan::Valid { file, warning } => ConfPlan::Valid {
+                            file,
+                            warning: Some(warning.map_or(note.clone(), |w| format!("{note}; {w}"))),
+                        },
+                        other => other,
+                    },
+                )
+            }
+        }
+    }
+
+    /// The owned file (`ISTIO_OWNED_CNI_CONFIG`): the primary's config with our entry, in a
+    /// regular file of our own with `CNI_CONF_GROUP_READ`'s mode; the primary's file is never
+    /// written. `None`: the primary or our file changed since the snapshot (start over).
+    fn install_owned(
+        &mut self,
+        plan: ConfPlan,
+        files: &[ConfFile],
+        stamps: &HashMap<String, Stamp>,
+        changes: &[String],
+    ) -> Result<Option<Outcome>, InstallError> {
+        let mut changes = changes.to_vec();
+        let name = self.cfg.owned_conf_name.clone();
+        let path = self.cfg.net_dir.join(&name);
+        let source = owned::source_name(files, self.cfg.cni_conf_name.as_deref(), &name);
+        let (content, before) = match plan {
+            ConfPlan::Wait { reason } => {
+                self.primary_types.clear();
+                return Ok(Some(Outcome::Waiting { reason }));
+            }
+            ConfPlan::Valid { .. } if node_fs::regular_mode(&path) == Some(self.cfg.conf_mode) => {
+                if let Some(s) = &source {
+                    self.note_primary(files, s);
+                }
+                return Ok(Some(Outcome::Installed {
+                    changes,
+                    warning: None,
+                }));
+            }
+            // The right content behind a link or with another mode: ours again, as a file.
+            ConfPlan::Valid { .. } => {
+                let current = files.iter().find(|f| f.name == name);
+                match current.and_then(|f| gojson::parse(&f.content).ok()) {
+                    Some(v) => (v, None),
+                    None => return Ok(None),
+                }
+            }
+            ConfPlan::Write {
+                content, before, ..
+            } => (content, before),
+        };
+        // Written from the snapshot's primary: if it moved since, the copy would be stale.
+        for n in source.iter().chain(std::iter::once(&name)) {
+            if node_fs::stamp(&self.conf_path(n)).ok() != stamps.get(n).copied() {
+                return Ok(None);
+            }
+        }
+        let mut bytes = serde_json::to_vec_pretty(&content)
+            .map_err(|x| InstallError::CniConfig(x.to_string()))?;
+        bytes.push(b'\n');
+        let e = |x: io::Error| {
+            InstallError::CniConfig(format!("{}: {x}{}", path.display(), err_hint(&x)))
+        };
+        node_fs::ensure_dir(&self.cfg.net_dir, node_fs::DIR_MODE, false).map_err(e)?;
+        // A link planted at our name is replaced by the rename, never written through.
+        node_fs::atomic_write_mode(&path, &bytes, self.cfg.conf_mode).map_err(e)?;
+        changes.push(format!(
+            "wrote {} (mode {:04o}): {} with istio-cni (plugins before: [{}])",
+            path.display(),
+            self.cfg.conf_mode,
+            source.as_deref().unwrap_or("the primary"),
+            before
+                .as_ref()
+                .map(discovery::plugin_types)
+                .unwrap_or_default()
+                .join(", ")
+        ));
+        self.primary_types = discovery::plugin_types(&content);
+        if !self.conf_dir_names.contains(&name) {
+            self.conf_dir_names.push(name);
+        }
+        Ok(Some(Outcome::Installed {
+            changes,
+            warning: None,
+        }))
+    }
+
+    /// With `ISTIO_OWNED_CNI_CONFIG` off, a file of ours at its name (left by a daemon that had
+    /// it on) would shadow the primary with a stale copy: removed.
+    fn retire_owned(&self, changes: &mut Vec<String>) {
+        let name = &self.cfg.owned_conf_name;
+        if self.cfg.cni_conf_name.as_deref() == Some(name.as_str()) {
+            return;
+        }
+        let p = self.cfg.net_dir.join(name);
+        let Ok(bytes) = node_fs::read_conf(&p, node_fs::MAX_CONF_BYTES) else {
+            return;
+        };
+        if !owned::is_leftover(&bytes) {
+            return;
+        }
+        match fs::remove_file(&p) {
+            Ok(()) => changes.push(format!(
+                "removed {} (ISTIO_OWNED_CNI_CONFIG is off: a copy an earlier daemon left)",
+                p.display()
+            )),
+            Err(e) => tracing::warn!("removing {}: {e}", p.display()),
         }
     }
 
@@ -527,6 +666,16 @@ impl Installer {
     }
 
     fn cleanup_chained(&mut self, done: &mut Vec<String>, errors: &mut Vec<String>) {
+        // Our own file first: the sweep below would leave it a stale copy of the primary,
+        // still sorting first.
+        if self.cfg.owned_conf {
+            let p = self.cfg.net_dir.join(&self.cfg.owned_conf_name);
+            let ours = node_fs::read_conf(&p, node_fs::MAX_CONF_BYTES)
+                .is_ok_and(|b| owned::is_leftover(&b));
+            if ours {
+                remove(&p, done, errors);
+            }
+        }
         // Every file we wrote into and nobody changed since: its bytes from before our entry
         // come back exactly (a converted .conf returns as the .conf it was).
         for (written, u) in std::mem::take(&mut self.touched) {

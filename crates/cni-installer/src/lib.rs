@@ -6,12 +6,16 @@
 //! Pure logic (CNI config discovery and merging in [`discovery`], the kubeconfig in
 //! [`kubeconfig`], the storm [`throttle`]) is separate from I/O (one install pass and the
 //! cleanup in [`install`], the inotify [`watch`], the loop in [`run`]). On shutdown,
-//! [`upgrade`] decides whether the install stays for the next daemon (a rollout) or goes.
+//! [`upgrade`] decides whether the install stays for the next daemon (a rollout) or goes
+//! ([`affinity`]: whether the DaemonSet still selects this node). [`owned`]: the opt-in
+//! conflist of our own (`ISTIO_OWNED_CNI_CONFIG`).
 
+pub mod affinity;
 pub mod discovery;
 pub mod gojson;
 pub mod install;
 pub mod kubeconfig;
+pub mod owned;
 pub mod run;
 pub mod settings;
 pub mod throttle;

@@ -13,6 +13,13 @@ pub struct Settings {
     pub cni_conf_name: Option<String>,
     /// Chain into the primary config (`false`: a standalone `YYY-istio-cni.conf`).
     pub chained: bool,
+    /// `ISTIO_OWNED_CNI_CONFIG` (chained mode only): keep the primary's config with our entry
+    /// in a file of our own, [`Settings::owned_conf_name`], instead of writing into the
+    /// primary's file ([`crate::owned`]).
+    pub owned_conf: bool,
+    /// `ISTIO_OWNED_CNI_CONFIG_FILENAME`: the owned file's name (also known with the option
+    /// off: a file of ours left there by an earlier daemon is removed).
+    pub owned_conf_name: String,
     /// The host's CNI config directory, as mounted.
     pub net_dir: PathBuf,
     /// The plugin's run dir (kubeconfig, log, sockets, readiness marker).
@@ -40,6 +47,8 @@ impl Settings {
         Settings {
             cni_conf_name: None,
             chained: true,
+            owned_conf: false,
+            owned_conf_name: crate::owned::DEFAULT_NAME.into(),
             net_dir,
             run_dir,
             kubeconfig_mode: 0o600,
@@ -57,6 +66,12 @@ impl Settings {
             bin_target_dirs: vec![bin_target],
             binaries: vec!["istio-cni".into(), "istio-nftables".into()],
         }
+    }
+
+    /// Whether this pass writes the owned file (the option applies to chained mode only, as
+    /// in Istio).
+    pub fn uses_owned_conf(&self) -> bool {
+        self.owned_conf && self.chained
     }
 
     /// The plugin's kubeconfig in the run dir.

@@ -10,8 +10,18 @@
 //! ServiceAccount or its binding, any other error) is NOT an upgrade, as in Istio's
 //! `ShouldStopForUpgrade`: the plugin is removed and the error logged. Keeping it instead would
 //! leave a plugin behind on every node after an uninstall, failing every pod's ADD.
+//!
+//! A DaemonSet that lives on but no longer selects this node (its pods' required node affinity
+//! or nodeSelector changed, or the node's labels did: Istio release note 58768) evicts the
+//! daemon for good: no next daemon comes, so that is an uninstall too ([`crate::affinity`]).
+//! The node is read only when the DaemonSet has such rules (as in Istio). A node that is gone
+//! (404) is an uninstall; one that cannot be read otherwise (403 without RBAC `get` on nodes, no
+//! answer) keeps the install as before this check, with a warning: the DaemonSet was read, so
+//! this is no `helm uninstall`, and a rollout must not lose the plugin for a missing grant.
 
+use crate::affinity::Rules;
 use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Node;
 use std::time::Duration;
 
 /// The DaemonSet's name in the chart (`deploy/helm/istio-cni`); RBAC grants `get` on it alone,
@@ -37,6 +47,8 @@ pub struct Context {
     /// `POD_NAMESPACE`: the DaemonSet's namespace; empty when the daemon does not run as the
     /// chart's DaemonSet (nothing will replace it).
     pub namespace: String,
+    /// This node's name: whether the DaemonSet still selects it.
+    pub node_name: String,
 }
 
 /// Whether the DaemonSet has to be looked up at all.
@@ -72,7 +84,30 @@ pub fn decide(lookup: Result<Option<DaemonSet>, String>) -> Shutdown {
     }
 }
 
-/// The shutdown decision: the DaemonSet looked up (within 5 s) when it matters.
+/// Pure: the decision for a living DaemonSet with node-dependent `rules`, from the lookup of
+/// node `node_name` (`Ok(None)`: it does not exist).
+pub fn decide_node(rules: &Rules, node_name: &str, node: Result<Option<Node>, String>) -> Shutdown {
+    let rules_text = rules.describe();
+    match node.map(|n| n.map(|n| rules.matches(&n))) {
+        Ok(Some(Ok(true))) => Shutdown::Upgrade(format!(
+            "DaemonSet {DAEMONSET_NAME} still exists and its {rules_text} still selects node {node_name}: a new agent follows"
+        )),
+        Ok(Some(Ok(false))) => Shutdown::Uninstall(format!(
+            "DaemonSet {DAEMONSET_NAME} no longer selects node {node_name} ({rules_text}): no agent follows here, not an upgrade (Istio 58768)"
+        )),
+        Ok(None) => Shutdown::Uninstall(format!("node {node_name} is gone: no agent follows here")),
+        // Cannot tell: as before the check (the DaemonSet was read, so no helm uninstall).
+        Ok(Some(Err(e))) => Shutdown::Upgrade(format!(
+            "DaemonSet {DAEMONSET_NAME} still exists; its {rules_text} could not be evaluated ({e}): kept as a rollout"
+        )),
+        Err(e) => Shutdown::Upgrade(format!(
+            "DaemonSet {DAEMONSET_NAME} still exists; node {node_name} could not be read ({e}; RBAC needs get on nodes) to check its {rules_text}: kept as a rollout"
+        )),
+    }
+}
+
+/// The shutdown decision: the DaemonSet looked up (within 5 s) when it matters, and this node
+/// when the DaemonSet's pods are scheduled by node rules.
 pub async fn shutdown(
     ctx: &Context,
     client: impl std::future::Future<Output = Result<kube::Client, String>>,
@@ -80,14 +115,40 @@ pub async fn shutdown(
     if let Some(d) = needs_lookup(ctx) {
         return d;
     }
-    let lookup = match client.await {
-        Ok(c) => lookup(c, &ctx.namespace).await,
-        Err(e) => Err(e),
+    let client = client.await;
+    let lookup = match &client {
+        Ok(c) => lookup(c.clone(), &ctx.namespace).await,
+        Err(e) => Err(e.clone()),
     };
     if let Err(e) = &lookup {
         tracing::warn!(error = %e, daemonset = DAEMONSET_NAME, "reading the DaemonSet failed: not an upgrade, removing the install");
     }
-    decide(lookup)
+    let rules = match (&client, &lookup) {
+        (Ok(c), Ok(Some(ds))) if ds.metadata.deletion_timestamp.is_none() => {
+            Rules::of(ds).map(|r| (c.clone(), r))
+        }
+        _ => None,
+    };
+    let Some((client, rules)) = rules else {
+        return decide(lookup);
+    };
+    let node = get_node(client, &ctx.node_name).await;
+    if let Err(e) = &node {
+        tracing::warn!(error = %e, node = %ctx.node_name, "reading this node failed: cannot tell whether the DaemonSet still selects it; keeping the install as for a rollout");
+    }
+    decide_node(&rules, &ctx.node_name, node)
+}
+
+async fn get_node(client: kube::Client, name: &str) -> Result<Option<Node>, String> {
+    if name.is_empty() {
+        return Err("the node's name is unknown".into());
+    }
+    let api: kube::Api<Node> = kube::Api::all(client);
+    match tokio::time::timeout(GET_TIMEOUT, api.get_opt(name)).await {
+        Ok(Ok(n)) => Ok(n),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {GET_TIMEOUT:?}")),
+    }
 }
 
 pub async fn lookup(client: kube::Client, namespace: &str) -> Result<Option<DaemonSet>, String> {
@@ -121,6 +182,7 @@ mod tests {
         let ctx = |disabled, namespace: &str| Context {
             disabled,
             namespace: namespace.into(),
+            node_name: "worker-1".into(),
         };
         assert!(matches!(
             needs_lookup(&ctx(true, "istio-system")),
@@ -131,6 +193,42 @@ mod tests {
             Some(Shutdown::Uninstall(_))
         ));
         assert_eq!(needs_lookup(&ctx(false, "istio-system")), None);
+    }
+
+    /// Istio 58768: a DaemonSet that no longer selects the node is no rollout; a node that
+    /// cannot be read keeps the install as before the check; a node that is gone does not.
+    #[test]
+    fn a_node_the_daemonset_no_longer_selects_is_an_uninstall() {
+        let ds: DaemonSet = serde_json::from_value(serde_json::json!({
+            "spec": {"selector": {}, "template": {"spec": {"containers": [],
+                "nodeSelector": {"mesh": "on"}}}}}))
+        .unwrap();
+        let rules = Rules::of(&ds).unwrap();
+        let node = |mesh: &str| -> Node {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "worker-1", "labels": {"mesh": mesh}}}))
+            .unwrap()
+        };
+        assert!(matches!(
+            decide_node(&rules, "worker-1", Ok(Some(node("on")))),
+            Shutdown::Upgrade(_)
+        ));
+        match decide_node(&rules, "worker-1", Ok(Some(node("off")))) {
+            Shutdown::Uninstall(why) => assert!(why.contains("no longer selects"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            decide_node(&rules, "worker-1", Ok(None)),
+            Shutdown::Uninstall(_)
+        ));
+        match decide_node(
+            &rules,
+            "worker-1",
+            Err("nodes \"worker-1\" is forbidden".into()),
+        ) {
+            Shutdown::Upgrade(why) => assert!(why.contains("forbidden"), "{why}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     /// After `helm uninstall` the ServiceAccount is gone and the GET is refused: keeping the

@@ -47,6 +47,51 @@ pub struct InstallArgs {
     /// Comma-separated binary names copied from the source dir.
     #[arg(long, env = "CNI_BINARIES", default_value = "istio-cni,istio-nftables")]
     pub cni_binaries: String,
+
+    /// Keep the primary's config with istio-cni in a file of our own that sorts first
+    /// (ISTIO_OWNED_CNI_CONFIG_FILENAME) instead of writing into the primary's file: a primary
+    /// that rewrites its file (at boot, before this daemon is back) cannot take istio-cni out of
+    /// the chain. Chained mode only; removed on uninstall, kept across a rollout.
+    #[arg(long, env = "ISTIO_OWNED_CNI_CONFIG", default_value = OWNED_DEFAULT, value_parser = parse_bool, action = ArgAction::Set)]
+    pub istio_owned_cni_config: bool,
+
+    /// The file name of that config (empty: 02-istio-cni.conflist); it must sort before the
+    /// primary's, or istio-cni is chained into the primary's file instead.
+    #[arg(long, env = "ISTIO_OWNED_CNI_CONFIG_FILENAME", default_value = "")]
+    pub istio_owned_cni_config_filename: String,
+}
+
+/// `ISTIO_OWNED_CNI_CONFIG`'s default (Istio's: false).
+pub const OWNED_DEFAULT: &str = "false";
+
+/// `ISTIO_OWNED_CNI_CONFIG_FILENAME`: a file name ending `.conflist` (the file is a list; Istio
+/// renames a `.conf` it wrote to `.conflist`, so a `.conf` name is taken as that `.conflist`).
+fn owned_conf_name(a: &InstallArgs, conf_name: &str) -> Result<String, ConfigError> {
+    const VAR: &str = "ISTIO_OWNED_CNI_CONFIG_FILENAME";
+    let raw = a.istio_owned_cni_config_filename.trim();
+    let name = match raw {
+        "" => cni_installer::owned::DEFAULT_NAME.to_string(),
+        n if n.ends_with(".conf") => format!("{n}list"),
+        n => n.to_string(),
+    };
+    if name.contains('/') || name.starts_with('.') {
+        return Err(bad(VAR, raw, "expected a file name, not a path"));
+    }
+    if !name.ends_with(".conflist") {
+        return Err(bad(VAR, raw, "expected a .conflist file name"));
+    }
+    let stem = |n: &str| {
+        let n = n.strip_suffix("list").unwrap_or(n);
+        n.strip_suffix(".conf").map(str::to_string)
+    };
+    if a.istio_owned_cni_config && stem(conf_name).is_some() && stem(conf_name) == stem(&name) {
+        return Err(bad(
+            VAR,
+            raw,
+            "names the primary's file (CNI_CONF_NAME): the copy would replace what it copies",
+        ));
+    }
+    Ok(name)
 }
 
 /// The installer's settings; `api` is the API server the plugin's kubeconfig points at.
@@ -88,12 +133,15 @@ pub fn settings(a: &InstallArgs, api: ApiServer) -> Result<cni_installer::Settin
             "expected a .conf or .conflist file name",
         ));
     }
+    let owned_conf_name = owned_conf_name(a, &conf_name)?;
     absolute("MOUNTED_CNI_NET_DIR", &a.mounted_cni_net_dir)?;
     absolute("CNI_AGENT_RUN_DIR", &a.cni_agent_run_dir)?;
     absolute("CNI_BIN_SOURCE_DIR", &a.cni_bin_source_dir)?;
     Ok(cni_installer::Settings {
         cni_conf_name: (!conf_name.is_empty()).then_some(conf_name),
         chained: a.chained_cni_plugin,
+        owned_conf: a.istio_owned_cni_config,
+        owned_conf_name,
         net_dir: a.mounted_cni_net_dir.clone(),
         run_dir: a.cni_agent_run_dir.clone(),
         kubeconfig_mode: a.kubeconfig_mode,

@@ -154,6 +154,7 @@ impl Config {
         let watches_pods =
             a.repair.repair_enabled || a.reconcile.reconcile_enabled || a.ambient.ambient_enabled;
         let view = view::settings(&a.view, watches_pods)?;
+        let node_name = view.node_name.clone();
         let installer = installer::settings(&a.install, view.api.clone())?;
         let repair = guard::repair(&a.repair)?;
         let reconcile = guard::reconcile(&a.reconcile)?;
@@ -181,6 +182,7 @@ impl Config {
             safe_upgrade: cni_installer::upgrade::Context {
                 disabled: a.ambient_disable_safe_upgrade,
                 namespace: a.pod_namespace.trim().to_string(),
+                node_name,
             },
             ambient,
         })

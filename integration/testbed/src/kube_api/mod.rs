@@ -212,6 +212,29 @@ impl FakeKube {
         self.inner.daemonsets.lock().unwrap().insert(key, ds);
     }
 
+    /// Serves `ds` (a DaemonSet's JSON: its pod template's nodeSelector and affinity are what
+    /// install-cni's shutdown checks) at its `metadata.namespace/name`.
+    pub fn put_daemonset_json(&self, ds: Value) {
+        let m = &ds["metadata"];
+        let key = format!(
+            "{}/{}",
+            m["namespace"].as_str().unwrap_or(""),
+            m["name"].as_str().unwrap_or("")
+        );
+        self.inner.daemonsets.lock().unwrap().insert(key, ds);
+    }
+
+    /// Serves `node` (a Node's JSON) at its `metadata.name`, replacing the one there.
+    pub fn put_node_json(&self, node: Value) {
+        let name = node["metadata"]["name"].as_str().unwrap_or("").to_string();
+        self.inner.nodes.lock().unwrap().insert(name, node);
+    }
+
+    /// Removes node `name` (its GET is a 404 from then on).
+    pub fn remove_node(&self, name: &str) {
+        self.inner.nodes.lock().unwrap().remove(name);
+    }
+
     /// Namespace watch requests seen so far.
     pub fn namespace_watch_requests(&self) -> usize {
         self.requests()
