@@ -584,3 +584,20 @@ fn a_restarted_agent_prunes_probe_addresses_of_pods_deleted_while_it_was_down() 
         n.probe_set() == [pa.ip()]
     });
 }
+
+/// Istio's `HOST_PROBE_SNAT_IP`: kubelet's probes reach an ambient pod from the configured
+/// address, the host rule SNATing to it and the in-pod rules letting it past ztunnel alike.
+#[test]
+fn kubelets_probes_come_from_the_configured_probe_snat_address() {
+    let Some(bin) = prerequisites() else { return };
+    let snat: IpAddr = "169.254.7.200".parse().unwrap();
+    let opts = AmbientOptions {
+        env: vec![("HOST_PROBE_SNAT_IP".into(), snat.to_string())],
+        ..AmbientOptions::default()
+    };
+    let n = AmbientNode::start(&bin, &opts, &[a()]).unwrap();
+    let pa = n.start_pod(&a());
+    assert!(n.served(&pa), "{}", n.logs());
+    lands(&n, &n.from_node(KUBELET_UID, pa.ip(), APP), "a", APP);
+    assert_eq!(last_peer(&pa), snat, "{}", n.host_table());
+}

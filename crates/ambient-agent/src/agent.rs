@@ -6,7 +6,7 @@
 //! rules live in different namespaces (each under its own lock), a probe-set update is one
 //! small atomic write, and ZDS keeps what ztunnel needs in order (one message at a time).
 
-use capture::{AmbientConfig, AmbientPod, Plan};
+use capture::{AmbientConfig, AmbientPod, Plan, ProbeSnat};
 use redirect::BackendChoice;
 use redirect::host_probe::HostProbeRule;
 use std::collections::HashMap;
@@ -45,6 +45,9 @@ pub struct AgentSettings {
     pub backend: BackendChoice,
     pub dns_capture: bool,
     pub ipv6: bool,
+    /// Where kubelet's probes come from inside a pod (`HOST_PROBE_SNAT_IP`/`_IPV6`): the
+    /// in-pod rules let this address in, the host rule SNATs probes to it.
+    pub probe_snat: ProbeSnat,
     /// The host probe rule (`Plan::ambient_host`), installed with the first pod.
     pub host_plan: Plan,
     /// The host rule's backend: the node's, the same as the pods' rules (as Istio pairs them).
@@ -202,7 +205,8 @@ impl Agent {
             redirect_dns: self.settings.dns_capture,
             ipv6: self.settings.ipv6,
             pod: pod.settings.clone(),
-            ..AmbientConfig::default()
+            host_probe_snat_v4: self.settings.probe_snat.v4,
+            host_probe_snat_v6: self.settings.probe_snat.v6,
         })
         .map_err(|e| AgentError::Plan {
             pod: pod.label(),

@@ -14,10 +14,10 @@
 pub mod agent;
 mod figures;
 pub mod plugin_server;
-
 pub mod view;
+
 use agent::{Agent, AgentSettings, AmbientPodRef};
-use capture::{HostProbeConfig, Plan};
+use capture::{HostProbeConfig, Plan, ProbeSnat};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use node_status::State;
 use node_status::metrics::Counters;
@@ -38,6 +38,8 @@ use tokio::sync::mpsc::UnboundedReceiver;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
     pub enabled: bool,
+    /// `HOST_PROBE_SNAT_IP` / `HOST_PROBE_SNAT_IPV6`.
+    pub probe_snat: ProbeSnat,
     /// The configured selectors; empty: Istio's defaults (see `effective_selectors`).
     pub selectors: Vec<pod_policy::EnablementSelector>,
     pub dns_capture: bool,
@@ -51,6 +53,7 @@ impl Settings {
     pub fn disabled() -> Settings {
         Settings {
             enabled: false,
+            probe_snat: ProbeSnat::default(),
             selectors: Vec::new(),
             dns_capture: true,
             ipv6: true,
@@ -135,7 +138,12 @@ pub fn pod_ref(pod: &Pod, ips: Vec<IpAddr>) -> Result<AmbientPodRef, AnnotationE
 /// The host probe rule, as Istio has it per backend (`HostProbeRule::probe_source`): on nft
 /// nodes kubelet's sockets (its uid found through the host's /proc), or any local socket when
 /// no kubelet process is found; on iptables-legacy nodes any local socket (Istio's payload).
-fn host_plan(proc_root: &Path, ipv6: bool, host: HostProbeRule) -> Result<Plan, String> {
+fn host_plan(
+    proc_root: &Path,
+    ipv6: bool,
+    snat: ProbeSnat,
+    host: HostProbeRule,
+) -> Result<Plan, String> {
     let kubelet = match host.backend() {
         redirect::Backend::IptablesLegacy => None,
         redirect::Backend::Nft => match node_view::kubelet::kubelet_uid(proc_root) {
@@ -150,7 +158,12 @@ fn host_plan(proc_root: &Path, ipv6: bool, host: HostProbeRule) -> Result<Plan, 
         },
     };
     let source = host.probe_source(kubelet);
-    Plan::ambient_host(&HostProbeConfig::new(source, ipv6)).map_err(|e| e.to_string())
+    let config = HostProbeConfig {
+        host_probe_snat_v4: snat.v4,
+        host_probe_snat_v6: snat.v6,
+        ..HostProbeConfig::new(source, ipv6)
+    };
+    Plan::ambient_host(&config).map_err(|e| e.to_string())
 }
 
 /// Whether the pod carries the agent's mark `ambient.istio.io/redirection: enabled`.
@@ -169,11 +182,11 @@ fn marked_enabled(pod: &Pod) -> bool {
 /// served either way, and its next enroll writes it again.
 pub fn annotate(client: &kube::Client, pod: &Pod, enabled: bool) {
     use pod_policy::ambient::annotations::{REDIRECTION, REDIRECTION_ENABLED};
-    let (Some(ns), Some(name)) = (pod.metadata.namespace.clone(), pod.metadata.name.clone()) else {
     if enabled {
         // Every enroll (the plugin's ADD, the agent's own) ends here: the pod was programmed.
         view::AGENT.stamp(pod.metadata.uid.as_deref().unwrap_or(""));
     }
+    let (Some(ns), Some(name)) = (pod.metadata.namespace.clone(), pod.metadata.name.clone()) else {
         return;
     };
     let current = pod
@@ -235,6 +248,7 @@ pub fn start(
         backend: redirect::BackendChoice::Fixed(node.backend),
         host: HostProbeRule::new(node.backend),
         dns_capture: settings.dns_capture,
+        probe_snat: settings.probe_snat,
         ipv6: settings.ipv6,
         pods: pods.clone(),
         namespaces: namespaces.clone(),
@@ -260,6 +274,7 @@ struct Runner {
     /// The host probe rule on the node's backend.
     host: HostProbeRule,
     dns_capture: bool,
+    probe_snat: ProbeSnat,
     ipv6: bool,
     pods: PodCache,
     namespaces: NamespaceCache,
@@ -326,7 +341,8 @@ impl Runner {
             backend,
             dns_capture: self.dns_capture,
             ipv6: self.ipv6,
-            host_plan: host_plan(&self.proc_root, self.ipv6, self.host)?,
+            probe_snat: self.probe_snat,
+            host_plan: host_plan(&self.proc_root, self.ipv6, self.probe_snat, self.host)?,
             host: self.host,
         };
         if let Some(dir) = self.ztunnel_socket.parent() {
@@ -445,8 +461,8 @@ impl Runner {
     }
 
     async fn follow(self, agent: Arc<Agent>, mut pods: Events<Pod>, mut nss: Events<Namespace>) {
-        let mut retry = tokio::time::interval(RETRY);
         view::AGENT.publish(agent.clone());
+        let mut retry = tokio::time::interval(RETRY);
         // Without reconcile the tick never comes (a year; `Duration::MAX` would overflow).
         let never = Duration::from_secs(365 * 24 * 3600);
         let mut check = tokio::time::interval(self.reconcile_interval.unwrap_or(never));
@@ -601,9 +617,9 @@ impl Runner {
                 Ok(drift) => {
                     self.checks.inc(&["drift"]);
                     self.checks.inc(&["repaired"]);
+                    view::AGENT.stamp(&pod.uid);
                     tracing::warn!(pod = %pod.label(), differences = ?drift, "ambient rules drifted; re-applied");
                 }
-                    view::AGENT.stamp(&pod.uid);
                 Err(e) => {
                     self.checks.inc(&["failed"]);
                     tracing::warn!(error = %e, "checking the ambient rules failed");
@@ -623,6 +639,8 @@ impl Runner {
             }
         }
         let figures = node_status::figures::global();
-        figures.reconcile_pass.observe(&["ambient"], started.elapsed());
+        figures
+            .reconcile_pass
+            .observe(&["ambient"], started.elapsed());
     }
 }

@@ -106,6 +106,31 @@ pub enum ProbeSource {
     AnyLocalSocket,
 }
 
+/// Where kubelet's probes appear to come from inside an ambient pod (Istio's
+/// `HOST_PROBE_SNAT_IP` / `HOST_PROBE_SNAT_IPV6`): the host rule SNATs them to it and the
+/// in-pod rules let it in, so both plans take the same value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbeSnat {
+    pub v4: Ipv4Addr,
+    pub v6: Ipv6Addr,
+}
+
+impl Default for ProbeSnat {
+    fn default() -> Self {
+        ProbeSnat {
+            v4: HOST_PROBE_SNAT_V4,
+            v6: HOST_PROBE_SNAT_V6,
+        }
+    }
+}
+
+impl ProbeSnat {
+    /// Unicast addresses only; the error names the variable and the value.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        snat_address_errors(self.v4, self.v6)
+    }
+}
+
 /// The host rule's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostProbeConfig {

@@ -32,6 +32,19 @@ pub struct AmbientArgs {
     #[arg(long, env = "ENABLE_AMBIENT_DETECTION_RETRY", default_value = "false", value_parser = parse_bool, action = ArgAction::Set)]
     pub enable_ambient_detection_retry: bool,
 
+    /// Where kubelet's probes appear to come from inside an ambient pod (IPv4): the host rule
+    /// SNATs them to it, the in-pod rules let it in.
+    #[arg(long, env = "HOST_PROBE_SNAT_IP", default_value = "169.254.7.127")]
+    pub host_probe_snat_ip: std::net::Ipv4Addr,
+
+    /// The same for IPv6.
+    #[arg(
+        long,
+        env = "HOST_PROBE_SNAT_IPV6",
+        default_value = "fd16:9254:7127:1337:ffff:ffff:ffff:ffff"
+    )]
+    pub host_probe_snat_ipv6: std::net::Ipv6Addr,
+
     /// The ZDS socket this agent serves; ztunnel connects to it.
     #[arg(
         long,
@@ -66,8 +79,20 @@ pub fn settings(a: &AmbientArgs) -> Result<ambient_agent::Settings, ConfigError>
             "expected an absolute path",
         ));
     }
+    let probe_snat = capture::ProbeSnat {
+        v4: a.host_probe_snat_ip,
+        v6: a.host_probe_snat_ipv6,
+    };
+    probe_snat.validate().map_err(|e| {
+        let var = match e.field.as_str() {
+            "HOST_PROBE_SNAT_IPV6" => "HOST_PROBE_SNAT_IPV6",
+            _ => "HOST_PROBE_SNAT_IP",
+        };
+        bad(var, e.value, e.reason)
+    })?;
     Ok(ambient_agent::Settings {
         enabled: a.ambient_enabled,
+        probe_snat,
         selectors,
         dns_capture: a.ambient_dns_capture,
         ipv6: a.ambient_ipv6,

@@ -604,6 +604,9 @@ mod tests {
                 vec!["--ztunnel-uds-address=ztunnel.sock"],
                 "ZTUNNEL_UDS_ADDRESS",
             ),
+            (vec!["--host-probe-snat-ip=0.0.0.0"], "HOST_PROBE_SNAT_IP"),
+            (vec!["--host-probe-snat-ip=fd00::1"], "HOST_PROBE_SNAT_IP"),
+            (vec!["--host-probe-snat-ipv6=ff02::1"], "HOST_PROBE_SNAT_IPV6"),
             (vec!["--log-level=chatty"], "LOG_LEVEL"),
             (vec!["--repair-enabled=yes"], "REPAIR_ENABLED"),
             (
