@@ -252,6 +252,80 @@ fn cleanup_after_primary_changed_removes_only_our_entry() {
     assert_eq!(v["plugins"][0]["mtu"], 9000);
 }
 
+/// A primary still at cniVersion 0.1.0/0.2.0 is chained as Istio chains it: a list keeps its
+/// version (the plugin speaks it), a single `.conf` becomes Istio's 0.3.1 list; both come back
+/// byte for byte on uninstall.
+#[test]
+fn pre_0_3_primaries_are_chained() {
+    let bridge = |version: &str| {
+        serde_json::json!({"cniVersion": version, "name": "dbnet", "type": "bridge",
+            "bridge": "cni0", "ipam": {"type": "host-local", "subnet": "10.88.0.0/16"}})
+    };
+    for (file, primary, written, list_version) in [
+        (
+            "10-bridge.conflist",
+            serde_json::json!({"cniVersion": "0.2.0", "name": "dbnet",
+                "plugins": [bridge("0.2.0"), {"type": "portmap"}]}),
+            "10-bridge.conflist",
+            "0.2.0",
+        ),
+        (
+            "10-bridge.conflist",
+            serde_json::json!({"cniVersion": "0.1.0", "name": "dbnet", "plugins": [bridge("0.1.0")]}),
+            "10-bridge.conflist",
+            "0.1.0",
+        ),
+        (
+            "10-bridge.conf",
+            bridge("0.2.0"),
+            "10-bridge.conflist",
+            "0.3.1",
+        ),
+        (
+            "10-bridge.conf",
+            bridge("0.1.0"),
+            "10-bridge.conflist",
+            "0.3.1",
+        ),
+    ] {
+        let env = Env::new();
+        fs::write(
+            env.net.join(file),
+            serde_json::to_vec_pretty(&primary).unwrap(),
+        )
+        .unwrap();
+        let before = snapshot(&env.net);
+        let d = env.start(&[]);
+        d.wait_ready(T);
+        let v = read_json(&env.net.join(written))
+            .unwrap_or_else(|| panic!("{file} {primary}: {written} missing\n{}", d.log()));
+        assert_eq!(v["cniVersion"], list_version, "{v}");
+        assert_eq!(
+            types(&v).last().map(String::as_str),
+            Some("istio-cni"),
+            "{v}"
+        );
+        assert_eq!(types(&v)[0], "bridge", "{v}");
+        // The list's version governs every plugin in it.
+        assert!(
+            v["plugins"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .skip(1)
+                .all(|p| p.get("cniVersion").is_none()),
+            "{v}"
+        );
+        let (st, log) = d.stop().unwrap();
+        assert!(st.success(), "{log}");
+        assert_eq!(
+            snapshot(&env.net),
+            before,
+            "{file} {primary}: not restored\n{log}"
+        );
+    }
+}
+
 #[test]
 fn repairs_removed_entry_deleted_binary_and_duplicate() {
     let env = Env::new();

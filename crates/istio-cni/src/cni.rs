@@ -6,9 +6,13 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-/// The spec versions this plugin speaks (VERSION output). 0.1.0/0.2.0 results have a different
-/// shape (`ip4`/`ip6`) that no runtime chaining an Istio plugin still uses.
-pub const SUPPORTED_VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+mod v02;
+
+/// The spec versions this plugin speaks (VERSION output), oldest first: all of libcni's
+/// (`version.All`, as Istio's plugin); 0.1.0/0.2.0 results have their own shape (`v02`).
+pub const SUPPORTED_VERSIONS: [&str; 7] = [
+    "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0",
+];
 /// Used in error replies when the request's version is unknown or unsupported.
 pub const LATEST_VERSION: &str = "1.1.0";
 
@@ -283,9 +287,11 @@ pub fn version_reply(request_version: Option<&str>) -> Value {
     })
 }
 
-/// The result shape generations: 0.3.0–0.4.0 (`ips[].version`), 1.0.0, 1.1.0 (more fields).
+/// The result shape generations: 0.1.0–0.2.0 (`ip4`/`ip6`), 0.3.0–0.4.0 (`ips[].version`),
+/// 1.0.0, 1.1.0 (more fields).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Shape {
+    V02,
     V03,
     V10,
     V11,
@@ -293,6 +299,7 @@ enum Shape {
 
 fn shape(version: &str) -> Option<Shape> {
     match version {
+        "0.1.0" | "0.2.0" => Some(Shape::V02),
         "0.3.0" | "0.3.1" | "0.4.0" => Some(Shape::V03),
         "1.0.0" => Some(Shape::V10),
         "1.1.0" => Some(Shape::V11),
@@ -313,10 +320,13 @@ const TOP: &[&str] = &["cniVersion", "interfaces", "ips", "routes", "dns"];
 /// The result an ADD prints: `prev` (the chain's result so far) converted to `target`, or an
 /// empty result of that version. Same shape: only `cniVersion` changes; otherwise the fields the
 /// target version does not define are dropped and `ips[].version` is added or removed, as
-/// libcni's converters do.
+/// libcni's converters do; a 0.1.0/0.2.0 result goes through the 0.4.0 shape both ways (`v02`).
 pub fn convert_result(prev: Option<&Value>, target: &str) -> Result<Value, CniError> {
     let to = shape(target).ok_or_else(|| incompatible(target))?;
     let Some(prev) = prev else {
+        if to == Shape::V02 {
+            return Err(v02::no_address(target));
+        }
         return Ok(json!({ "cniVersion": target, "dns": {} }));
     };
     validate_prev_result(prev)?;
@@ -331,7 +341,7 @@ pub fn convert_result(prev: Option<&Value>, target: &str) -> Result<Value, CniEr
         .get("cniVersion")
         .and_then(Value::as_str)
         .unwrap_or(target);
-    let from = shape(from_version).ok_or_else(|| {
+    let mut from = shape(from_version).ok_or_else(|| {
         CniError::new(
             ErrorCode::IncompatibleVersion,
             format!("prevResult has unsupported cniVersion {from_version:?}"),
@@ -339,30 +349,62 @@ pub fn convert_result(prev: Option<&Value>, target: &str) -> Result<Value, CniEr
         .with_details(format!("supported: {}", SUPPORTED_VERSIONS.join(", ")))
     })?;
     let mut out = obj.clone();
-    if from != to {
-        out.retain(|k, _| TOP.contains(&k.as_str()));
-        let (iface, ip, route) = match to {
-            Shape::V03 => (IFACE_V03, IP_V03, ROUTE_V03),
-            Shape::V10 => (IFACE_V10, IP_V10, ROUTE_V03),
-            Shape::V11 => (IFACE_V11, IP_V10, ROUTE_V11),
-        };
-        retain_each(&mut out, "interfaces", iface);
-        retain_each(&mut out, "routes", route);
-        if let Some(Value::Array(ips)) = out.get_mut("ips") {
-            for entry in ips.iter_mut().filter_map(Value::as_object_mut) {
-                if to == Shape::V03 && !entry.contains_key("version") {
-                    let v6 = entry
-                        .get("address")
-                        .and_then(Value::as_str)
-                        .is_some_and(|a| a.contains(':'));
-                    entry.insert("version".into(), if v6 { "6" } else { "4" }.into());
-                }
-                entry.retain(|k, _| ip.contains(&k.as_str()));
-            }
-        }
+    if from == Shape::V02 && to == Shape::V02 {
+        v02::require_address(&out, target)?;
+    } else if from == Shape::V02 {
+        out = v02::up(&out);
+        from = Shape::V03;
+    }
+    // Down to 0.2.0 goes through the 0.4.0 shape, as libcni's converters do.
+    let via = if to == Shape::V02 { Shape::V03 } else { to };
+    if from != via && from != Shape::V02 {
+        reshape(&mut out, via);
+    }
+    if to == Shape::V02 && from != Shape::V02 {
+        out = v02::down(&out, target)?;
     }
     out.insert("cniVersion".into(), target.into());
     Ok(Value::Object(out))
+}
+
+/// A 0.3.0+ result's fields for the 0.3.0+ shape `to`.
+fn reshape(out: &mut Map<String, Value>, to: Shape) {
+    out.retain(|k, _| TOP.contains(&k.as_str()));
+    let (iface, ip, route) = match to {
+        Shape::V02 | Shape::V03 => (IFACE_V03, IP_V03, ROUTE_V03),
+        Shape::V10 => (IFACE_V10, IP_V10, ROUTE_V03),
+        Shape::V11 => (IFACE_V11, IP_V10, ROUTE_V11),
+    };
+    retain_each(out, "interfaces", iface);
+    retain_each(out, "routes", route);
+    if let Some(Value::Array(ips)) = out.get_mut("ips") {
+        for entry in ips.iter_mut().filter_map(Value::as_object_mut) {
+            if to == Shape::V03 && !entry.contains_key("version") {
+                let v6 = entry
+                    .get("address")
+                    .and_then(Value::as_str)
+                    .is_some_and(|a| a.contains(':'));
+                entry.insert("version".into(), if v6 { "6" } else { "4" }.into());
+            }
+            entry.retain(|k, _| ip.contains(&k.as_str()));
+        }
+    }
+}
+
+/// The pod's addresses in a result of any version, without their prefixes: `ips[].address`,
+/// or a 0.1.0/0.2.0 result's `ip4.ip` and `ip6.ip` (what the ambient hand-off gives ztunnel).
+pub fn result_ips(result: &Value) -> Vec<std::net::IpAddr> {
+    let listed = result
+        .get("ips")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten();
+    let legacy = ["ip4", "ip6"].into_iter().filter_map(|k| result.get(k));
+    listed
+        .filter_map(|ip| ip.get("address"))
+        .chain(legacy.filter_map(|cfg| cfg.get("ip")))
+        .filter_map(|a| a.as_str()?.split('/').next()?.parse().ok())
+        .collect()
 }
 
 /// The fields of a result (any version) with the types libcni gives them; only for validation,
@@ -399,6 +441,17 @@ mod shape {
         ips: Option<Vec<Ip>>,
         routes: Option<Vec<Route>>,
         dns: Option<Dns>,
+        ip4: Option<IpConfig>,
+        ip6: Option<IpConfig>,
+    }
+
+    /// 0.1.0/0.2.0's `ip4`/`ip6`.
+    #[derive(Deserialize)]
+    #[allow(dead_code)]
+    struct IpConfig {
+        ip: Cidr,
+        gateway: Option<MaybeIp>,
+        routes: Option<Vec<Route>>,
     }
 
     #[derive(Deserialize)]
@@ -544,10 +597,12 @@ mod tests {
             convert_result(None, "0.3.1").unwrap(),
             json!({"cniVersion": "0.3.1", "dns": {}})
         );
-        assert_eq!(
-            convert_result(None, "0.2.0").unwrap_err().code,
-            ErrorCode::IncompatibleVersion
-        );
+        for v in ["0.2.0", "0.5.0", ""] {
+            assert_eq!(
+                convert_result(None, v).unwrap_err().code,
+                ErrorCode::IncompatibleVersion
+            );
+        }
         assert_eq!(
             convert_result(Some(&json!([1])), "1.0.0").unwrap_err().code,
             ErrorCode::Decode
@@ -696,11 +751,15 @@ mod tests {
         for (command, refused, allowed) in [
             (
                 Command::Check,
-                ["0.3.0", "0.3.1"].as_slice(),
+                ["0.1.0", "0.2.0", "0.3.0", "0.3.1"].as_slice(),
                 ["0.4.0", "1.0.0", "1.1.0"].as_slice(),
             ),
-            (Command::Status, &["0.3.1", "0.4.0", "1.0.0"], &["1.1.0"]),
-            (Command::Gc, &["0.3.0", "1.0.0"], &["1.1.0"]),
+            (
+                Command::Status,
+                &["0.2.0", "0.3.1", "0.4.0", "1.0.0"],
+                &["1.1.0"],
+            ),
+            (Command::Gc, &["0.1.0", "0.3.0", "1.0.0"], &["1.1.0"]),
         ] {
             for v in refused {
                 let e = allows(command, v).unwrap_err();
@@ -711,14 +770,21 @@ mod tests {
                 assert!(allows(command, v).is_ok(), "{command:?} {v}");
             }
         }
-        assert!(allows(Command::Add, "0.3.0").is_ok());
+        for v in SUPPORTED_VERSIONS {
+            assert!(allows(Command::Add, v).is_ok() && allows(Command::Del, v).is_ok());
+        }
     }
 
     #[test]
     fn version_reply_lists_every_supported_version() {
         let r = version_reply(Some("0.4.0"));
         assert_eq!(r["cniVersion"], "0.4.0");
-        assert_eq!(r["supportedVersions"].as_array().unwrap().len(), 5);
+        assert_eq!(
+            r["supportedVersions"],
+            json!([
+                "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"
+            ])
+        );
         assert_eq!(version_reply(None)["cniVersion"], LATEST_VERSION);
     }
 }

@@ -386,15 +386,9 @@ fn netns_text(env: &CniEnv) -> String {
         .unwrap_or_default()
 }
 
-/// The pod's addresses from the (converted) result: `ips[].address` without the prefix.
+/// The pod's addresses from the (converted) result, of any version (0.2.0's `ip4`/`ip6` too).
 fn result_ips(result: &Value) -> Vec<IpAddr> {
-    result
-        .get("ips")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|ip| ip.get("address")?.as_str()?.split('/').next()?.parse().ok())
-        .collect()
+    cni::result_ips(result)
 }
 
 /// Ambient mode: tell the agent the pod is going (best effort: DEL must not wedge a teardown;

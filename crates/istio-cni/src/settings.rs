@@ -299,7 +299,7 @@ mod tests {
         assert_eq!(code("[]"), ErrorCode::Decode);
         assert_eq!(code(r#"{"name":"x"}"#), ErrorCode::InvalidConfig);
         assert_eq!(
-            code(r#"{"cniVersion":"0.2.0"}"#),
+            code(r#"{"cniVersion":"0.5.0"}"#),
             ErrorCode::IncompatibleVersion
         );
         assert_eq!(

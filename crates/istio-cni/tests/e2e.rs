@@ -145,6 +145,64 @@ fn older_conflist_versions_get_their_result_shape() {
     assert_no_rules(&pod, "after DEL");
 }
 
+/// A primary conflist still at 0.1.0/0.2.0 (bridge and host-local speak both): the chain's
+/// 0.2.0 result (`ip4`, no `ips`) is read and passed on in the configuration's version, as
+/// Istio does through libcni's converters; CHECK is refused by the client, as for Istio.
+#[test]
+fn pre_0_3_conflists_are_chained_with_their_result_shape() {
+    for version in ["0.2.0", "0.1.0"] {
+        let node = Node::new(NodeOptions {
+            cni_version: version,
+            ..Default::default()
+        });
+        node.api.put("default", "web", fixture("sidecar"));
+        let pod = pod_ns();
+        let result = node.add(&pod, "default", "web").assert_ok().json();
+        assert_eq!(result["cniVersion"], version, "{result}");
+        assert!(result.get("ips").is_none(), "{version}: {result}");
+        let ip: IpAddr = result["ip4"]["ip"]
+            .as_str()
+            .unwrap()
+            .split('/')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(result["ip4"]["gateway"], GATEWAY, "{result}");
+        assert!(
+            rules(&pod).contains("istio-proxy-nat"),
+            "{version}: {}",
+            rules(&pod)
+        );
+        let _sidecar = Probe::sidecar(pod.path()).unwrap();
+        landed(
+            &connect(node.ns.path(), &ConnectSpec::new(ip, 8080)),
+            15006,
+            Some(SocketAddr::new(ip, 8080)),
+        );
+        assert!(
+            !node.check(&pod, "default", "web").ok,
+            "{version}: CHECK came in 0.4.0"
+        );
+        node.del(&pod, "default", "web").assert_ok();
+        assert_no_rules(&pod, &format!("{version}: after DEL"));
+        // No prevResult: a 0.1.0/0.2.0 result needs an address, so nothing can be printed
+        // (libcni: "cannot convert"); refused before any rule is programmed.
+        let netns = pod.path().to_str().unwrap();
+        let env = [
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "c0ffee"),
+            ("CNI_NETNS", netns),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_ARGS", "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web"),
+        ];
+        let r = node.plugin(&env, &node.plugin_stdin(None));
+        r.assert_err(1, &["ip4 or ip6"]);
+        assert_eq!(r.json()["cniVersion"], version);
+        assert_no_rules(&pod, &format!("{version}: no prevResult"));
+    }
+}
+
 #[test]
 fn native_sidecar_with_dns_capture() {
     let node = Node::new(NodeOptions::default());
@@ -310,8 +368,8 @@ fn bad_inputs_give_cni_errors_and_no_rules() {
     r.assert_err(6, &["not valid JSON"]);
     assert_eq!(r.json()["cniVersion"], "1.1.0");
     assert!(r.json()["msg"].is_string() && r.json()["details"].is_string());
-    node.plugin(&env, br#"{"cniVersion":"0.2.0","type":"istio-cni"}"#)
-        .assert_err(1, &["0.2.0"]);
+    node.plugin(&env, br#"{"cniVersion":"0.5.0","type":"istio-cni"}"#)
+        .assert_err(1, &["0.5.0"]);
     let stdin = node.plugin_stdin(None);
     node.plugin(&env[..3], &stdin)
         .assert_err(4, &["CNI_IFNAME"]);
@@ -366,7 +424,9 @@ fn version_status_gc_and_del_of_a_vanished_pod() {
     let v = node.plugin(&[("CNI_COMMAND", "VERSION")], br#"{"cniVersion":"1.1.0"}"#);
     assert_eq!(
         v.assert_ok().json()["supportedVersions"],
-        serde_json::json!(["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"])
+        serde_json::json!([
+            "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"
+        ])
     );
     node.plugin(&[("CNI_COMMAND", "STATUS")], &stdin)
         .assert_err(50, &["not ready", "istio-cni-kubeconfig"]);
