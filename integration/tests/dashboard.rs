@@ -605,3 +605,42 @@ fn the_query_reader_finds_series_matchers_and_clauses() {
         assert!(got.iter().any(|p| p.contains(problem)), "{bad}: {got:?}");
     }
 }
+
+/// An ambient pod's ADD through the chain, with a real ztunnel: the plugin's ADD is timed as
+/// `ambient`, and the agent's enroll up to ztunnel's Ack as a success.
+#[test]
+fn an_ambient_add_is_timed_up_to_ztunnels_ack() {
+    use integration::ambient::{AmbientNode, AmbientOptions, Mode, PodPlan};
+    require_cni_tools();
+    let Some(bin) = integration::ztunnel::ztunnel_binary() else {
+        return;
+    };
+    let plan = PodPlan::new("timed", [10, 88, 1, 10], Mode::Ambient);
+    let n = AmbientNode::start(
+        &bin,
+        &AmbientOptions::default(),
+        std::slice::from_ref(&plan),
+    )
+    .unwrap();
+    let _pod = n.start_pod(&plan);
+    let metrics = || n.node.daemon_get("/metrics").1;
+    let ambient = [("mode", "ambient"), ("result", "success")];
+    let count = "istio_cni_plugin_add_duration_seconds_count";
+    let arrived = || metric_sum(&metrics(), count, &ambient) == 1.0;
+    assert!(wait_until(Duration::from_secs(5), arrived), "{}", metrics());
+    let m = metrics();
+    let enroll = "istio_cni_ambient_enroll_duration_seconds";
+    let ok = [("result", "success")];
+    assert!(
+        metric_sum(&m, &format!("{enroll}_count"), &ok) >= 1.0,
+        "{m}"
+    );
+    let took = metric_sum(&m, &format!("{enroll}_sum"), &ok);
+    assert!(took > 0.0 && took < 5.0, "{took}");
+    assert_eq!(
+        metric_sum(&m, "istio_cni_enrollment_failures_total", &[]),
+        0.0,
+        "{m}"
+    );
+    conventions(&m);
+}
