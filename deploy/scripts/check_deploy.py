@@ -446,6 +446,18 @@ def main():
         check("deploy/manifests/istio-cni-ambient.yaml is the rendering with ambient.enabled=true (deploy/scripts/render.sh)",
               re.sub(r"\A(#[^\n]*\n)+", "", ambient_text) == rendered["ambient"][2],
               "out of date: run deploy/scripts/render.sh")
+    # Istio's pinned chart rendered with this project's image: what the CRI e2e
+    # (integration/tests/cri_istio_chart.rs) runs, checked in so the tests need no helm.
+    istio_chart_dir = os.path.join(repo, "deploy/testdata/istio/istio-cni-chart")
+    image_sets = ["--set", "global.hub=docker.io/istio-cni-rs", "--set", "global.tag=0.1.0", "--set", "global.variant="]
+    for v in ("default", "ambient", "openshift"):
+        rel = f"deploy/testdata/istio/rendered/{v}.yaml"
+        values_file = os.path.join(repo, f"deploy/testdata/istio/values/{v}.yaml")
+        rc, fresh, err = helm_template_file(a.helm, istio_chart_dir, values_file, image_sets)
+        text = read(rel) if os.path.exists(os.path.join(repo, rel)) else ""
+        check(f"{rel} is Istio's pinned chart rendered with values/{v}.yaml and our image (deploy/scripts/render.sh)",
+              rc == 0 and re.sub(r"\A(#[^\n]*\n)+", "", text) == fresh,
+              err.strip()[:300] or "out of date: run deploy/scripts/render.sh")
 
     # --- (1) Kubernetes schemas -------------------------------------------------------------
     sets = [("manifests/istio-cni.yaml", manifest_docs),

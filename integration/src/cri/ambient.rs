@@ -193,6 +193,10 @@ pub struct AmbientRuntime {
     pub netns_dir: PathBuf,
     /// Settings the agent's container gets over the chart's (e.g. `REDIRECT_BACKEND`).
     pub agent_env: Vec<(&'static str, &'static str)>,
+    /// The rendered chart the agent's pod comes from (`None`: [`AMBIENT_MANIFEST`]).
+    pub agent_yaml: Option<String>,
+    /// `netns_dir` as the chart's hostPath (`cniNetnsDir`) names it: its canonical path.
+    pub netns_host_path: PathBuf,
 }
 
 impl AmbientRuntime {
@@ -216,11 +220,63 @@ impl AmbientRuntime {
         workloads: &[PodPlan],
         agent_env: Vec<(&'static str, &'static str)>,
     ) -> io::Result<AmbientRuntime> {
+        let rn = RuntimeNode::with_node(pause_bin, Self::node_options(range))?;
+        Self::put_namespaces(&rn);
+        let netns_dir = rn.containerd.shared_netns_dir()?;
+        let zt = Self::ztunnel(&rn, ztunnel_bin, workloads)?;
+        let mut n = AmbientRuntime {
+            rn,
+            zt,
+            netns_host_path: netns_dir.clone(),
+            netns_dir,
+            agent_env,
+            agent_yaml: None,
+        };
+        n.start_agent()?;
+        Ok(n)
+    }
+
+    /// The node with the agent's pod from another rendering (`yaml`: Istio's chart), laid out
+    /// as that chart expects: containerd mounts sandbox namespaces in `/var/run/netns` (its
+    /// default; the chart mounts that directory at `/host/var/run/netns`), and the agent, in a
+    /// pod network, reaches the API server at the node's bridge address
+    /// ([`RuntimeNode::serve_api_on_gateway`]). Only the env the rig must give is added
+    /// (the plugin's and agent's log levels stay as rendered).
+    pub fn start_rendered(
+        pause_bin: &Path,
+        ztunnel_bin: &Path,
+        range: (Ipv4Addr, Ipv4Addr),
+        workloads: &[PodPlan],
+        yaml: String,
+    ) -> io::Result<AmbientRuntime> {
+        let mut rn = RuntimeNode::with_runtime(pause_bin, Self::node_options(range), false)?;
+        rn.serve_api_on_gateway()?;
+        // The machine's /var/run/netns (as sandboxes name it), shared; the hostPath its
+        // canonical path.
+        let shared = rn.containerd.shared_netns_dir()?;
+        Self::put_namespaces(&rn);
+        let zt = Self::ztunnel(&rn, ztunnel_bin, workloads)?;
+        let mut n = AmbientRuntime {
+            rn,
+            zt,
+            netns_dir: PathBuf::from(super::containerd::MACHINE_NETNS_DIR),
+            agent_env: Vec::new(),
+            agent_yaml: Some(yaml),
+            netns_host_path: shared,
+        };
+        n.start_agent()?;
+        Ok(n)
+    }
+
+    fn node_options(range: (Ipv4Addr, Ipv4Addr)) -> NodeOptions {
         let mut opts = NodeOptions::new(PathBuf::new());
         opts.full_api = true;
         opts.dual_stack = false;
         opts.range_v4 = Some(range);
-        let rn = RuntimeNode::with_node(pause_bin, opts)?;
+        opts
+    }
+
+    fn put_namespaces(rn: &RuntimeNode) {
         let kube = rn.node.kube.as_ref().expect("full API");
         for ns in ["default", "istio-system"] {
             kube.put_namespace_meta(ns, json!({}), json!({}));
@@ -230,19 +286,14 @@ impl AmbientRuntime {
             json!({DATAPLANE_MODE: "ambient"}),
             json!({}),
         );
-        let netns_dir = rn.containerd.shared_netns_dir()?;
+    }
+
+    /// ztunnel on the node's `/var/run/ztunnel/ztunnel.sock` (in the layout), knowing `workloads`.
+    fn ztunnel(rn: &RuntimeNode, bin: &Path, workloads: &[PodPlan]) -> io::Result<Ztunnel> {
         let zds_socket = rn.node.root.join("var/run/ztunnel/ztunnel.sock");
         std::fs::create_dir_all(zds_socket.parent().expect("has a parent"))?;
         let ws: Vec<LocalWorkload> = workloads.iter().map(PodPlan::workload).collect();
-        let zt = Ztunnel::start(ztunnel_bin, &zds_socket, &ws)?;
-        let mut n = AmbientRuntime {
-            rn,
-            zt,
-            netns_dir,
-            agent_env,
-        };
-        n.start_agent()?;
-        Ok(n)
+        Ztunnel::start(bin, &zds_socket, &ws)
     }
 
     /// The agent's pod from the ambient manifest, ready (ztunnel connected).
@@ -250,9 +301,15 @@ impl AmbientRuntime {
         // info: every ADD/DEL in the plugin's log, every enrollment in the agent's.
         let mut env = vec![("PLUGIN_LOG_LEVEL", "info"), ("LOG_LEVEL", "info")];
         env.extend(self.agent_env.iter().copied());
-        let host_paths = BTreeMap::from([("/var/run/netns".to_string(), self.netns_dir.clone())]);
-        self.rn
-            .start_install_cni_from(AMBIENT_MANIFEST, &env, host_paths)
+        let host_paths =
+            BTreeMap::from([("/var/run/netns".to_string(), self.netns_host_path.clone())]);
+        let started = match &self.agent_yaml {
+            None => self
+                .rn
+                .start_install_cni_from(AMBIENT_MANIFEST, &env, host_paths),
+            Some(yaml) => self.rn.start_install_cni_yaml(yaml, &[], host_paths),
+        };
+        started
             .map_err(|e| io::Error::other(format!("{e}\nztunnel log:\n{}", self.zt.log_tail(30))))
     }
 

@@ -25,6 +25,9 @@ pub const PAUSE_IMAGE: &str = "localhost/istio-cni-test/pause:1";
 /// Bound on containerd's start.
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// containerd's default place for sandbox namespaces (`netns_mounts_under_state_dir` false).
+pub const MACHINE_NETNS_DIR: &str = "/var/run/netns";
+
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// A running (or killed, see [`Containerd::kill`]) private containerd.
@@ -37,11 +40,21 @@ pub struct Containerd {
     child: Option<Child>,
     /// It came up once: Drop may start it again to tear down through the CRI.
     came_up: bool,
+    /// Sandbox namespaces under its state dir (else under the node's `/var/run/netns`, as
+    /// containerd's default: Istio's chart mounts that directory into its agent).
+    netns_under_state_dir: bool,
 }
 
 impl Containerd {
     /// Writes the config for `node` (CNI conf/bin dirs = the node's layout) and starts it.
     pub fn start(node: &Node) -> io::Result<Containerd> {
+        Self::start_with(node, true)
+    }
+
+    /// [`Containerd::start`]; `netns_under_state_dir` false: sandbox namespaces mounted at
+    /// `/var/run/netns/cni-<uuid>` (containerd's default: the machine's directory, shared by
+    /// every runtime on it; names are unique, and Drop removes any of ours left there).
+    pub fn start_with(node: &Node, netns_under_state_dir: bool) -> io::Result<Containerd> {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("istio-cni-ctrd-{}-{n}", std::process::id()));
         fs::create_dir_all(&dir)?;
@@ -51,6 +64,7 @@ impl Containerd {
             node_netns: node.ns.path().to_path_buf(),
             child: None,
             came_up: false,
+            netns_under_state_dir,
         };
         fs::write(c.dir.join("config.toml"), c.config(node))?;
         c.spawn()?;
@@ -81,8 +95,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   sandbox_image = "{PAUSE_IMAGE}"
   # runc cannot lower oom_score_adj below its own on this machine (unprivileged parent limits).
   restrict_oom_score_adj = true
-  # Sandbox netns bind mounts under our state dir, not /var/run/netns.
-  netns_mounts_under_state_dir = true
+  # Sandbox netns bind mounts under our state dir, or /var/run/netns.
+  netns_mounts_under_state_dir = {netns_under_state}
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   enable_selinux = false
@@ -101,6 +115,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 "#,
             bin = node.bin_dir.display(),
             conf = node.net_dir.display(),
+            netns_under_state = self.netns_under_state_dir,
         )
     }
 
@@ -210,14 +225,21 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         self.spawn()
     }
 
-    /// Where the CRI plugin mounts sandbox network namespaces (`netns_mounts_under_state_dir`),
-    /// created and made a shared mount (bound onto itself): a container mounting it with
-    /// HostToContainer propagation (the ambient agent's `cniNetnsDir`) then sees the
+    /// Where the CRI plugin mounts sandbox network namespaces (`netns_mounts_under_state_dir`:
+    /// its state dir, else [`MACHINE_NETNS_DIR`]), created and made a shared mount (bound onto
+    /// itself, as `ip netns add` does), unless a mount point already: a container mounting it
+    /// with HostToContainer propagation (the ambient agent's `cniNetnsDir`) then sees the
     /// namespaces mounted after it started, and the CRI accepts the propagation (it refuses
-    /// it for a source on a private mount). Drop unmounts it with everything below `dir`.
+    /// it for a source on a private mount, looked up without resolving links: a hostPath
+    /// should be this canonical path). Drop unmounts the state dir's with everything below
+    /// `dir`; the machine's stays shared, as `ip netns` leaves it.
     pub fn shared_netns_dir(&self) -> io::Result<PathBuf> {
-        let dir = self.dir.join("state/io.containerd.grpc.v1.cri/netns");
+        let dir = match self.netns_under_state_dir {
+            true => self.dir.join("state/io.containerd.grpc.v1.cri/netns"),
+            false => PathBuf::from(MACHINE_NETNS_DIR),
+        };
         fs::create_dir_all(&dir)?;
+        let dir = fs::canonicalize(&dir)?;
         if !mounts_under(&dir).contains(&dir) {
             let bind = [dir.as_os_str(), dir.as_os_str()];
             for (flag, paths) in [("--bind", &bind[..]), ("--make-shared", &bind[..1])] {
@@ -295,8 +317,19 @@ impl Drop for Containerd {
         if self.child.is_none() && self.came_up {
             let _ = self.spawn();
         }
+        let mut outside = Vec::new();
         if let Ok(cri) = super::Cri::connect(&self.socket) {
+            if !self.netns_under_state_dir {
+                for p in cri.list_pods().unwrap_or_default() {
+                    outside.extend(cri.pod_net(&p.id).ok().and_then(|n| n.netns));
+                }
+            }
             cri.remove_everything();
+        }
+        // Namespaces of ours in /var/run/netns that a failed teardown left.
+        for ns in outside.iter().filter(|p| p.starts_with(MACHINE_NETNS_DIR)) {
+            let _ = nix_umount(ns);
+            let _ = fs::remove_file(ns);
         }
         self.kill();
         self.force_delete_containers();

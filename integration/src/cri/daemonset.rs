@@ -24,6 +24,13 @@
 //!   the layout (the runtime's netns dir, `cniNetnsDir`: where this containerd mounts sandbox
 //!   namespaces).
 //! * `extra_env` (e.g. `REDIRECT_BACKEND`) wins over the chart's values.
+//! * A path the daemon reads by default, without the rendering naming it ([`DAEMON_PATH_DEFAULTS`]:
+//!   Istio's chart leaves `CNI_AGENT_RUN_DIR` and `ZTUNNEL_UDS_ADDRESS` at their defaults), is
+//!   set where its mount moved, as an env value naming it would follow.
+//! * `resourceFieldRef` (Istio's `GOMEMLIMIT` from `limits.memory`): the container's value, or
+//!   without one the node's allocatable (here: the machine's), as kubelet does; divisor 1.
+//! * AppArmor (Istio's `appArmorProfile`/annotation `unconfined`) and SELinux options are not
+//!   passed on: this machine enables neither, so the container runs unconfined either way.
 //!
 //! `mountPropagation` is passed on (HostToContainer: netns bind mounts the runtime makes
 //! after the container started appear in it; the host side must be a shared mount).
@@ -38,6 +45,12 @@ use std::path::{Path, PathBuf};
 
 /// Where kubelet mounts the ServiceAccount token.
 pub const SERVICE_ACCOUNT_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// Env vars the daemon reads with a default naming a path in its container (its `--help`, and
+/// Istio's): when the rendering leaves one unset and its mount moved, it is set to the new place.
+pub const DAEMON_PATH_DEFAULTS: [(&str, &str); 2] = [
+    ("CNI_AGENT_RUN_DIR", "/var/run/istio-cni"),
+    ("ZTUNNEL_UDS_ADDRESS", "/var/run/ztunnel/ztunnel.sock"),
+];
 /// Host paths that are the kernel's, never relocated.
 const KERNEL_PATHS: [&str; 2] = ["/proc", "/sys"];
 
@@ -65,6 +78,9 @@ pub struct InstallCniSpec {
     pub readiness: (String, u16),
     /// StopContainer timeout (terminationGracePeriodSeconds).
     pub grace_seconds: i64,
+    /// `hostNetwork`: the probe goes to the node's loopback; else to the pod's address (Istio's
+    /// chart runs the agent in a pod network unless ambient shares the host's).
+    pub host_network: bool,
     /// Env as given to the container (for assertions and failure messages).
     pub env: BTreeMap<String, String>,
 }
@@ -159,6 +175,7 @@ fn build(
         container,
         readiness,
         grace_seconds: pod.termination_grace_period_seconds.unwrap_or(30),
+        host_network,
         env,
     })
 }
@@ -273,6 +290,9 @@ fn env(
                     Some("metadata.namespace") => namespace.into(),
                     Some("metadata.name") => pod_name.into(),
                     Some("spec.nodeName") => node.node_name.clone(),
+                    None if from.resource_field_ref.is_some() => {
+                        resource_field(c, from.resource_field_ref.as_ref().expect("checked"))?
+                    }
                     other => {
                         return Err(io::Error::other(format!(
                             "env {}: unsupported valueFrom {other:?}",
@@ -290,11 +310,53 @@ fn env(
             *v = new;
         }
     }
+    for (name, default) in DAEMON_PATH_DEFAULTS {
+        if !env.contains_key(name)
+            && let Some(new) = follow_move(default, moved)
+        {
+            env.insert(name.into(), new);
+        }
+    }
     env.insert("KUBERNETES_SERVICE_HOST".into(), node.api_host.clone());
     env.insert("KUBERNETES_SERVICE_PORT".into(), node.api_port.to_string());
     env.insert("KUBERNETES_SERVICE_PROTOCOL".into(), "http".into());
     env.extend(node.extra_env.iter().cloned());
     Ok(env)
+}
+
+/// A `resourceFieldRef` as kubelet resolves it: the container's limit or request, else (a
+/// limit not set) the node's allocatable: memory from `/proc/meminfo`, CPUs online.
+fn resource_field(
+    c: &Container,
+    r: &k8s_openapi::api::core::v1::ResourceFieldSelector,
+) -> io::Result<String> {
+    let divisor = r.divisor.as_ref().map_or("1", |q| q.0.as_str());
+    let err = |why: &str| io::Error::other(format!("resourceFieldRef {}: {why}", r.resource));
+    if divisor != "1" {
+        return Err(err("only divisor 1 is supported"));
+    }
+    let res = c.resources.clone().unwrap_or_default();
+    let set = match r.resource.split_once('.') {
+        Some(("limits", k)) => res.limits.and_then(|m| m.get(k).cloned()),
+        Some(("requests", k)) => res.requests.and_then(|m| m.get(k).cloned()),
+        _ => return Err(err("not limits.* or requests.*")),
+    };
+    if let Some(q) = set {
+        return Ok(q.0);
+    }
+    match r.resource.as_str() {
+        "limits.memory" | "requests.memory" => {
+            let meminfo = std::fs::read_to_string("/proc/meminfo")?;
+            let kib: u64 = meminfo
+                .lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+                .ok_or_else(|| err("no MemTotal in /proc/meminfo"))?;
+            Ok((kib * 1024).to_string())
+        }
+        "limits.cpu" | "requests.cpu" => Ok(std::thread::available_parallelism()?.to_string()),
+        _ => Ok("0".into()),
+    }
 }
 
 /// `value` when it names a moved container path or a path below one, at its new place.
@@ -386,6 +448,58 @@ mod tests {
         // A sibling with the same prefix is another path.
         assert_eq!(follow_move("/var/run/ztunnel-x/s", &moved), None);
         assert_eq!(follow_move("true", &moved), None);
+    }
+
+    /// Istio's chart: the run dir and ztunnel's dir mounted at their host paths, the daemon's
+    /// defaults naming them (no env does), `GOMEMLIMIT` from `limits.memory` with no limit.
+    #[test]
+    fn the_daemons_path_defaults_follow_moved_mounts_and_resource_fields_resolve() {
+        let root = std::env::temp_dir().join(format!("ds-defaults-{}", std::process::id()));
+        let yaml = r#"
+kind: DaemonSet
+apiVersion: apps/v1
+metadata: {name: istio-cni-node, namespace: istio-system}
+spec:
+  selector: {matchLabels: {k8s-app: istio-cni-node}}
+  template:
+    metadata: {labels: {k8s-app: istio-cni-node}}
+    spec:
+      containers:
+        - name: install-cni
+          image: x/install-cni:1
+          readinessProbe: {httpGet: {path: /readyz, port: 8000}}
+          env:
+            - name: GOMEMLIMIT
+              valueFrom: {resourceFieldRef: {resource: limits.memory, divisor: "1"}}
+          volumeMounts:
+            - {mountPath: /var/run/istio-cni, name: run}
+            - {mountPath: /var/run/ztunnel, name: zt}
+      volumes:
+        - {name: run, hostPath: {path: /var/run/istio-cni}}
+        - {name: zt, hostPath: {path: /var/run/ztunnel, type: DirectoryOrCreate}}
+"#;
+        let node = NodeLayout {
+            root: root.clone(),
+            service_account_dir: root.join("sa"),
+            node_name: "n".into(),
+            api_host: "127.0.0.1".into(),
+            api_port: 1,
+            extra_env: Vec::new(),
+            host_paths: BTreeMap::new(),
+        };
+        let spec = from_manifest(yaml, &node).unwrap();
+        let r = root.display();
+        assert_eq!(
+            spec.env["CNI_AGENT_RUN_DIR"],
+            format!("{r}/var/run/istio-cni")
+        );
+        assert_eq!(
+            spec.env["ZTUNNEL_UDS_ADDRESS"],
+            format!("{r}/var/run/ztunnel/ztunnel.sock")
+        );
+        assert!(spec.env["GOMEMLIMIT"].parse::<u64>().unwrap() > 1 << 20);
+        assert!(!spec.host_network);
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

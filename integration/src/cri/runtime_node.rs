@@ -48,6 +48,9 @@ pub struct RuntimeNode {
     pub containerd: Containerd,
     pub node: Node,
     pub install: Option<InstallCni>,
+    /// Where the install-cni container reaches the API server (`KUBERNETES_SERVICE_HOST/PORT`):
+    /// the node's loopback for a host-network pod; see [`RuntimeNode::serve_api_on_gateway`].
+    pub api_endpoint: (String, u16),
 }
 
 impl RuntimeNode {
@@ -60,20 +63,52 @@ impl RuntimeNode {
 
     /// [`RuntimeNode::new`] on a node laid out with `opts` (e.g. the full API for ambient).
     pub fn with_node(pause_bin: &Path, opts: NodeOptions) -> io::Result<RuntimeNode> {
+        Self::with_runtime(pause_bin, opts, true)
+    }
+
+    /// [`RuntimeNode::with_node`] with containerd mounting sandbox namespaces under its state
+    /// dir or not ([`Containerd::start_with`]).
+    pub fn with_runtime(
+        pause_bin: &Path,
+        opts: NodeOptions,
+        netns_under_state_dir: bool,
+    ) -> io::Result<RuntimeNode> {
         crate::cni::require_cni_tools();
         let node = Node::new(opts)?;
-        let containerd = Containerd::start(&node)?;
+        let containerd = Containerd::start_with(&node, netns_under_state_dir)?;
         let pause = containerd.dir.join("pause.oci.tar");
         pause_archive(pause_bin, PAUSE_IMAGE, &pause)?;
         containerd.import(&pause)?;
         containerd.import(&install_cni_archive(&containerd.dir)?)?;
         let cri = Cri::connect(&containerd.socket)?;
+        let api_endpoint = ("127.0.0.1".to_string(), node.api_port());
         Ok(RuntimeNode {
             cri,
             containerd,
             node,
             install: None,
+            api_endpoint,
         })
+    }
+
+    /// The API server also at the node's bridge address ([`crate::node::GATEWAY_V4`], same
+    /// port), as kube-proxy makes the `kubernetes` Service reachable: a DNAT in the node's
+    /// namespace (from pods and from the node itself) to the server on its loopback. For an
+    /// install-cni pod in a pod network (Istio's chart); its kubeconfig for the plugin names
+    /// the same address, which the node reaches too.
+    pub fn serve_api_on_gateway(&mut self) -> io::Result<()> {
+        let port = self.node.api_port();
+        let gw = crate::node::GATEWAY_V4;
+        let to = format!("ip daddr {gw} tcp dport {port} dnat to 127.0.0.1:{port}");
+        self.node.ns.sh(&format!(
+            "sysctl -qw net.ipv4.conf.all.route_localnet=1 && nft -f - <<'EOF'\n\
+             table ip cri-api-service {{\n\
+               chain pre {{ type nat hook prerouting priority -100; {to}; }}\n\
+               chain out {{ type nat hook output priority -100; {to}; }}\n\
+             }}\nEOF"
+        ))?;
+        self.api_endpoint = (gw.to_string(), port);
+        Ok(())
     }
 
     /// Creates and starts the install-cni container from the rendered chart and waits until its
@@ -90,20 +125,30 @@ impl RuntimeNode {
         extra_env: &[(&str, &str)],
         host_paths: BTreeMap<String, PathBuf>,
     ) -> io::Result<()> {
+        let yaml = std::fs::read_to_string(repo_root().join(manifest))?;
+        self.start_install_cni_yaml(&yaml, extra_env, host_paths)
+    }
+
+    /// [`RuntimeNode::start_install_cni_from`] a rendered manifest's text (e.g. Istio's chart).
+    pub fn start_install_cni_yaml(
+        &mut self,
+        yaml: &str,
+        extra_env: &[(&str, &str)],
+        host_paths: BTreeMap<String, PathBuf>,
+    ) -> io::Result<()> {
         let layout = NodeLayout {
             root: self.node.root.clone(),
             service_account_dir: self.node.sa_dir.clone(),
             node_name: CRI_NODE_NAME.into(),
-            api_host: "127.0.0.1".into(),
-            api_port: self.node.api_port(),
+            api_host: self.api_endpoint.0.clone(),
+            api_port: self.api_endpoint.1,
             extra_env: extra_env
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             host_paths,
         };
-        let yaml = std::fs::read_to_string(repo_root().join(manifest))?;
-        let mut spec = from_manifest(&yaml, &layout)?;
+        let mut spec = from_manifest(yaml, &layout)?;
         // kubelet's pod log directory (`/var/log/pods/<ns>_<name>_<uid>`), here under
         // containerd's dir; each container attempt logs to `<name>/<attempt>.log` in it.
         let meta = spec.sandbox.metadata.clone().unwrap_or_default();
@@ -151,17 +196,30 @@ impl RuntimeNode {
             .start_container(&container_id)
             .map_err(|e| self.cri_err("StartContainer install-cni", e))?;
         let (path, port) = i.spec.readiness.clone();
+        // kubelet probes a pod-network pod at its address, a host-network one on the node.
+        let ip = match i.spec.host_network {
+            true => None,
+            false => self.cri.pod_net(&i.sandbox_id).ok().and_then(|n| n.ip),
+        };
         self.install.as_mut().expect("install-cni").container_id = container_id;
-        let ready = wait_until(WAIT, || {
-            self.node.ns.run(|| http_get(port, &path)).map(|r| r.0).ok() == Some(200)
-        });
+        let ready = wait_until(WAIT, || self.install_cni_probe(ip, port, &path) == 200);
         if !ready {
             return Err(io::Error::other(format!(
-                "install-cni not ready on :{port}{path} within {WAIT:?}; its log:\n{}",
+                "install-cni not ready on {ip:?}:{port}{path} within {WAIT:?}; its log:\n{}",
                 self.install_cni_log()
             )));
         }
         Ok(())
+    }
+
+    /// The HTTP status of GET `path` on `port` of the install-cni pod (at `ip`, else the
+    /// node's loopback) from the node's namespace; 0 when nothing answered.
+    pub fn install_cni_probe(&self, ip: Option<std::net::IpAddr>, port: u16, path: &str) -> u16 {
+        let get = || match ip {
+            None => http_get(port, path).0,
+            Some(ip) => http_get_at(ip, port, path),
+        };
+        self.node.ns.run(get).unwrap_or(0)
     }
 
     /// install-cni's container crashes (StopContainer with no grace: SIGKILL, no cleanup) and
@@ -301,6 +359,25 @@ impl RuntimeNode {
     pub fn node_ns(&self) -> &TestNetns {
         &self.node.ns
     }
+}
+
+/// The status code of `GET path` on `ip:port` (0: no answer within 5 s).
+fn http_get_at(ip: std::net::IpAddr, port: u16, path: &str) -> u16 {
+    use std::io::{Read, Write};
+    let timeout = std::time::Duration::from_secs(5);
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&(ip, port).into(), timeout) else {
+        return 0;
+    };
+    let _ = s.set_read_timeout(Some(timeout));
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {ip}\r\nConnection: close\r\n\r\n");
+    let mut resp = String::new();
+    if s.write_all(req.as_bytes()).is_err() || s.read_to_string(&mut resp).is_err() {
+        return 0;
+    }
+    resp.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
 }
 
 /// nft (stateless) and iptables-legacy `-A` rules in the network namespace at `netns`.
