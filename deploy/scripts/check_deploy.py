@@ -546,7 +546,7 @@ def main():
     check("ambient values: Istio's names and defaults (ambient.*, cniNetnsDir)",
           values.get("ambient") == ISTIO_AMBIENT_DEFAULTS and values.get("cniNetnsDir") == ISTIO_NETNS_DIR,
           f"{values.get('ambient')} {values.get('cniNetnsDir')}")
-    seeds = {"logLevel": "warn", "excludeNamespaces": ["istio-system", "kube-system"], "cniBinDir": "/opt/cni/bin",
+    seeds = {"logLevel": "info", "excludeNamespaces": ["kube-system"], "cniBinDir": "/opt/cni/bin",
              "cniConfDir": "/etc/cni/net.d", "cniConfFileName": "", "chained": True, "redirectBackend": "auto"}
     check("seed defaults kept", all(values.get(k) == v for k, v in seeds.items()),
           str({k: values.get(k) for k in seeds}))
@@ -962,10 +962,7 @@ def main():
         ienv.update({e["name"]: e["value"] for e in ctr_of(ids).get("env", []) if "value" in e})
         oenv = dict(cm_data(docs))
         oenv.update({e["name"]: e["value"] for e in ctr_of(ods).get("env", []) if "value" in e})
-        # Differ on purpose (docs/istio-compat.md): our excludeNamespaces default adds istio-system
-        # (only when the file leaves it at the default).
-        skip = set() if "excludeNamespaces" in json.dumps(yaml.safe_load(open(path))) else {"EXCLUDE_NAMESPACES"}
-        common = sorted((set(ienv) & set(oenv)) - skip)
+        common = sorted(set(ienv) & set(oenv))
         diff = {k: (oenv[k], ienv[k]) for k in common if str(oenv[k]) != str(ienv[k])}
         check(f"[{name}] vs Istio: env vars both render have the same values ({len(common)}: {', '.join(common)})",
               len(common) >= 8 and not diff, f"ours vs Istio: {diff}")
