@@ -77,6 +77,9 @@ impl Env {
             .env("MONITORING_PORT", "any")
             .env("LISTEN_ADDRESS", "127.0.0.1")
             .env("REDIRECT_BACKEND", "iptables-legacy")
+            // Istio's default (the daemon's is on): the tests chain into the primary's file and
+            // compare it with Istio's; tests/owned_config.rs sets it.
+            .env("ISTIO_OWNED_CNI_CONFIG", "false")
             .env("LOG_LEVEL", "info");
         c
     }
