@@ -136,7 +136,7 @@ fn switching_the_option_off_removes_the_copy() {
     on.wait_ready(T);
     assert!(env.net.join(OWNED).is_file());
     on.kill().unwrap();
-    let off = env.start(&[]);
+    let off = env.start(&[("ISTIO_OWNED_CNI_CONFIG", "false")]);
     off.wait_ready(T);
     assert!(!env.net.join(OWNED).exists(), "{}", off.log());
     assert_eq!(
@@ -186,4 +186,25 @@ fn bad_file_names_are_refused_naming_the_variable() {
             "{v} not in --list-env:\n{list}"
         );
     }
+}
+
+/// The daemon's default is on (the harness pins Istio's false for the other tests).
+#[test]
+fn on_by_default() {
+    let env = Env::new();
+    fs::write(env.net.join("10-calico.conflist"), calico()).unwrap();
+    let mut c = env.command();
+    c.env_remove("ISTIO_OWNED_CNI_CONFIG");
+    let d = spawn(c);
+    d.wait_ready(T);
+    assert_eq!(
+        types(&env.net.join(OWNED)).last().map(String::as_str),
+        Some("istio-cni"),
+        "{}",
+        d.log()
+    );
+    assert_eq!(
+        fs::read(env.net.join("10-calico.conflist")).unwrap(),
+        calico()
+    );
 }

@@ -262,6 +262,9 @@ impl Node {
             // The local API server answers pod GETs only (what the plugin uses); the repair
             // controller's pod watch is tested with its own crate.
             ("REPAIR_ENABLED", "false".into()),
+            // Istio's default (the daemon's is on): these tests chain into the primary's
+            // conflist and read it (`chain`, `plugin_alone`); the owned file's own tests set it.
+            ("ISTIO_OWNED_CNI_CONFIG", "false".into()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

@@ -51,7 +51,8 @@ pub struct InstallArgs {
     /// Keep the primary's config with istio-cni in a file of our own that sorts first
     /// (ISTIO_OWNED_CNI_CONFIG_FILENAME) instead of writing into the primary's file: a primary
     /// that rewrites its file (at boot, before this daemon is back) cannot take istio-cni out of
-    /// the chain. Chained mode only; removed on uninstall, kept across a rollout.
+    /// the chain, so no pod starts uncaptured. Chained mode only, both modes; removed on
+    /// uninstall, kept across a rollout. On by default (Istio: opt-in, ambient only).
     #[arg(long, env = "ISTIO_OWNED_CNI_CONFIG", default_value = OWNED_DEFAULT, value_parser = parse_bool, action = ArgAction::Set)]
     pub istio_owned_cni_config: bool,
 
@@ -61,8 +62,12 @@ pub struct InstallArgs {
     pub istio_owned_cni_config_filename: String,
 }
 
-/// `ISTIO_OWNED_CNI_CONFIG`'s default (Istio's: false).
-pub const OWNED_DEFAULT: &str = "false";
+/// `ISTIO_OWNED_CNI_CONFIG`'s default: on, in both modes (Istio's is false, and only ambient
+/// mode reads it). Measured on a rebooted node (integration/tests/reboot.rs): without it a
+/// sidecar pod started before the daemon is back runs with its app's outbound and inbound
+/// traffic bypassing the sidecar; with it the pod's ADD fails closed until the daemon is back
+/// and the runtime's retry is captured (excluded namespaces start meanwhile).
+pub const OWNED_DEFAULT: &str = "true";
 
 /// `ISTIO_OWNED_CNI_CONFIG_FILENAME`: a file name ending `.conflist` (the file is a list; Istio
 /// renames a `.conf` it wrote to `.conflist`, so a `.conf` name is taken as that `.conflist`).
