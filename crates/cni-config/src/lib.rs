@@ -133,14 +133,14 @@ impl PluginSettings {
         self.run_dir().join(lookup::POD_LOOKUP_SOCKET)
     }
 
-    /// The node agent's socket for plugin events.
-    pub fn plugin_event_socket(&self) -> std::path::PathBuf {
-        self.run_dir().join(ambient::PLUGIN_EVENT_SOCKET)
-    }
-
     /// The node daemon's enrollment report socket.
     pub fn status_socket(&self) -> std::path::PathBuf {
         self.run_dir().join(status::STATUS_SOCKET)
+    }
+
+    /// The node agent's socket for plugin events.
+    pub fn plugin_event_socket(&self) -> std::path::PathBuf {
+        self.run_dir().join(ambient::PLUGIN_EVENT_SOCKET)
     }
 
     /// The selectors in force: the configured ones, or Istio's defaults when none are.

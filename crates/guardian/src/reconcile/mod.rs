@@ -195,17 +195,19 @@ pub async fn run(settings: Arc<Settings>, metrics: Arc<Metrics>, client: Client,
             let checking = Instant::now();
             let (target, outcome) = check_blocking(&settings, due.target).await;
             let figures = node_status::figures::global();
-            figures.reconcile_pass.observe(&["sidecar"], checking.elapsed());
+            figures
+                .reconcile_pass
+                .observe(&["sidecar"], checking.elapsed());
             let made = !matches!(outcome, Outcome::Failed(_));
+            let netns = target.netns.as_ref().map(|f| f.path.clone());
+            let uid = due.pod.metadata.uid.clone();
+            let now = std::time::SystemTime::now();
+            metrics.ledger.record(&due.key, uid, &outcome, netns, now);
             let failures = tracker.record(&due.key, target, made, Instant::now());
             if made && settings.controller.is_some() && tracker.needs_mark(&due.key) {
                 marks.start(&client, &due.pod, &due.key);
             }
             report(
-            let netns = target.netns.as_ref().map(|f| f.path.clone());
-            let uid = due.pod.metadata.uid.clone();
-            let now = std::time::SystemTime::now();
-            metrics.ledger.record(&due.key, uid, &outcome, netns, now);
                 &settings,
                 &metrics.checks,
                 &client,
