@@ -8,15 +8,17 @@
 //!
 //! The DaemonSet's install-cni container runs exactly as rendered: Istio's `command`
 //! (`install-cni`), its args (`--log_output_level=...`), its ConfigMap and env (`GOMEMLIMIT`
-//! from `limits.memory`, `ALLOW_SWITCH_TO_HOST_NS`, `REPAIR_RUN_AS_DAEMON`, ... which our daemon
-//! does not read), its securityContext, its readiness probe (`/readyz` on 8000), and its host
+//! from `limits.memory`, `REPAIR_RUN_AS_DAEMON`, ... which our daemon does not read), its
+//! securityContext, its readiness probe (`/readyz` on 8000), and its host
 //! mounts under `/host` (`/host/opt/cni/bin`, `/host/etc/cni/net.d`, `/host/proc`,
 //! `/host/var/run/netns` for ambient) plus `/var/run/istio-cni` and `/var/run/ztunnel`, in a POD
 //! network (Istio's chart sets no `hostNetwork`). What the test node changes
 //! (`integration::cri::daemonset`): host paths live in the node's temporary layout (the run dir
 //! and ztunnel's socket dir too, so the daemon's defaults for them follow), the API server is
 //! reached at the node's bridge address as a Service would be
-//! (`RuntimeNode::serve_api_on_gateway`), and for ambient containerd mounts sandbox namespaces
+//! (`RuntimeNode::serve_api_on_gateway`), `ALLOW_SWITCH_TO_HOST_NS` is off (this rig's
+//! `/host/proc` is the machine's: its PID 1 is not in the test node; `NO_HOST_SWITCH`), and for
+//! ambient containerd mounts sandbox namespaces
 //! in `/var/run/netns`, its default, which the chart mounts at `/host/var/run/netns`: the agent
 //! finds each pod's namespace there.
 //!
@@ -140,8 +142,12 @@ fn istios_chart_default_values_run_our_image_which_chains_and_captures_sidecar_p
     let mut rn = RuntimeNode::with_runtime(&pause_binary(), opts, false).unwrap();
     rn.serve_api_on_gateway().unwrap();
     let primary = rn.node.primary_conflist();
-    rn.start_install_cni_yaml(&rendered("default"), &[], BTreeMap::new())
-        .unwrap();
+    rn.start_install_cni_yaml(
+        &rendered("default"),
+        &integration::cri::ambient::NO_HOST_SWITCH,
+        BTreeMap::new(),
+    )
+    .unwrap();
     assert_rendered_as_istio(&rn, "info");
 
     // Installed through /host/opt/cni/bin and /host/etc/cni/net.d; the kubeconfig in the run dir
@@ -203,7 +209,7 @@ fn assert_enrolled(n: &AmbientRuntime, s: &AmbientSandbox) {
 }
 
 /// Where the agent, in its pod network, put the host probe rule: the node's namespace or the
-/// agent pod's own (Istio switches to the host's, `ALLOW_SWITCH_TO_HOST_NS`; ours does not).
+/// agent pod's own (the rig turns Istio's `ALLOW_SWITCH_TO_HOST_NS` off: `NO_HOST_SWITCH`).
 fn host_rule_place(n: &AmbientRuntime) -> &'static str {
     let has = |ns: &Path| {
         integration::exec_at(ns, "nft", &["list", "tables"])

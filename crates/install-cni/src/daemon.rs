@@ -49,6 +49,13 @@ pub async fn main(cfg: Config) -> Result<(), DaemonError> {
         "install-cni starting"
     );
     let shutdown = shutdown_signal()?;
+    if let Some(host) = &cfg.host_netns {
+        // Istio's chart: this pod is not in the host's network; node-level work goes there.
+        match redirect::host_netns::switch_to(host) {
+            Ok(()) => tracing::info!(netns = %host.display(), "node-level work (host probe rule, backend probe) runs in the host's network namespace (ALLOW_SWITCH_TO_HOST_NS)"),
+            Err(e) => tracing::warn!(error = %e, "ALLOW_SWITCH_TO_HOST_NS"),
+        }
+    }
     let backend = redirect::node::decide_here(cfg.backend_choice, cfg.native_nftables).backend;
     let state = Arc::new(State::new());
     // Before the first pass: the plugin's STATUS follows every readiness change from here on.

@@ -4,7 +4,8 @@
 //! (`nft_backend::ambient_host`), or Istio's legacy rule, `nat ISTIO_POSTRT` with the ipsets
 //! `istio-inpod-probes-v4/v6` (`iptables_legacy::ambient_host`).
 //!
-//! Every call works in the calling thread's network namespace, the node's own.
+//! Every call works in the node's network namespace: the calling thread's own, or the one
+//! [`crate::host_netns`] switches to (Istio's chart runs the daemon in a pod network).
 
 use crate::{Backend, RedirectError};
 use capture::{Plan, ProbeSource};
@@ -49,26 +50,28 @@ impl HostProbeRule {
     /// backend (the node's backend changed since it was written) is removed first; failing to
     /// remove it is logged, not fatal: this backend's rule works either way.
     pub fn ensure(&self, plan: &Plan) -> Result<(), RedirectError> {
-        let other = match self.backend {
-            Backend::Nft => Backend::IptablesLegacy,
-            Backend::IptablesLegacy => Backend::Nft,
-        };
-        match HostProbeRule::new(other).remove_all() {
-            Ok(true) => tracing::info!(
-                removed = HostProbeRule::new(other).describe(),
-                "host probe rule of the other backend removed"
-            ),
-            Ok(false) => {}
-            Err(e) => tracing::warn!(
-                error = %e,
-                "removing the host probe rule of the other backend failed"
-            ),
-        }
-        match self.backend {
-            Backend::Nft => nft_backend::ambient_host::ensure(plan)?,
-            Backend::IptablesLegacy => iptables_legacy::ambient_host::ensure(plan)?,
-        }
-        Ok(())
+        crate::host_netns::run(|| {
+            let other = match self.backend {
+                Backend::Nft => Backend::IptablesLegacy,
+                Backend::IptablesLegacy => Backend::Nft,
+            };
+            match HostProbeRule::new(other).remove_all() {
+                Ok(true) => tracing::info!(
+                    removed = HostProbeRule::new(other).describe(),
+                    "host probe rule of the other backend removed"
+                ),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "removing the host probe rule of the other backend failed"
+                ),
+            }
+            match self.backend {
+                Backend::Nft => nft_backend::ambient_host::ensure(plan)?,
+                Backend::IptablesLegacy => iptables_legacy::ambient_host::ensure(plan)?,
+            }
+            Ok(())
+        })
     }
 
     /// Adds a pod's IPs to the sets, commented with its UID (IPv6 skipped without IPv6 sets).
@@ -78,13 +81,15 @@ impl HostProbeRule {
         ips: &[IpAddr],
         pod_uid: &str,
     ) -> Result<(), RedirectError> {
-        match self.backend {
-            Backend::Nft => nft_backend::ambient_host::add_pod_ips(plan, ips, pod_uid)?,
-            Backend::IptablesLegacy => {
-                iptables_legacy::ambient_host::add_pod_ips(plan, ips, pod_uid)?
+        crate::host_netns::run(|| {
+            match self.backend {
+                Backend::Nft => nft_backend::ambient_host::add_pod_ips(plan, ips, pod_uid)?,
+                Backend::IptablesLegacy => {
+                    iptables_legacy::ambient_host::add_pod_ips(plan, ips, pod_uid)?
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// [`HostProbeRule::add_pod_ips`] of many pods (`(pod UID, its IPs)`), e.g. to re-assert
@@ -94,22 +99,26 @@ impl HostProbeRule {
         plan: &Plan,
         pods: &[(&str, &[IpAddr])],
     ) -> Result<(), RedirectError> {
-        match self.backend {
-            Backend::Nft => {
-                for (uid, ips) in pods {
-                    nft_backend::ambient_host::add_pod_ips(plan, ips, uid)?;
+        crate::host_netns::run(|| {
+            match self.backend {
+                Backend::Nft => {
+                    for (uid, ips) in pods {
+                        nft_backend::ambient_host::add_pod_ips(plan, ips, uid)?;
+                    }
                 }
+                Backend::IptablesLegacy => iptables_legacy::ambient_host::add_pods_ips(plan, pods)?,
             }
-            Backend::IptablesLegacy => iptables_legacy::ambient_host::add_pods_ips(plan, pods)?,
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// The addresses in the sets now.
     pub fn pod_ips(&self, plan: &Plan) -> Result<Vec<IpAddr>, RedirectError> {
-        Ok(match self.backend {
-            Backend::Nft => nft_backend::ambient_host::pod_ips(plan)?,
-            Backend::IptablesLegacy => iptables_legacy::ambient_host::pod_ips(plan)?,
+        crate::host_netns::run(|| {
+            Ok(match self.backend {
+                Backend::Nft => nft_backend::ambient_host::pod_ips(plan)?,
+                Backend::IptablesLegacy => iptables_legacy::ambient_host::pod_ips(plan)?,
+            })
         })
     }
 
@@ -122,36 +131,48 @@ impl HostProbeRule {
         plan: &Plan,
         pods: &[(&str, &[IpAddr])],
     ) -> Result<Vec<IpAddr>, RedirectError> {
-        Ok(match self.backend {
-            Backend::Nft => nft_backend::ambient_host::sync_pods_ips(plan, pods)?,
-            Backend::IptablesLegacy => iptables_legacy::ambient_host::sync_pods_ips(plan, pods)?,
+        crate::host_netns::run(|| {
+            Ok(match self.backend {
+                Backend::Nft => nft_backend::ambient_host::sync_pods_ips(plan, pods)?,
+                Backend::IptablesLegacy => {
+                    iptables_legacy::ambient_host::sync_pods_ips(plan, pods)?
+                }
+            })
         })
     }
 
     /// Removes IPs from the sets; IPs that are not there are ignored.
     pub fn remove_pod_ips(&self, plan: &Plan, ips: &[IpAddr]) -> Result<(), RedirectError> {
-        match self.backend {
-            Backend::Nft => nft_backend::ambient_host::remove_pod_ips(plan, ips)?,
-            Backend::IptablesLegacy => iptables_legacy::ambient_host::remove_pod_ips(plan, ips)?,
-        }
-        Ok(())
+        crate::host_netns::run(|| {
+            match self.backend {
+                Backend::Nft => nft_backend::ambient_host::remove_pod_ips(plan, ips)?,
+                Backend::IptablesLegacy => {
+                    iptables_legacy::ambient_host::remove_pod_ips(plan, ips)?
+                }
+            }
+            Ok(())
+        })
     }
 
     /// Differences between the node's host rule and `plan` (empty: in sync): the rule, the
     /// jump to it and the sets; their elements are not compared (the agent re-adds its pods'
     /// addresses, which is idempotent).
     pub fn check(&self, plan: &Plan) -> Result<Vec<String>, RedirectError> {
-        Ok(match self.backend {
-            Backend::Nft => nft_backend::check(plan)?,
-            Backend::IptablesLegacy => iptables_legacy::ambient_host::check(plan)?,
+        crate::host_netns::run(|| {
+            Ok(match self.backend {
+                Backend::Nft => nft_backend::check(plan)?,
+                Backend::IptablesLegacy => iptables_legacy::ambient_host::check(plan)?,
+            })
         })
     }
 
     /// Removes the rule and its sets. Returns whether they existed.
     pub fn remove_all(&self) -> Result<bool, RedirectError> {
-        Ok(match self.backend {
-            Backend::Nft => nft_backend::ambient_host::remove_all()?,
-            Backend::IptablesLegacy => iptables_legacy::ambient_host::remove_all()?,
+        crate::host_netns::run(|| {
+            Ok(match self.backend {
+                Backend::Nft => nft_backend::ambient_host::remove_all()?,
+                Backend::IptablesLegacy => iptables_legacy::ambient_host::remove_all()?,
+            })
         })
     }
 }
@@ -159,6 +180,10 @@ impl HostProbeRule {
 /// Removes the host rule of both backends (uninstall: the node's backend may have changed
 /// between runs). Both are tried; the first error is returned. Returns whether any existed.
 pub fn remove_all_backends() -> Result<bool, RedirectError> {
+    crate::host_netns::run(remove_all_backends_here)
+}
+
+fn remove_all_backends_here() -> Result<bool, RedirectError> {
     let mut any = false;
     let mut first_err = None;
     for backend in [Backend::Nft, Backend::IptablesLegacy] {

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 pub use migrate::{MigrateOptions, Migration, migrate, migrate_with};
 
+pub mod host_netns;
 pub mod host_probe;
 mod migrate;
 pub mod node;

@@ -163,12 +163,18 @@ pub fn probe() -> NodeFacts {
     f
 }
 
-/// The node's decision, probing the calling thread's namespace (the host's, for the daemon)
-/// only when the configuration leaves it open; what was seen and decided is logged.
+/// The node's decision, probing the node's namespace (the calling thread's, or the one
+/// [`crate::host_netns`] switched to) only when the configuration leaves it open; what was
+/// seen and decided is logged.
 pub fn decide_here(choice: BackendChoice, native_nftables: bool) -> Decision {
     let needs_probe = choice == BackendChoice::Auto && !native_nftables;
     let facts = if needs_probe {
-        probe()
+        // The host's namespace, also when Istio's chart runs the daemon in a pod network.
+        crate::host_netns::run(|| Ok(probe())).unwrap_or_else(|e| NodeFacts {
+            nft_error: Some(e.to_string()),
+            legacy_save_error: Some(e.to_string()),
+            ..NodeFacts::default()
+        })
     } else {
         NodeFacts::default()
     };

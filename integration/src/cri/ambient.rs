@@ -41,6 +41,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+/// Istio's chart sets `ALLOW_SWITCH_TO_HOST_NS=true`: the daemon would do its node-level work
+/// in `/host/proc/1/ns/net`, and this rig's `/host/proc` is the machine's own /proc, whose PID 1
+/// is the machine's root namespace, not the test node's. The switch is off here (the host probe
+/// rule stays in the agent pod's namespace); `crates/redirect/tests/host_switch.rs` tests it.
+pub const NO_HOST_SWITCH: [(&str, &str); 1] = [("ALLOW_SWITCH_TO_HOST_NS", "false")];
+
 /// The app's port in every pod.
 pub const APP_PORT: u16 = 8080;
 /// Bound on every wait: the ambient node's (ztunnel's reconnect backoff grows to seconds).
@@ -307,7 +313,9 @@ impl AmbientRuntime {
             None => self
                 .rn
                 .start_install_cni_from(AMBIENT_MANIFEST, &env, host_paths),
-            Some(yaml) => self.rn.start_install_cni_yaml(yaml, &[], host_paths),
+            Some(yaml) => self
+                .rn
+                .start_install_cni_yaml(yaml, &NO_HOST_SWITCH, host_paths),
         };
         started
             .map_err(|e| io::Error::other(format!("{e}\nztunnel log:\n{}", self.zt.log_tail(30))))

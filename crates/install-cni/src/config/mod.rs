@@ -17,7 +17,7 @@ pub mod view;
 use clap::{ArgAction, Parser};
 use redirect::BackendChoice;
 use std::net::IpAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 const LOG_LEVELS: &[&str] = &["panic", "fatal", "error", "warn", "info", "debug", "trace"];
 
@@ -62,6 +62,12 @@ pub struct Args {
     /// and the agent (Istio's `IsZtunnelPod`).
     #[arg(long, env = "SYSTEM_NAMESPACE", default_value = "istio-system")]
     pub system_namespace: String,
+
+    /// Istio's: the daemon runs in a pod network (Istio's chart), so its node-level work (the
+    /// host probe rule, the node backend's probe) enters the host's namespace,
+    /// `<REPAIR_PROC_ROOT>/1/ns/net`. Our chart runs it in the host's network: not needed.
+    #[arg(long, env = "ALLOW_SWITCH_TO_HOST_NS", default_value = "false", value_parser = parse_bool, action = ArgAction::Set)]
+    pub allow_switch_to_host_ns: bool,
 
     /// Istio's switch for nftables; true means REDIRECT_BACKEND=nft.
     #[arg(long, env = "NATIVE_NFTABLES", default_value = "false", value_parser = parse_bool, action = ArgAction::Set)]
@@ -122,6 +128,9 @@ pub struct Config {
     pub monitoring_port: Option<u16>,
     pub health_port: u16,
     pub listen_address: IpAddr,
+    /// Where node-level work runs when the daemon is not in the host's network
+    /// (`ALLOW_SWITCH_TO_HOST_NS`): the host's namespace under the host's /proc.
+    pub host_netns: Option<PathBuf>,
     /// The namespaces the plugin leaves alone (`EXCLUDE_NAMESPACES`, `POD_NAMESPACE`).
     pub scope: pod_policy::Scope,
     pub native_nftables: bool,
@@ -165,6 +174,9 @@ impl Config {
             monitoring_port: a.monitoring_port.0,
             health_port: a.health_port,
             listen_address: a.listen_address,
+            host_netns: a
+                .allow_switch_to_host_ns
+                .then(|| view.proc_root.join("1/ns/net")),
             scope: pod_policy::Scope {
                 exclude_namespaces: split_list(&a.exclude_namespaces),
                 cni_namespace: a.pod_namespace.trim().to_string(),
@@ -606,7 +618,10 @@ mod tests {
             ),
             (vec!["--host-probe-snat-ip=0.0.0.0"], "HOST_PROBE_SNAT_IP"),
             (vec!["--host-probe-snat-ip=fd00::1"], "HOST_PROBE_SNAT_IP"),
-            (vec!["--host-probe-snat-ipv6=ff02::1"], "HOST_PROBE_SNAT_IPV6"),
+            (
+                vec!["--host-probe-snat-ipv6=ff02::1"],
+                "HOST_PROBE_SNAT_IPV6",
+            ),
             (vec!["--log-level=chatty"], "LOG_LEVEL"),
             (vec!["--repair-enabled=yes"], "REPAIR_ENABLED"),
             (
@@ -635,6 +650,13 @@ mod tests {
             let err = parse(&args).unwrap_err();
             assert!(err.contains(needle), "{args:?}: {err}");
         }
+    }
+
+    #[test]
+    fn allow_switch_to_host_ns_enters_the_host_procs_pid_1_namespace() {
+        assert_eq!(parse(&[]).unwrap().host_netns, None);
+        let c = parse(&["--allow-switch-to-host-ns=true"]).unwrap();
+        assert_eq!(c.host_netns, Some(PathBuf::from("/host/proc/1/ns/net")));
     }
 
     #[test]
