@@ -600,9 +600,8 @@ def main():
               and data.get("EXCLUDE_NAMESPACES") == ",".join(vals["excludeNamespaces"])
               and data.get("REDIRECT_BACKEND") == expected_backend(vals)
               and data.get("LOG_AS_JSON") == ("true" if vals["global"]["logAsJson"] else None)
-              and data.get("ISTIO_OWNED_CNI_CONFIG") == ("true" if vals["istioOwnedCNIConfig"] else None)
-              and data.get("ISTIO_OWNED_CNI_CONFIG_FILENAME") == ((vals["istioOwnedCNIConfigFileName"] or "02-istio-cni.conflist")
-                                                                   if vals["istioOwnedCNIConfig"] else None)
+              and data.get("ISTIO_OWNED_CNI_CONFIG") == str(vals["istioOwnedCNIConfig"]).lower()
+              and data.get("ISTIO_OWNED_CNI_CONFIG_FILENAME") == (vals["istioOwnedCNIConfigFileName"] or "02-istio-cni.conflist")
               and (not vals["repair"]["enabled"] or (data.get("REPAIR_BROKEN_POD_LABEL_KEY"), data.get("REPAIR_BROKEN_POD_LABEL_VALUE"))
                    == (vals["repair"]["brokenPodLabelKey"], vals["repair"]["brokenPodLabelValue"]))
               and data.get("CNI_CONF_NAME") == (vals["cniConfFileName"] or "")
@@ -777,8 +776,8 @@ def main():
                     for v in r["verbs"]:
                         # a rule limited by resourceNames is a different (narrower) permission
                         perms.add((g, res, v) + ((",".join(sorted(r["resourceNames"])),) if r.get("resourceNames") else ()))
-        # the plugin's pod GET; on SIGTERM the daemon's own DaemonSet (rollout vs uninstall), both modes
-        want = {("", "pods", "get"), ("apps", "daemonsets", "get", ds["metadata"]["name"])}
+        # the plugin's pod GET; on SIGTERM the daemon's own DaemonSet and node (rollout vs uninstall), both modes
+        want = {("", "pods", "get"), ("apps", "daemonsets", "get", ds["metadata"]["name"]), ("", "nodes", "get")}
         if vals["repair"]["enabled"] or reconcile or ambient:
             want |= {("", "pods", "list"), ("", "pods", "watch")}
         if repair_mode == "delete":
@@ -788,7 +787,7 @@ def main():
         if reconcile:  # RedirectRulesRepaired events
             want |= {("", "events", "create"), ("", "events", "patch")}
         if vals["taint"]["enabled"]:
-            want |= {("", "nodes", "get"), ("", "nodes", "patch")}
+            want |= {("", "nodes", "patch")}
         if (vals["platform"] or vals["global"]["platform"]) == "openshift":  # as Istio: use the privileged SCC
             want |= {("security.openshift.io", "securitycontextconstraints", "use", "privileged")}
         if vals["controllerMode"]["enabled"]:  # initialized annotation, namespace opt-in
@@ -962,7 +961,9 @@ def main():
         ienv.update({e["name"]: e["value"] for e in ctr_of(ids).get("env", []) if "value" in e})
         oenv = dict(cm_data(docs))
         oenv.update({e["name"]: e["value"] for e in ctr_of(ods).get("env", []) if "value" in e})
-        common = sorted(set(ienv) & set(oenv))
+        # Differs on purpose (docs/istio-compat.md): our own conflist is on by default (Istio: opt-in).
+        skip = set() if "istioOwnedCNIConfig" in json.dumps(yaml.safe_load(open(path))) else {"ISTIO_OWNED_CNI_CONFIG"}
+        common = sorted((set(ienv) & set(oenv)) - skip)
         diff = {k: (oenv[k], ienv[k]) for k in common if str(oenv[k]) != str(ienv[k])}
         check(f"[{name}] vs Istio: env vars both render have the same values ({len(common)}: {', '.join(common)})",
               len(common) >= 8 and not diff, f"ours vs Istio: {diff}")
