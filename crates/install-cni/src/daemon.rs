@@ -52,7 +52,9 @@ pub async fn main(cfg: Config) -> Result<(), DaemonError> {
     if let Some(host) = &cfg.host_netns {
         // Istio's chart: this pod is not in the host's network; node-level work goes there.
         match redirect::host_netns::switch_to(host) {
-            Ok(()) => tracing::info!(netns = %host.display(), "node-level work (host probe rule, backend probe) runs in the host's network namespace (ALLOW_SWITCH_TO_HOST_NS)"),
+            Ok(()) => {
+                tracing::info!(netns = %host.display(), "node-level work (host probe rule, backend probe) runs in the host's network namespace (ALLOW_SWITCH_TO_HOST_NS)")
+            }
             Err(e) => tracing::warn!(error = %e, "ALLOW_SWITCH_TO_HOST_NS"),
         }
     }
