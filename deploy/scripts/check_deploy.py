@@ -375,6 +375,161 @@ def parse_dockerfile(text):
     return stages, list(copies), entry, cargo_bins
 
 
+# --- docs/istio-compat.md beyond the chart values (sections B-G) ----------------------------
+# The upstream names are pinned from Istio's source (deploy/testdata/istio/*.txt, at the chart's
+# commit): every one needs a row with a status; a `same` row must still match our binary or code;
+# a `still open` row must be in the "Still open" list.
+COMPAT_ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|([^|]*)\|\s*(same|differs on purpose: [^|]+|not applicable: [^|]+"
+                        r"|still open)\s*\|")
+
+
+def pinned_rows(path):
+    """Tab-separated rows of a deploy/testdata/istio/*.txt file (comments and blanks skipped)."""
+    return [line.rstrip("\n").split("\t") for line in open(path)
+            if line.strip() and not line.startswith("#")]
+
+
+def go_default(v):
+    """A default as Go's code or clap's --help writes it, comparable: "" for empty, octal ints
+    (0600, 0o600) as decimal."""
+    v = v.strip()
+    if v == '""':
+        return ""
+    m = re.fullmatch(r"0o?([0-7]+)", v)
+    return str(int(m.group(1), 8)) if m else v
+
+
+def compat_sections(text):
+    """({section letter: {key: (second column, status)}}, duplicate keys, "Still open" text,
+    {section letter: section text})."""
+    rows, dups, texts, cur, open_text = {}, [], {}, None, ""
+    for line in text.splitlines():
+        if line.startswith("## "):
+            m = re.match(r"^## ([B-G])\. ", line)
+            cur = m.group(1) if m else ("open" if line.strip() == "## Still open" else None)
+            if cur and cur != "open":
+                rows[cur], texts[cur] = {}, ""
+            continue
+        if cur == "open":
+            open_text += line + "\n"
+        elif cur:
+            texts[cur] += line + "\n"
+            m = COMPAT_ROW.match(line)
+            if m:
+                if m.group(1) in rows[cur]:
+                    dups.append(f"{cur}:{m.group(1)}")
+                rows[cur][m.group(1)] = (m.group(2).strip(), m.group(3))
+    return rows, dups, open_text, texts
+
+
+def istio_compat_beyond_chart(repo, compat, daemon_env, help_text, daemon_defaults):
+    tdir = os.path.join(repo, "deploy/testdata/istio")
+    rows, dups, open_text, texts = compat_sections(compat)
+    if not check("docs/istio-compat.md has sections B, C, D, E, F, G and a Still open list",
+                 set(rows) == set("BCDEFG") and open_text.strip(), f"sections {sorted(rows)}"):
+        return
+    check("docs/istio-compat.md B-G: no key has two rows in one section", not dups, str(dups))
+    for sec in "BCDEFG":
+        counts = {}
+        for _, status in rows[sec].values():
+            s = status.split(":")[0]
+            counts[s] = counts.get(s, 0) + 1
+        print(f"INFO  docs/istio-compat.md section {sec}: {len(rows[sec])} rows "
+              + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    # B: the daemon's environment and flags.
+    env_rows = pinned_rows(os.path.join(tdir, "daemon-env.txt"))
+    flag_rows = pinned_rows(os.path.join(tdir, "daemon-flags.txt"))
+    istio_env = {r[0]: r[1] for r in env_rows}
+    b = rows["B"]
+    missing = [n for n in istio_env if n not in b]
+    check(f"istio-compat B: every variable Istio's daemon reads or its chart sets ({len(istio_env)}, "
+          f"daemon-env.txt) has a row with a status", not missing, f"missing: {missing}")
+    missing = [r[0] for r in flag_rows if r[0] not in b]
+    check(f"istio-compat B: every Istio flag/subcommand without a variable ({len(flag_rows)}, daemon-flags.txt) "
+          f"has a row", not missing, f"missing: {missing}")
+    both = sorted(daemon_env & set(istio_env))
+    check(f"istio-compat B: every variable install-cni --list-env prints that Istio also has ({len(both)}) is marked",
+          all(n in b for n in both), str([n for n in both if n not in b]))
+    stray = [k for k in b if k not in istio_env and k not in {r[0] for r in flag_rows}]
+    check("istio-compat B: every row names a pinned upstream setting", not stray, str(stray))
+    bad = []
+    for name, (_, status) in b.items():
+        if status != "same":
+            continue
+        if name in istio_env:
+            ours = daemon_defaults.get(name)
+            if name not in daemon_env or ours is None or go_default(ours) != go_default(istio_env[name]):
+                bad.append(f"{name}: Istio {istio_env[name]!r}, ours "
+                           f"{'not listed' if name not in daemon_env else repr(ours)}")
+        elif name.startswith("--") and not re.search(r"^\s*" + re.escape(name) + r"\b", help_text, re.M):
+            bad.append(f"{name}: not in install-cni --help")
+    check("istio-compat B: each `same` variable is one install-cni lists, with Istio's default "
+          "(each `same` flag is in --help)", not bad, "; ".join(bad))
+    for name, (_, status) in sorted(b.items()):
+        if status == "still open" and name in daemon_env:
+            warn(f"istio-compat B: {name} is `still open` but install-cni --list-env now prints it: re-measure its row")
+    ours_only = sorted(n for n in daemon_env - set(istio_env) if f"`{n}`" not in texts["B"])
+    for n in ours_only:
+        warn(f"istio-compat B: install-cni reads {n}, in neither Istio's list nor B's 'Ours only' line")
+    # C: the plugin's conflist entry, CNI_ARGS, run dir files.
+    conf_rows = pinned_rows(os.path.join(tdir, "plugin-conf.txt"))
+    c = rows["C"]
+    missing = [r[0] for r in conf_rows if r[0] not in c]
+    check(f"istio-compat C: every input of Istio's plugin ({len(conf_rows)}, plugin-conf.txt) has a row",
+          not missing, f"missing: {missing}")
+    cni_config = "".join(open(os.path.join(repo, "crates/cni-config/src", f)).read()
+                         for f in sorted(os.listdir(os.path.join(repo, "crates/cni-config/src"))) if f.endswith(".rs"))
+    settings_fields = set(re.findall(r"^\s*pub (\w+):", cni_config.split("pub struct PluginSettings", 1)[1]
+                                     .split("\n}", 1)[0], re.M))
+    plugin_src = open(os.path.join(repo, "crates/istio-cni/src/settings.rs")).read()
+    bad = []
+    for key, kind, _ in conf_rows:
+        if c.get(key, ("", ""))[1] != "same":
+            continue
+        if kind == "field" and key not in settings_fields:
+            bad.append(f"{key}: not a PluginSettings field")
+        elif kind == "cni_args" and f'"{key}"' not in plugin_src:
+            bad.append(f"{key}: not read in crates/istio-cni/src/settings.rs")
+        elif kind == "run_dir" and f'"{key}"' not in cni_config:
+            bad.append(f"{key}: no such file name in crates/cni-config")
+    check("istio-compat C: each `same` conflist field is a PluginSettings field, each CNI_ARGS key the plugin "
+          "reads, each file one crates/cni-config names", not bad, "; ".join(bad))
+
+    def sources(*dirs):
+        out = []
+        for d in dirs:
+            for root, _, files in os.walk(os.path.join(repo, d)):
+                out += [open(os.path.join(root, f)).read() for f in sorted(files) if f.endswith(".rs")]
+        return "\n".join(out)
+    # D: annotation, label, container and env names read from pods.
+    policy_src = sources("crates/pod-policy/src", "crates/ambient-agent/src", "crates/guardian/src",
+                         "crates/install-cni/src")
+    bad = [k for k, (_, s) in rows["D"].items()
+           if s == "same" and ("/" in k or re.fullmatch(r"[A-Z][A-Z0-9_]+|istio-[a-z-]+", k))
+           and f'"{k}"' not in policy_src]
+    check("istio-compat D: each `same` annotation, label, container or env name is one our code reads",
+          not bad, str(bad))
+    # E: metric families.
+    metric_rows = pinned_rows(os.path.join(tdir, "metrics.txt"))
+    e = rows["E"]
+    missing = [r[0] for r in metric_rows if r[0] not in e]
+    check(f"istio-compat E: every metric family Istio's daemon exports ({len(metric_rows)}, metrics.txt) has a row",
+          not missing, f"missing: {missing}")
+    all_src = sources(*(os.path.join("crates", d, "src") for d in sorted(os.listdir(os.path.join(repo, "crates")))))
+    bad = [k for k, (_, s) in e.items() if s == "same" and f'"{k}"' not in all_src]
+    check("istio-compat E: each `same` family is rendered by our code (a string literal in crates/*/src)",
+          not bad, str(bad))
+    stray = [k for k in e if k not in {r[0] for r in metric_rows}]
+    check("istio-compat E: every row names a pinned upstream family", not stray, str(stray))
+    # Still open: listed, and only those.
+    opened = [f"{sec}:{k}" for sec in "BCDEFG" for k, (_, s) in rows[sec].items() if s == "still open"]
+    unlisted = [x for x in opened if f"`{x.split(':', 1)[1]}`" not in open_text]
+    check(f"istio-compat: every `still open` row ({len(opened)}) is in the Still open list", not unlisted, str(unlisted))
+    listed = re.findall(r"^- `([^`]+)`", open_text, re.M)
+    stale = [k for k in listed if not any(x.split(":", 1)[1] == k for x in opened)]
+    check("istio-compat: the Still open list names only `still open` rows", not stale, str(stale))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repo", required=True)
@@ -1065,6 +1220,8 @@ def main():
         rc, _, err = helm_template(a.helm, chart, functools.reduce(lambda acc, part: {part: acc}, reversed(k.split(".")),
                                                                     get_path(ivals, k)))
         check(f"our chart accepts Istio's default for {k}", rc == 0, err.strip()[:200])
+    # docs/istio-compat.md sections B-G (daemon, plugin, pods, metrics, profiles, objects).
+    istio_compat_beyond_chart(repo, compat, daemon_env, open(a.help_text).read(), daemon_defaults)
 
     # --- (5) Dockerfiles vs workspace binaries ----------------------------------------------
     # deploy/Dockerfile packs the release binaries build-image.sh copies into its context's bin/;
