@@ -6,6 +6,7 @@
 //! rules live in different namespaces (each under its own lock), a probe-set update is one
 //! small atomic write, and ZDS keeps what ztunnel needs in order (one message at a time).
 
+use crate::branch_eni::BranchEniProbe;
 use capture::{AmbientConfig, AmbientPod, Plan, ProbeSnat};
 use redirect::BackendChoice;
 use redirect::host_probe::HostProbeRule;
@@ -52,6 +53,8 @@ pub struct AgentSettings {
     pub host_plan: Plan,
     /// The host rule's backend: the node's, the same as the pods' rules (as Istio pairs them).
     pub host: HostProbeRule,
+    /// `AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE`: branch ENI pods' probe rules ([`BranchEniProbe`]).
+    pub aws_branch_eni_probe: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -145,6 +148,8 @@ pub struct Agent {
     inner: Mutex<Inner>,
     /// One lock per pod UID: one operation on a pod at a time.
     pod_locks: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// With the probe addresses: branch ENI pods' rules (added and removed with them).
+    branch_eni: Arc<BranchEniProbe>,
 }
 
 /// How an enrolled pod's namespace is reached for rule work: through our fd.
@@ -167,6 +172,7 @@ impl Agent {
     pub fn new(zds: ZdsServer, settings: AgentSettings) -> Agent {
         Agent {
             zds,
+            branch_eni: Arc::new(BranchEniProbe::new(settings.aws_branch_eni_probe)),
             settings,
             inner: Mutex::new(Inner::default()),
             pod_locks: std::sync::Mutex::new(HashMap::new()),
@@ -197,6 +203,11 @@ impl Agent {
     /// The node's settings for every ambient pod (the host probe rule and its plan).
     pub fn settings(&self) -> &AgentSettings {
         &self.settings
+    }
+
+    /// The branch ENI pods' probe rules this agent added (blocking calls).
+    pub fn branch_eni(&self) -> &Arc<BranchEniProbe> {
+        &self.branch_eni
     }
 
     /// The in-pod plan for a pod.
@@ -539,11 +550,17 @@ impl Agent {
         false
     }
 
-    /// The pod's IPs into the host probe sets, commented with its UID.
+    /// The pod's IPs into the host probe sets, commented with its UID; then, as Istio, the
+    /// branch ENI probe rules of those routed through one (never failing the enroll).
     async fn add_probe_ips(&self, pod: &AmbientPodRef) -> Result<(), AgentError> {
-        let (ips, uid) = (pod.ips.clone(), pod.uid.clone());
-        self.on_host(pod, move |host, plan| host.add_pod_ips(&plan, &ips, &uid))
-            .await
+        let (ips, uid, label) = (pod.ips.clone(), pod.uid.clone(), pod.label());
+        let branch_eni = self.branch_eni.clone();
+        self.on_host(pod, move |host, plan| {
+            host.add_pod_ips(&plan, &ips, &uid)?;
+            branch_eni.add(&label, &ips);
+            Ok(())
+        })
+        .await
     }
 
     /// Host-rule work, off the async thread; its errors name the pod.
@@ -589,9 +606,14 @@ impl Agent {
             return Ok(());
         }
         let (plan, host) = (self.settings.host_plan.clone(), self.settings.host);
-        blocking(move || host.remove_pod_ips(&plan, &ips))
-            .await?
-            .map_err(|e| e.to_string())
+        let branch_eni = self.branch_eni.clone();
+        // The branch ENI rules go with the addresses, also when the sets' update failed.
+        let remove = move || {
+            let removed = host.remove_pod_ips(&plan, &ips);
+            branch_eni.remove(&ips);
+            removed
+        };
+        blocking(remove).await?.map_err(|e| e.to_string())
     }
 
     /// Keeps the host probe rule true while it should be there (someone may flush the node's

@@ -12,6 +12,7 @@
 //! (`Agent::discovered`).
 
 pub mod agent;
+pub mod branch_eni;
 mod figures;
 pub mod plugin_server;
 pub mod view;
@@ -47,6 +48,8 @@ pub struct Settings {
     pub reconcile_on_startup: bool,
     pub detection_retry: bool,
     pub ztunnel_socket: PathBuf,
+    /// `AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE` (Istio's default: on).
+    pub aws_branch_eni_probe: bool,
 }
 
 impl Settings {
@@ -60,6 +63,7 @@ impl Settings {
             reconcile_on_startup: true,
             detection_retry: false,
             ztunnel_socket: PathBuf::from("/var/run/ztunnel/ztunnel.sock"),
+            aws_branch_eni_probe: true,
         }
     }
 
@@ -166,6 +170,17 @@ fn host_plan(
     Plan::ambient_host(&config).map_err(|e| e.to_string())
 }
 
+/// Removes every branch ENI probe rule the running agent added (Istio's shutdown clean-up,
+/// with the host probe rule's; a rollout keeps both). Nothing when no agent runs.
+pub async fn flush_branch_eni() {
+    if let Some(agent) = view::AGENT.agent() {
+        let probe = agent.branch_eni().clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || probe.flush()).await {
+            tracing::warn!(error = %e, "removing the branch ENI probe rules failed");
+        }
+    }
+}
+
 /// Whether the pod carries the agent's mark `ambient.istio.io/redirection: enabled`.
 fn marked_enabled(pod: &Pod) -> bool {
     use pod_policy::ambient::annotations::{REDIRECTION, REDIRECTION_ENABLED};
@@ -250,6 +265,7 @@ pub fn start(
         dns_capture: settings.dns_capture,
         probe_snat: settings.probe_snat,
         ipv6: settings.ipv6,
+        aws_branch_eni_probe: settings.aws_branch_eni_probe,
         pods: pods.clone(),
         namespaces: namespaces.clone(),
         state,
@@ -276,6 +292,7 @@ struct Runner {
     dns_capture: bool,
     probe_snat: ProbeSnat,
     ipv6: bool,
+    aws_branch_eni_probe: bool,
     pods: PodCache,
     namespaces: NamespaceCache,
     state: Arc<State>,
@@ -344,6 +361,7 @@ impl Runner {
             probe_snat: self.probe_snat,
             host_plan: host_plan(&self.proc_root, self.ipv6, self.probe_snat, self.host)?,
             host: self.host,
+            aws_branch_eni_probe: self.aws_branch_eni_probe,
         };
         if let Some(dir) = self.ztunnel_socket.parent() {
             std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;

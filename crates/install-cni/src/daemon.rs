@@ -111,6 +111,8 @@ async fn stop(cfg: &Config, mut installer: Installer, state: &State, signal: &st
     }
     let mut failed = 0;
     if cfg.ambient.enabled {
+        // Istio's Stop: the branch ENI probe rules it added go with the host rule.
+        ambient_agent::flush_branch_eni().await;
         // Both backends': the node's backend decision may have changed between runs.
         match redirect::host_probe::remove_all_backends() {
             Ok(_) => tracing::info!("cleanup: host probe rule removed"),

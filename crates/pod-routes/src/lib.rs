@@ -9,6 +9,8 @@ use mnl_impl as _;
 use netlink_wire::{NLMSG_HDR, put_attr}; // links our Rust libmnl (mnl_* for the mnl crate)
 use std::io;
 
+pub mod branch_eni;
+
 #[derive(Debug, thiserror::Error)]
 #[error("{what}: {source}")]
 pub struct RouteError {
@@ -29,7 +31,7 @@ fn request(sock: &mnl::Socket, msg_type: u16, flags: u16, body: &[u8]) -> io::Re
     request_tolerating(sock, msg_type, flags, body, &[libc::EEXIST])
 }
 
-fn request_tolerating(
+pub(crate) fn request_tolerating(
     sock: &mnl::Socket,
     msg_type: u16,
     flags: u16,
@@ -147,7 +149,7 @@ fn families(r: &capture::TproxyRoutes) -> Vec<(u8, &'static str)> {
 }
 
 /// The bodies (after `nlmsghdr`) of a `msg_type` dump for `family`.
-fn dump(sock: &mnl::Socket, msg_type: u16, family: u8) -> io::Result<Vec<Vec<u8>>> {
+pub(crate) fn dump(sock: &mnl::Socket, msg_type: u16, family: u8) -> io::Result<Vec<Vec<u8>>> {
     let hl = NLMSG_HDR;
     // rtgenmsg-sized family header, padded to 4 (both fib_rule_hdr and rtmsg start with it).
     let body = [family, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
@@ -182,7 +184,7 @@ fn attrs(body: &[u8], fixed: usize) -> Vec<(u16, &[u8])> {
     netlink_wire::attrs(body.get(fixed..).unwrap_or_default()).collect()
 }
 
-fn attr_u32(attrs: &[(u16, &[u8])], kind: u16) -> Option<u32> {
+pub(crate) fn attr_u32(attrs: &[(u16, &[u8])], kind: u16) -> Option<u32> {
     attrs
         .iter()
         .find(|(k, _)| *k == kind)

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 pub use migrate::{MigrateOptions, Migration, migrate, migrate_with};
 
+pub mod branch_eni;
 pub mod host_netns;
 pub mod host_probe;
 mod migrate;
@@ -70,6 +71,9 @@ pub enum RedirectError {
     Legacy(#[from] iptables_legacy::LegacyError),
     #[error("reading the namespace's addresses: {0}")]
     Addresses(nix::Error),
+    /// Policy routing outside a pod (the node's branch ENI probe rules, [`branch_eni`]).
+    #[error("policy routing: {0}")]
+    Routes(#[from] pod_routes::RouteError),
     /// The live rules differ from the plan (one line per difference).
     #[error("the rules differ from the plan: {}", .0.join("; "))]
     Drift(Vec<String>),

@@ -52,6 +52,12 @@ pub struct AmbientArgs {
         default_value = "/var/run/ztunnel/ztunnel.sock"
     )]
     pub ztunnel_uds_address: PathBuf,
+
+    /// On EKS with Security Groups for Pods (nodes with net.ipv4.tcp_early_demux=0): ambient
+    /// pods aws-vpc-cni routes through a branch ENI get ip rules that send kubelet's probes
+    /// through their veth instead of the VPC fabric (Istio's default: on).
+    #[arg(long, env = "AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE", default_value = "true", value_parser = parse_bool, action = ArgAction::Set)]
+    pub ambient_enable_aws_branch_eni_probe: bool,
 }
 
 /// `AMBIENT_ENABLEMENT_SELECTOR`: YAML (Istio's chart renders `toYaml`) or JSON.
@@ -99,5 +105,29 @@ pub fn settings(a: &AmbientArgs) -> Result<ambient_agent::Settings, ConfigError>
         reconcile_on_startup: a.ambient_reconcile_pod_rules_on_startup,
         detection_retry: a.enable_ambient_detection_retry,
         ztunnel_socket: a.ztunnel_uds_address.clone(),
+        aws_branch_eni_probe: a.ambient_enable_aws_branch_eni_probe,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Args, Config};
+    use clap::Parser;
+
+    fn ambient(flags: &[&str]) -> ambient_agent::Settings {
+        let mut argv = vec!["install-cni", "--kubernetes-service-host", "10.96.0.1"];
+        argv.extend_from_slice(flags);
+        Config::from_args(Args::try_parse_from(argv).unwrap())
+            .unwrap()
+            .ambient
+    }
+
+    /// `AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE`: on unless turned off, as Istio has it.
+    #[test]
+    fn the_aws_branch_eni_probe_is_on_by_default() {
+        assert!(ambient(&[]).aws_branch_eni_probe);
+        assert!(ambient_agent::Settings::disabled().aws_branch_eni_probe);
+        let off = ambient(&["--ambient-enable-aws-branch-eni-probe=false"]);
+        assert!(!off.aws_branch_eni_probe);
+    }
 }
