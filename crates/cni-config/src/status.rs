@@ -158,6 +158,29 @@ pub struct PodEntry {
     pub detail: Option<String>,
 }
 
+impl PodEntry {
+    /// A pod (or namespace) of which nothing is known yet: the readers fill in what they find.
+    pub fn unknown(namespace: String, name: String, uid: Option<String>) -> PodEntry {
+        PodEntry {
+            namespace,
+            name,
+            uid,
+            ips: Vec::new(),
+            mode: Mode::Unknown,
+            reason: String::new(),
+            netns: None,
+            rules: Rules::Unknown,
+            backend: None,
+            drift: Vec::new(),
+            ambient: None,
+            last_programmed: None,
+            last_checked: None,
+            state: State::Unknown,
+            detail: None,
+        }
+    }
+}
+
 /// Pods by `(mode, state)`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Summary {

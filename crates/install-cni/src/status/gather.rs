@@ -55,21 +55,13 @@ fn unix(t: SystemTime) -> u64 {
 pub fn judge(pod: &Pod, ns_labels: &Labels, k: &Known) -> Judged {
     let uid = pod.metadata.uid.clone();
     let mut entry = PodEntry {
-        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
-        name: pod.metadata.name.clone().unwrap_or_default(),
-        uid: uid.clone(),
         ips: pod_policy::bypass::pod_ips(pod),
         mode: Mode::None,
-        reason: String::new(),
-        netns: None,
-        rules: Rules::Unknown,
-        backend: None,
-        drift: Vec::new(),
-        ambient: None,
-        last_programmed: None,
-        last_checked: None,
-        state: cni_config::status::State::Unknown,
-        detail: None,
+        ..PodEntry::unknown(
+            pod.metadata.namespace.clone().unwrap_or_default(),
+            pod.metadata.name.clone().unwrap_or_default(),
+            uid.clone(),
+        )
     };
     if let Some(why) = pod_policy::bypass::finished(pod) {
         entry.reason = format!("{why}: its rules go with its sandbox");

@@ -6,7 +6,7 @@
 //! `unknown`, rules `present` or `none`, and only a namespace holding our rules on both
 //! backends at once is provably wrong.
 
-use cni_config::status::{Mode, PodEntry, Report, Rules, Source, Summary, classify};
+use cni_config::status::{PodEntry, Report, Rules, Source, Summary, classify};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -41,21 +41,9 @@ fn namespaces(
 
 fn entry(path: &Path, uid: Option<String>) -> PodEntry {
     let mut e = PodEntry {
-        namespace: String::new(),
-        name: String::new(),
-        uid,
-        ips: Vec::new(),
-        mode: Mode::Unknown,
         reason: "no API: the daemon is not reachable".into(),
         netns: Some(path.display().to_string()),
-        rules: Rules::Unknown,
-        backend: None,
-        drift: Vec::new(),
-        ambient: None,
-        last_programmed: None,
-        last_checked: None,
-        state: cni_config::status::State::Unknown,
-        detail: None,
+        ..PodEntry::unknown(String::new(), String::new(), uid)
     };
     match redirect::read_facts(Some(path), None) {
         Ok(f) => {
