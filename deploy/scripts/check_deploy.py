@@ -28,12 +28,10 @@ RELEASE, NAMESPACE = "istio-cni", "istio-system"
 # not print them.
 PENDING_ENV = re.compile(r"^(REPAIR_[A-Z_]+|KUBERNETES_NODE_NAME|AMBIENT_[A-Z0-9_]+|ENABLE_AMBIENT_DETECTION_RETRY"
                          r"|ZTUNNEL_UDS_ADDRESS)$")
-# PENDING_DAEMON_ENV: env vars this chart renders for Istio's values that the install-cni being
-# built alongside does not list yet (`install-cni --list-env`). TEMPORARY: another engineer is
-# adding Istio's flags/env to the daemon; once `--list-env` prints a name, remove it here (the
-# check warns when an entry is no longer needed). Rendered only when the value asks for it:
-#   LOG_AS_JSON                      <- global.logAsJson (Istio's --log_as_json)
-PENDING_DAEMON_ENV = {"LOG_AS_JSON"}
+# PENDING_DAEMON_ENV: env vars the chart renders that the install-cni built alongside does not
+# list yet (`install-cni --list-env`); the check warns when an entry is no longer needed. Empty:
+# the daemon reads every one.
+PENDING_DAEMON_ENV = set()
 # Istio's istio-cni chart (manifests/charts/istio-cni/values.yaml, `ambient:` and `cniNetnsDir`):
 # the same names and defaults here.
 ISTIO_AMBIENT_DEFAULTS = {

@@ -1,8 +1,8 @@
 //! Istio's logging flags (`istio.io/pkg/log` options, attached to install-cni's command by
 //! `cni/pkg/cmd/root.go`), so Istio's DaemonSet args start this daemon: `--log_output_level`
 //! (per-scope levels), `--log_as_json`, `--log_target`, `--log_caller`, `--log_stacktrace_level`,
-//! and ControlZ's `--ctrlz_port` / `--ctrlz_address` (accepted, nothing served). Flags only, as
-//! in Istio (none of them has an environment variable). Both `--flag=value` and `--flag value`
+//! and ControlZ's `--ctrlz_port` / `--ctrlz_address` (accepted, nothing served). Flags, as in
+//! Istio; `--log_as_json` also reads `LOG_AS_JSON`, which our chart sets. Both `--flag=value` and `--flag value`
 //! work, as with Go's pflag; a boolean takes its value only after `=`.
 //!
 //! Istio's scopes map onto our tracing filter: `default` (or a bare level) is the daemon's level
@@ -25,8 +25,8 @@ pub struct LogArgs {
     pub log_output_level: Option<String>,
 
     /// Log lines as JSON objects instead of plain text (Istio's flag; `--log_as_json` alone
-    /// means true).
-    #[arg(long = "log_as_json", value_name = "BOOL", num_args = 0..=1, require_equals = true,
+    /// means true). Our chart sets it as `LOG_AS_JSON` (`global.logAsJson`).
+    #[arg(long = "log_as_json", env = "LOG_AS_JSON", value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true", value_parser = parse_bool,
           action = ArgAction::Set)]
     pub log_as_json: bool,
