@@ -78,6 +78,12 @@ pub struct Args {
     #[arg(long, env = "REDIRECT_BACKEND", default_value = "auto", value_parser = parse_backend)]
     pub redirect_backend: BackendChoice,
 
+    /// Istio's: legacy | nft forces that iptables flavour; here it fixes the backend
+    /// (iptables-legacy, or nft, this project's nftables) when REDIRECT_BACKEND is auto and
+    /// NATIVE_NFTABLES is off (with it, ignored as in Istio).
+    #[arg(long, env = "FORCE_IPTABLES_BINARY", default_value = "")]
+    pub force_iptables_binary: String,
+
     /// This daemon's log level (error|warn|info|debug|trace).
     #[arg(long, env = "LOG_LEVEL", default_value = "info", value_parser = parse_log_level)]
     pub log_level: String,
@@ -149,6 +155,24 @@ pub struct Config {
     pub ambient: ambient_agent::Settings,
 }
 
+/// REDIRECT_BACKEND, else Istio's FORCE_IPTABLES_BINARY (unless NATIVE_NFTABLES, which wins
+/// over it in Istio too), else auto.
+fn backend_choice(a: &Args) -> Result<BackendChoice, ConfigError> {
+    let forced = a.force_iptables_binary.trim();
+    if a.redirect_backend != BackendChoice::Auto || a.native_nftables || forced.is_empty() {
+        return Ok(a.redirect_backend);
+    }
+    match forced {
+        "legacy" => Ok(BackendChoice::Fixed(redirect::Backend::IptablesLegacy)),
+        "nft" => Ok(BackendChoice::Fixed(redirect::Backend::Nft)),
+        other => Err(bad(
+            "FORCE_IPTABLES_BINARY",
+            other,
+            "expected legacy or nft (Istio's values)",
+        )),
+    }
+}
+
 impl Config {
     pub fn from_args(a: Args) -> Result<Config, ConfigError> {
         if a.native_nftables
@@ -183,7 +207,7 @@ impl Config {
                 system_namespace: a.system_namespace.trim().to_string(),
             },
             native_nftables: a.native_nftables,
-            backend_choice: a.redirect_backend,
+            backend_choice: backend_choice(&a)?,
             plugin_log_level: logging.plugin_level.clone().unwrap_or(a.plugin_log_level),
             logging,
             installer,
@@ -650,6 +674,30 @@ mod tests {
             let err = parse(&args).unwrap_err();
             assert!(err.contains(needle), "{args:?}: {err}");
         }
+    }
+
+    #[test]
+    fn force_iptables_binary_fixes_the_backend_unless_something_stronger_is_set() {
+        let legacy = BackendChoice::Fixed(redirect::Backend::IptablesLegacy);
+        let nft = BackendChoice::Fixed(redirect::Backend::Nft);
+        let choice = |args: &[&str]| parse(args).unwrap().backend_choice;
+        assert_eq!(choice(&[]), BackendChoice::Auto);
+        assert_eq!(choice(&["--force-iptables-binary=legacy"]), legacy);
+        assert_eq!(choice(&["--force-iptables-binary=nft"]), nft);
+        let native = ["--force-iptables-binary=legacy", "--native-nftables=true"];
+        assert_eq!(choice(&native), BackendChoice::Auto);
+        let both = ["--force-iptables-binary=legacy", "--redirect-backend=nft"];
+        assert_eq!(choice(&both), nft);
+        let e = parse(&["--force-iptables-binary=iptables"]).unwrap_err();
+        assert!(e.contains("FORCE_IPTABLES_BINARY"), "{e}");
+    }
+
+    #[test]
+    fn the_node_name_falls_back_to_istios_node_name() {
+        let c = parse(&["--repair-node-name=", "--node-name=node-7"]).unwrap();
+        assert_eq!(c.view.node_name, "node-7");
+        let c = parse(&["--repair-node-name=a", "--node-name=node-7"]).unwrap();
+        assert_eq!(c.view.node_name, "a");
     }
 
     #[test]

@@ -38,13 +38,18 @@ pub struct ViewArgs {
     pub service_account_dir: PathBuf,
 
     /// This node's name (the chart sets it from spec.nodeName; empty: KUBERNETES_NODE_NAME,
-    /// then the hostname).
+    /// NODE_NAME, then the hostname).
     #[arg(long, env = "REPAIR_NODE_NAME", default_value = "")]
     pub repair_node_name: String,
 
     /// Fallback for REPAIR_NODE_NAME (Istio's K8sNodeName).
     #[arg(long, env = "KUBERNETES_NODE_NAME", default_value = "")]
     pub kubernetes_node_name: String,
+
+    /// The next fallback: Istio's agent's own name for this node (its pod watch's
+    /// spec.nodeName and its shutdown's Node).
+    #[arg(long, env = "NODE_NAME", default_value = "")]
+    pub node_name: String,
 
     /// The host's /proc as mounted in the container (pod network namespaces are found there;
     /// `<dir>/1/ns/net` is the host's).
@@ -123,7 +128,7 @@ fn api_server(a: &ViewArgs) -> Result<ApiServer, ConfigError> {
 }
 
 fn node_name(a: &ViewArgs, needs_node: bool) -> Result<String, ConfigError> {
-    let node_name = [&a.repair_node_name, &a.kubernetes_node_name]
+    let node_name = [&a.repair_node_name, &a.kubernetes_node_name, &a.node_name]
         .into_iter()
         .map(|s| s.trim().to_string())
         .find(|s| !s.is_empty())
@@ -132,7 +137,7 @@ fn node_name(a: &ViewArgs, needs_node: bool) -> Result<String, ConfigError> {
         return Err(bad(
             "REPAIR_NODE_NAME",
             "",
-            "not set and neither KUBERNETES_NODE_NAME nor the hostname gives the node name",
+            "not set and neither KUBERNETES_NODE_NAME, NODE_NAME nor the hostname gives the node name",
         ));
     }
     if node_name.contains(',') || node_name.contains('=') {
