@@ -646,6 +646,7 @@ impl Installer {
                 cni_config::lookup::POD_LOOKUP_SOCKET,
                 cni_config::log::LOG_SOCKET,
                 cni_config::ambient::PLUGIN_EVENT_SOCKET,
+                cni_config::status::STATUS_SOCKET,
             ];
             for name in sockets {
                 let p = self.cfg.run_dir.join(name);

@@ -224,7 +224,7 @@ fn sigterm_cleanup_restores_dirs_and_keeps_modes() {
         (net0, bin0, run0),
         "{log}"
     );
-    // Nor a socket (a snapshot reads files only): pods.sock, log.sock.
+    // Nor a socket (a snapshot reads files only): pods.sock, log.sock, status.sock.
     let left: Vec<_> = fs::read_dir(&env.run)
         .unwrap()
         .map(|e| e.unwrap().file_name())
