@@ -28,6 +28,9 @@ use std::fs;
 use std::path::PathBuf;
 use std::process::Command;
 
+/// Our own conflist (the chart's `istioOwnedCNIConfig`, on by default): `02-istio-cni.conflist`.
+const OWNED_CONFLIST: &str = "02-istio-cni.conflist";
+
 const CONCURRENT: usize = 20;
 
 fn runtime_node(backend: Option<&str>) -> RuntimeNode {
@@ -97,8 +100,22 @@ fn scenario(backend: Option<&str>) {
     let primary = rn.node.primary_conflist();
 
     // The containerized install-cni chained us in and installed binaries + kubeconfig, at the
-    // paths the plugin (run by containerd on the host) reads.
-    assert_eq!(rn.node.chain(), ["bridge", "portmap", "istio-cni"]);
+    // paths the plugin (run by containerd on the host) reads. The chart's default
+    // (istioOwnedCNIConfig): the primary's chain with istio-cni in a file of our own that sorts
+    // first, which containerd loads (every RunPodSandbox below goes through it); the primary's
+    // own file untouched.
+    let owned = rn.node.net_dir.join(OWNED_CONFLIST);
+    let types = |v: &serde_json::Value| -> Vec<String> {
+        v["plugins"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| p["type"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    let ours: serde_json::Value = serde_json::from_slice(&fs::read(&owned).unwrap()).unwrap();
+    assert_eq!(types(&ours), ["bridge", "portmap", "istio-cni"]);
+    assert_eq!(rn.node.conflist_json().unwrap(), primary);
     for b in ["istio-cni", "istio-nftables"] {
         assert!(rn.node.bin_dir.join(b).is_file(), "{b} not installed");
     }
@@ -243,6 +260,7 @@ fn scenario(backend: Option<&str>) {
     let conflist: serde_json::Value =
         serde_json::from_slice(&fs::read(rn.node.net_dir.join(CONFLIST)).unwrap()).unwrap();
     assert_eq!(conflist, primary);
+    assert!(!owned.exists(), "our own conflist left behind");
     for b in ["istio-cni", "istio-nftables"] {
         assert!(!rn.node.bin_dir.join(b).exists(), "{b} left behind");
     }
