@@ -10,8 +10,38 @@ set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/../.."
 [ "$(id -u)" = 0 ] || { echo "demo: run as root (network namespaces, netfilter)" >&2; exit 1; }
 command -v cargo >/dev/null || { echo "demo: needs cargo (Rust >= 1.85)" >&2; exit 1; }
-# The ambient section runs Istio's real ztunnel: built once into a cache outside the checkout.
-integration/scripts/install-deps.sh >&2
+# Each step says how long it took and the total so far (on stderr; the demo's own output is
+# stdout).
+T0=$(date +%s)
+took() { echo "demo: $1: $(($(date +%s) - $2)) s (total $(($(date +%s) - T0)) s)" >&2; }
+
+started=$(date +%s)
+SKIP_ZTUNNEL=1 integration/scripts/install-deps.sh >&2
+took "host packages and cnitool" "$started"
+
+# The ambient section runs Istio's real ztunnel, built once into a cache outside the checkout.
+# It builds beside the product (niced, so the product's build comes first): on 2 cores the
+# serial phases of each (build scripts, the product's one-codegen-unit LTO link) leave a core
+# the other uses.
+started=$(date +%s)
+ztunnel_log=$(mktemp)
+trap 'rm -f "$ztunnel_log"' EXIT
+integration/scripts/build-ztunnel.sh >"$ztunnel_log" 2>&1 &
+ztunnel_pid=$!
 bin=$(integration/scripts/build-bins.sh | tail -1)
+took "release build of istio-cni, install-cni, istio-nftables" "$started"
+step=$(date +%s)
 cargo build --locked --release -q --workspace --bin demo
-exec "$bin/demo" "$bin"
+took "the demo's binary" "$step"
+if ! wait "$ztunnel_pid"; then
+  cat "$ztunnel_log" >&2
+  echo "demo: building Istio's ztunnel failed" >&2
+  exit 1
+fi
+cat "$ztunnel_log" >&2
+took "Istio's ztunnel (built beside the release build; cached after the first run)" "$started"
+
+started=$(date +%s)
+if "$bin/demo" "$bin"; then rc=0; else rc=$?; fi
+took "the three modes" "$started"
+exit "$rc"
