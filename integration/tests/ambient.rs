@@ -601,3 +601,38 @@ fn kubelets_probes_come_from_the_configured_probe_snat_address() {
     lands(&n, &n.from_node(KUBELET_UID, pa.ip(), APP), "a", APP);
     assert_eq!(last_peer(&pa), snat, "{}", n.host_table());
 }
+
+/// Istio ignores an ambient annotation that is not a boolean (with a warning) and serves the
+/// pod: so do the plugin and the agent, and the agent says so in a Warning Event on the pod.
+#[test]
+fn a_non_boolean_ambient_annotation_is_ignored_and_said_in_an_event() {
+    let Some(bin) = prerequisites() else { return };
+    let n = AmbientNode::start(&bin, &AmbientOptions::default(), &[a()]).unwrap();
+    let pa = n.create_pod(&a()).unwrap();
+    let kube = n.kube();
+    let mut json = kube
+        .pod(integration::ambient::POD_NAMESPACE, pa.name())
+        .unwrap();
+    json["metadata"]["annotations"]["ambient.istio.io/dns-capture"] = "maybe".into();
+    kube.modify(json);
+    // The agent has seen the change (its pod events come from the cache the ADD reads).
+    n.eventually("the agent saw the annotated pod", || {
+        let (_, metrics) = n.node.daemon_get("/metrics");
+        metric_sum(
+            &metrics,
+            "nodeagent_reconcile_events_total",
+            &[("type", "update")],
+        ) >= 1.0
+    });
+    n.add(&pa).assert_ok();
+    assert!(n.served(&pa), "{}", n.logs());
+    n.eventually("a Warning Event naming the annotation", || {
+        kube.events().iter().any(|e| {
+            e["reason"] == "IgnoredAnnotation"
+                && e["type"] == "Warning"
+                && e["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("ambient.istio.io/dns-capture"))
+        })
+    });
+}

@@ -200,6 +200,7 @@ pub fn annotate(client: &kube::Client, pod: &Pod, enabled: bool) {
     if enabled {
         // Every enroll (the plugin's ADD, the agent's own) ends here: the pod was programmed.
         view::AGENT.stamp(pod.metadata.uid.as_deref().unwrap_or(""));
+        report_ignored_annotations(client, pod);
     }
     let (Some(ns), Some(name)) = (pod.metadata.namespace.clone(), pod.metadata.name.clone()) else {
         return;
@@ -229,6 +230,35 @@ pub fn annotate(client: &kube::Client, pod: &Pod, enabled: bool) {
             tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "annotating the pod failed");
         }
     });
+}
+
+/// The component the agent's Events name.
+pub const EVENT_COMPONENT: &str = "cni-ambient-agent";
+
+/// Istio ignores an ambient annotation that is not a boolean, with a warning: said on the pod
+/// as a Warning Event too (the daemon's log has it from [`pod_ref`]). Best effort, in the
+/// background.
+fn report_ignored_annotations(client: &kube::Client, pod: &Pod) {
+    let ignored = pod_policy::ambient::ignored_annotations(pod);
+    if ignored.is_empty() {
+        return;
+    }
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default();
+    let message = ignored.join("; ");
+    let ev = node_view::events::event_from(
+        EVENT_COMPONENT,
+        pod,
+        &node,
+        true,
+        "IgnoredAnnotation",
+        &message,
+    );
+    let (client, pod) = (client.clone(), pod.clone());
+    tokio::spawn(async move { node_view::events::post_event(&client, &pod, &ev).await });
 }
 
 /// Subscribes now (so the first lists are seen whole) and starts the agent in the background.

@@ -12,6 +12,7 @@
 pub mod cache;
 pub mod cgroup;
 pub mod client;
+pub mod events;
 pub mod kubelet;
 mod line_cap;
 pub mod lookup;

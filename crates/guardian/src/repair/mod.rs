@@ -17,9 +17,8 @@
 pub mod filter;
 
 use crate::settings::{Node, RepairAction, RepairSettings};
-use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client};
 use node_status::metrics::Counters;
 use node_view::cache::{PodEvent, Subscription};
@@ -159,48 +158,7 @@ pub fn event_for(pod: &Pod, node: &str, warning: bool, reason: &str, message: &s
     event_from(COMPONENT, pod, node, warning, reason, message)
 }
 
-/// A core/v1 Event on the pod, reported by `component` on `node`.
-pub fn event_from(
-    component: &str,
-    pod: &Pod,
-    node: &str,
-    warning: bool,
-    reason: &str,
-    message: &str,
-) -> Event {
-    let (ns, name) = ns_name(pod);
-    let now = k8s_openapi::jiff::Timestamp::now();
-    let nanos = now.as_nanosecond();
-    Event {
-        metadata: ObjectMeta {
-            name: Some(format!("{name}.{nanos:x}")),
-            namespace: Some(ns.to_string()),
-            ..Default::default()
-        },
-        involved_object: ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            name: Some(name.to_string()),
-            namespace: Some(ns.to_string()),
-            uid: pod.metadata.uid.clone(),
-            resource_version: pod.metadata.resource_version.clone(),
-            ..Default::default()
-        },
-        reason: Some(reason.to_string()),
-        message: Some(message.to_string()),
-        type_: Some(if warning { "Warning" } else { "Normal" }.into()),
-        source: Some(EventSource {
-            component: Some(component.into()),
-            host: Some(node.to_string()),
-        }),
-        reporting_component: Some(component.into()),
-        reporting_instance: Some(node.to_string()),
-        first_timestamp: Some(Time(now)),
-        last_timestamp: Some(Time(now)),
-        count: Some(1),
-        ..Default::default()
-    }
-}
+pub use node_view::events::event_from;
 
 /// Backoff before attempt `n + 1` (n ≥ 1 failures so far).
 pub fn retry_delay(failures: u32) -> Duration {
@@ -457,13 +415,7 @@ pub fn start(settings: Settings, metrics: Arc<Counters>, client: Client, pods: S
     tokio::spawn(Controller::new(client, settings, metrics).run(pods));
 }
 
-/// Writes `ev` (about `pod`); a failure is logged, never fatal.
-pub async fn post_event(client: &Client, pod: &Pod, ev: &Event) {
-    let api: Api<Event> = Api::namespaced(client.clone(), ns_name(pod).0);
-    if let Err(e) = api.create(&PostParams::default(), ev).await {
-        tracing::warn!(pod = %filter::key(pod), error = %e, "could not write the event");
-    }
-}
+pub use node_view::events::post_event;
 
 #[cfg(test)]
 mod tests {
