@@ -1,6 +1,7 @@
 //! The `process_*` metrics Prometheus' Go client registers by default (Istio's daemon exports
-//! them), read from `/proc/self` at each scrape: CPU time, resident and virtual memory, open and
-//! maximum file descriptors, start time. A value that cannot be read is left out.
+//! them), read from `/proc/self` at each scrape: CPU time, resident and virtual memory and its
+//! limit, open and maximum file descriptors, start time, the network namespace's IP octets. A
+//! value that cannot be read is left out.
 
 use crate::metrics::header;
 
@@ -29,6 +30,65 @@ fn max_fds(limits: &str) -> Option<f64> {
     let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
     let soft = line["Max open files".len()..].split_whitespace().next()?;
     soft.parse().ok()
+}
+
+/// The soft limit of "Max address space" in `/proc/self/limits`; `unlimited` is Go's
+/// `^uint64(0)`, as Prometheus' Go client reports it.
+fn max_address_space(limits: &str) -> Option<f64> {
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max address space"))?;
+    match line["Max address space".len()..]
+        .split_whitespace()
+        .next()?
+    {
+        "unlimited" => Some(u64::MAX as f64),
+        soft => soft.parse().ok(),
+    }
+}
+
+/// `IpExt`'s `InOctets` and `OutOctets` in `/proc/self/net/netstat` (the process's network
+/// namespace: with `hostNetwork`, the node's), as Prometheus' Go client reads them.
+fn ip_octets(netstat: &str) -> Option<(f64, f64)> {
+    let mut ip_ext = netstat.lines().filter(|l| l.starts_with("IpExt:"));
+    let (names, values) = (ip_ext.next()?, ip_ext.next()?);
+    let field = |want: &str| {
+        let i = names.split_whitespace().position(|n| n == want)?;
+        values.split_whitespace().nth(i)?.parse().ok()
+    };
+    Some((field("InOctets")?, field("OutOctets")?))
+}
+
+/// `process_virtual_memory_max_bytes` and the network pair, from `/proc/self/limits` and
+/// `/proc/self/net/netstat`.
+fn limits_and_network(
+    limits: &str,
+    netstat: &str,
+) -> Vec<(&'static str, &'static str, &'static str, f64)> {
+    let mut out = Vec::new();
+    if let Some(v) = max_address_space(limits) {
+        out.push((
+            "process_virtual_memory_max_bytes",
+            "Maximum amount of virtual memory available in bytes.",
+            "gauge",
+            v,
+        ));
+    }
+    if let Some((rx, tx)) = ip_octets(netstat) {
+        out.push((
+            "process_network_receive_bytes_total",
+            "Number of bytes received by the process over the network.",
+            "counter",
+            rx,
+        ));
+        out.push((
+            "process_network_transmit_bytes_total",
+            "Number of bytes sent by the process over the network.",
+            "counter",
+            tx,
+        ));
+    }
+    out
 }
 
 /// The values, by name, from the texts of `/proc/self/stat`, `/proc/stat` and `/proc/self/limits`.
@@ -99,12 +159,10 @@ fn values(
 pub fn render(out: &mut String) {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     let fds = std::fs::read_dir("/proc/self/fd").ok().map(|d| d.count());
-    for (name, help, kind, v) in values(
-        &read("/proc/self/stat"),
-        &read("/proc/stat"),
-        &read("/proc/self/limits"),
-        fds,
-    ) {
+    let limits = read("/proc/self/limits");
+    let mut all = values(&read("/proc/self/stat"), &read("/proc/stat"), &limits, fds);
+    all.extend(limits_and_network(&limits, &read("/proc/self/net/netstat")));
+    for (name, help, kind, v) in all {
         header(out, name, help, kind);
         out.push_str(&format!("{name} {v}\n"));
     }
@@ -132,6 +190,20 @@ mod tests {
             Some(1700000000.0 + 1000.0 / tck)
         );
         assert!(values("garbage", "", "", None).is_empty());
+        let limits = format!(
+            "{limits}Max address space         unlimited            unlimited            bytes\n"
+        );
+        let netstat =
+            "TcpExt: A B\nTcpExt: 1 2\nIpExt: InNoRoutes InOctets OutOctets\nIpExt: 0 1234 5678\n";
+        let more = limits_and_network(&limits, netstat);
+        let get = |n: &str| more.iter().find(|x| x.0 == n).map(|x| x.3);
+        assert_eq!(
+            get("process_virtual_memory_max_bytes"),
+            Some(u64::MAX as f64)
+        );
+        assert_eq!(get("process_network_receive_bytes_total"), Some(1234.0));
+        assert_eq!(get("process_network_transmit_bytes_total"), Some(5678.0));
+        assert!(limits_and_network("", "").is_empty());
         let mut s = String::new();
         render(&mut s);
         for n in [
@@ -141,6 +213,8 @@ mod tests {
             "process_max_fds",
             "process_start_time_seconds",
             "process_virtual_memory_bytes",
+            "process_virtual_memory_max_bytes",
+            "process_network_receive_bytes_total",
         ] {
             assert!(s.contains(&format!("\n{n} ")), "{n}: {s}");
         }
