@@ -97,6 +97,11 @@ fn init_logging(l: &Logging) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    // Istio's `install-cni version` subcommand (its chart never passes it; tools and people do).
+    if std::env::args_os().nth(1).is_some_and(|a| a == "version") {
+        println!("install-cni version {}", env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
     // clap exits with status 2 and a message naming the flag/variable on unparseable values.
     let args = Args::parse();
     if args.list_env {

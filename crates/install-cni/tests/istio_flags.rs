@@ -132,3 +132,15 @@ fn metrics_carry_the_process_families() {
     let (_, m) = d.get("/metrics");
     assert!(!m.contains("ztunnel_connected"), "not in ambient mode");
 }
+
+/// Istio's `install-cni version` subcommand answers with the version and exits 0 (our
+/// `--version` too), starting nothing.
+#[test]
+fn the_version_subcommand_prints_the_version() {
+    for arg in ["version", "--version"] {
+        let out = std::process::Command::new(bin()).arg(arg).output().unwrap();
+        assert!(out.status.success(), "{arg}: {out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(env!("CARGO_PKG_VERSION")), "{arg}: {text}");
+    }
+}
