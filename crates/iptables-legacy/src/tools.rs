@@ -137,7 +137,7 @@ impl Tools {
     /// `X-save ARGS` output for the current namespace (e.g. `-c -t nat`).
     pub(crate) fn save_with(&self, fam: Fam, args: &[&str]) -> Result<String, LegacyError> {
         let bin = self.find(fam.save())?;
-        run(&bin, args, None, None, None)
+        run(&bin, args, None, None, None, None)
     }
 
     /// `X-restore --noflush -w 30 [--test]` with `input` on stdin. With `held`, the child
@@ -155,7 +155,8 @@ impl Tools {
         if test_only {
             args.push("--test");
         }
-        run(&bin, &args, Some(input), held, None).map(drop)
+        let user_ns = pod_user_ns()?;
+        run(&bin, &args, Some(input), held, None, user_ns.as_ref()).map(drop)
     }
 
     /// [`Tools::restore`] in the node's own namespace: the child also waits (up to `-w 30`)
@@ -175,6 +176,7 @@ impl Tools {
             Some(input),
             Some(held),
             Some(&self.node_xtables_lock),
+            None,
         )
         .map(drop)
     }
@@ -182,7 +184,7 @@ impl Tools {
     /// `ipset ARGS` (with `input` on stdin), returning its stdout.
     pub(crate) fn ipset(&self, args: &[&str], input: Option<&str>) -> Result<String, LegacyError> {
         let bin = self.find(IPSET)?;
-        run(&bin, args, input, None, None)
+        run(&bin, args, input, None, None, None)
     }
 }
 
@@ -200,12 +202,23 @@ fn is_executable(p: &Path) -> bool {
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
+/// A pod in a user namespace of its own (`hostUsers: false`): its restores run in it, or the
+/// kernel refuses their `--uid-owner` rules (xt_owner wants the writer in the namespace's user
+/// namespace). Reads stay outside (inside, the node's /proc/net files are not readable).
+fn pod_user_ns() -> Result<Option<std::os::fd::OwnedFd>, LegacyError> {
+    netns::foreign_user_ns().map_err(|source| LegacyError::Spawn {
+        command: "reading the pod's user namespace".into(),
+        source,
+    })
+}
+
 fn run(
     bin: &Path,
     args: &[&str],
     stdin: Option<&str>,
     held: Option<&NsLock>,
     xtables_lock: Option<&Path>,
+    user_ns: Option<&std::os::fd::OwnedFd>,
 ) -> Result<String, LegacyError> {
     let command = format!("{} {}", bin.display(), args.join(" "));
     let mut cmd = Command::new(bin);
@@ -228,6 +241,9 @@ fn run(
         command: command.clone(),
         source,
     };
+    if let Some(ns) = user_ns {
+        netns::enter_user_ns_before_exec(&mut cmd, ns);
+    }
     let mut child = cmd.spawn().map_err(spawn)?;
     if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
         // A write error (EPIPE) means the tool exited early; its stderr says why.

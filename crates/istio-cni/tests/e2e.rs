@@ -555,3 +555,40 @@ fn iptables_legacy_backend_end_to_end() {
     node.del(&pod, "default", "web").assert_ok();
     assert_no_rules(&pod, "after DEL");
 }
+
+/// A pod with `hostUsers: false` (Istio release note 58750): its network namespace is owned by
+/// a user namespace of its own. The plugin (root on the node) programs it on both backends,
+/// real connections land on Envoy's ports, CHECK passes and DEL leaves nothing.
+#[test]
+fn a_pod_in_a_user_namespace_is_programmed_on_both_backends() {
+    for backend in ["nft", "iptables-legacy"] {
+        let node = Node::new(NodeOptions {
+            backend,
+            ..Default::default()
+        });
+        node.api.put("default", "web", fixture("sidecar"));
+        let pod = TestNetns::in_user_namespace("cniuserns").unwrap();
+        let result = node.add(&pod, "default", "web").assert_ok().json();
+        let ip = pod_ip(&result);
+        let r = rules(&pod);
+        assert!(
+            r.contains("istio-proxy-nat") || r.contains("-A ISTIO_OUTPUT"),
+            "{backend}: {r}"
+        );
+        let _sidecar = Probe::sidecar(pod.path()).unwrap();
+        let gw: IpAddr = GATEWAY.parse().unwrap();
+        let out = connect(
+            pod.path(),
+            &ConnectSpec::new(gw, 80).uid(APP_UID).gid(APP_UID),
+        );
+        landed(&out, 15001, Some(SocketAddr::new(gw, 80)));
+        landed(
+            &connect(node.ns.path(), &ConnectSpec::new(ip, 8080)),
+            15006,
+            Some(SocketAddr::new(ip, 8080)),
+        );
+        node.check(&pod, "default", "web").assert_ok();
+        node.del(&pod, "default", "web").assert_ok();
+        assert_no_rules(&pod, backend);
+    }
+}

@@ -11,6 +11,7 @@ mod lock;
 pub use foreign::{ForeignError, ForeignNetns, HeldNetns, ensure_foreign};
 pub use lock::{LockError, NsLock};
 
+use nix::libc;
 use nix::sched::{CloneFlags, setns};
 use std::fs::File;
 use std::io;
@@ -68,6 +69,52 @@ where
             path: path.to_path_buf(),
         })?
     })
+}
+
+/// The user namespace owning the calling thread's network namespace, when it is not the
+/// process's own (a pod with `hostUsers: false`): some kernel checks want the writer in that
+/// user namespace (`xt_owner` refuses `--uid-owner` rules from any other), so a tool run for
+/// that namespace enters it first ([`enter_user_ns_before_exec`]). `None`: the same one.
+pub fn foreign_user_ns() -> io::Result<Option<std::os::fd::OwnedFd>> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::fs::MetadataExt;
+    const NS_GET_USERNS: libc::c_ulong = 0xb701; // _IO(0xb7, 0x1)
+    let net = File::open("/proc/thread-self/ns/net")?;
+    // SAFETY: NS_GET_USERNS takes no argument and returns a new descriptor (or -1).
+    let fd = unsafe { libc::ioctl(net.as_raw_fd(), NS_GET_USERNS as _) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned to us by the kernel and is owned by nobody else.
+    let owner = unsafe { OwnedFd::from_raw_fd(fd) };
+    let owner_ino = File::from(owner.try_clone()?).metadata()?.ino();
+    let ours = std::fs::metadata("/proc/self/ns/user")?.ino();
+    Ok((owner_ino != ours).then_some(owner))
+}
+
+/// Makes `cmd`'s child enter the user namespace `user_ns` before it executes (see
+/// [`foreign_user_ns`]); `user_ns` must stay open until the child is spawned.
+pub fn enter_user_ns_before_exec(cmd: &mut std::process::Command, user_ns: &std::os::fd::OwnedFd) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let fd = user_ns.as_raw_fd();
+    // SAFETY: runs in the forked (single-threaded) child before exec and only calls setns(2),
+    // setgroups(2), setresgid(2) and setresuid(2), which are async-signal-safe; `fd` is open in
+    // the parent, so the child's copy is valid.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWUSER) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // Root of that namespace, as nsenter(1) makes it: an exec keeps the capabilities
+            // only for its root (setgroups may be denied there; then the groups stay).
+            let _ = libc::setgroups(0, std::ptr::null());
+            if libc::setresgid(0, 0, 0) != 0 || libc::setresuid(0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
 
 /// The inode identifying the namespace at `path` (to tell namespaces apart, e.g. host vs pod).

@@ -2,6 +2,7 @@
 
 use std::io::{self, Write};
 use std::net::{Ipv4Addr, Ipv6Addr};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -39,6 +40,44 @@ impl TestNetns {
             name,
         };
         // From here on Drop removes the namespace, also when bringing lo up fails.
+        ns.run(|| set_link_up("lo"))??;
+        Ok(ns)
+    }
+
+    /// A new namespace owned by a user namespace of its own, mapped as kubelet maps a pod with
+    /// `hostUsers: false` (its IDs 0..65536 onto 200000..265536 on the node): made by
+    /// `unshare --user --net`, the maps written from here, named with `ip netns attach`, then
+    /// the process that made it is gone.
+    pub fn in_user_namespace(prefix: &str) -> io::Result<Self> {
+        let n = NS_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{prefix}-{}-{n}", std::process::id());
+        let mut maker = Command::new("unshare")
+            .args(["--user", "--net", "sleep", "60"])
+            .spawn()?;
+        let pid = maker.id().to_string();
+        let own = std::fs::metadata("/proc/self/ns/net")?.ino();
+        let theirs = Path::new("/proc").join(&pid).join("ns/net");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::fs::metadata(&theirs).map(|m| m.ino()).unwrap_or(own) == own {
+            if std::time::Instant::now() > deadline {
+                let _ = maker.kill();
+                return Err(io::Error::other("unshare did not make its namespace"));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let proc_dir = Path::new("/proc").join(&pid);
+        let mapped = std::fs::write(proc_dir.join("uid_map"), "0 200000 65536\n")
+            .and_then(|()| std::fs::write(proc_dir.join("gid_map"), "0 200000 65536\n"));
+        let attached = mapped.and_then(|()| {
+            run_ok(Command::new(ip_binary()).args(["netns", "attach", &name, &pid]))
+        });
+        let _ = maker.kill();
+        let _ = maker.wait();
+        attached?;
+        let ns = TestNetns {
+            path: Path::new(NETNS_DIR).join(&name),
+            name,
+        };
         ns.run(|| set_link_up("lo"))??;
         Ok(ns)
     }
