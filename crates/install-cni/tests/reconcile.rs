@@ -8,14 +8,14 @@
 mod common;
 
 use capture::Plan;
-use common::kube_api::{FakeKube, broken_pod};
-use common::running::{RunningPod, proc_root};
+use common::kube_api::FakeKube;
+use common::running::{RunningPod, mesh_pod, nft, plain_pod, plan_for, proc_root};
 use common::*;
 use guardian::podplan;
 use k8s_openapi::api::core::v1::Pod;
 use pod_policy::Decision;
 use redirect::{Backend, BackendChoice};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::time::{Duration, Instant};
 use testbed::Probe;
 
@@ -28,42 +28,6 @@ fn checks(d: &Daemon, result: &str) -> f64 {
     d.metric(&format!(
         "istio_cni_pod_rules_checks_total{{result=\"{result}\"}}"
     ))
-}
-
-/// A running sidecar pod whose istio-validation init container succeeded.
-fn mesh_pod(name: &str, uid: &str, ip: &str) -> Value {
-    let mut p = broken_pod("shop", name, uid, ip, NODE, 126);
-    p["status"]["phase"] = json!("Running");
-    p["status"]["initContainerStatuses"][0]["state"] =
-        json!({"terminated": {"exitCode": 0, "reason": "Completed"}});
-    p["status"]["initContainerStatuses"][0]["lastState"] = json!({});
-    p
-}
-
-/// A pod outside the mesh (no sidecar).
-fn plain_pod(name: &str, uid: &str, ip: &str) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "shop", "uid": uid},
-        "spec": {"nodeName": NODE, "containers": [{"name": "app", "image": "app"}]},
-        "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}
-    })
-}
-
-/// The plan the plugin programs for `pod` in `running`'s namespace (the daemon's own code).
-fn plan_for(pod: &Value, running: &RunningPod) -> Plan {
-    let pod: Pod = serde_json::from_value(pod.clone()).unwrap();
-    let Decision::Sidecar(pc) = podplan::verdict(&pod, &sidecar_policy()).unwrap() else {
-        panic!("not a mesh pod")
-    };
-    podplan::plan_in(&pc.config, running.world.pod.path())
-        .unwrap()
-        .0
-}
-
-fn nft(p: &RunningPod, args: &str) -> String {
-    let args: Vec<&str> = args.split_whitespace().collect();
-    p.world.pod.exec_ok("nft", &args).unwrap()
 }
 
 /// Waits until `other` is programmed or the daemon failed two more checks than `failed`
@@ -178,7 +142,7 @@ fn drifted_rules_are_repaired_and_traffic_lands_on_envoy_again() {
     let _plain_server = Probe::world(plain.world.world.path()).unwrap();
 
     // The mesh pod as ADD left it.
-    let mesh_json = mesh_pod("web", "uid-mesh", &mesh.ip.to_string());
+    let mesh_json = mesh_pod(NODE, "web", "uid-mesh", &mesh.ip.to_string());
     let plan = plan_for(&mesh_json, &mesh);
     redirect::apply(
         &plan,
@@ -201,7 +165,7 @@ fn drifted_rules_are_repaired_and_traffic_lands_on_envoy_again() {
 
     let d = start(&env, &kube);
     kube.add(mesh_json);
-    kube.add(plain_pod("db", "uid-plain", &plain.ip.to_string()));
+    kube.add(plain_pod(NODE, "db", "uid-plain", &plain.ip.to_string()));
     // Checked at once (a new pod) and then about once a second.
     assert!(
         wait_until(T, || checks(&d, "ok") >= 3.0),
@@ -279,7 +243,7 @@ fn iptables_legacy_rules_are_repaired_too() {
     let mesh = RunningPod::new();
     let _sidecar = Probe::sidecar(mesh.world.pod.path()).unwrap();
     let _server = Probe::world(mesh.world.world.path()).unwrap();
-    let mesh_json = mesh_pod("web", "uid-mesh", &mesh.ip.to_string());
+    let mesh_json = mesh_pod(NODE, "web", "uid-mesh", &mesh.ip.to_string());
     let plan = plan_for(&mesh_json, &mesh);
     let legacy = Backend::IptablesLegacy;
     redirect::apply(
@@ -311,7 +275,7 @@ fn a_pod_on_the_other_backend_is_migrated_to_the_nodes() {
     let mesh = RunningPod::new();
     let _sidecar = Probe::sidecar(mesh.world.pod.path()).unwrap();
     let _server = Probe::world(mesh.world.world.path()).unwrap();
-    let mesh_json = mesh_pod("web", "uid-mesh", &mesh.ip.to_string());
+    let mesh_json = mesh_pod(NODE, "web", "uid-mesh", &mesh.ip.to_string());
     let plan = plan_for(&mesh_json, &mesh);
     // Programmed when the node was on iptables-legacy; the node's backend is now nft.
     redirect::apply(
@@ -354,17 +318,17 @@ fn pods_the_plugin_skips_are_never_checked() {
     let running = RunningPod::new();
     let sentinel = RunningPod::new();
     let ip = running.ip.to_string();
-    let mut host_network = mesh_pod("h", "uid-h", &ip);
+    let mut host_network = mesh_pod(NODE, "h", "uid-h", &ip);
     host_network["spec"]["hostNetwork"] = json!(true);
-    let mut excluded_init = mesh_pod("i", "uid-i", &ip);
+    let mut excluded_init = mesh_pod(NODE, "i", "uid-i", &ip);
     excluded_init["spec"]["initContainers"] = json!([{"name": "istio-init"}]);
-    let mut terminating = mesh_pod("t", "uid-t", &ip);
+    let mut terminating = mesh_pod(NODE, "t", "uid-t", &ip);
     terminating["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
-    let mut finished = mesh_pod("f", "uid-f", &ip);
+    let mut finished = mesh_pod(NODE, "f", "uid-f", &ip);
     finished["status"]["phase"] = json!("Succeeded");
     let d = start(&env, &kube);
     for p in [
-        plain_pod("p", "uid-p", &ip),
+        plain_pod(NODE, "p", "uid-p", &ip),
         host_network,
         excluded_init,
         terminating,
@@ -373,7 +337,7 @@ fn pods_the_plugin_skips_are_never_checked() {
         kube.add(p);
     }
     // A mesh pod after them: once it is repaired (it has no rules), the others were seen.
-    kube.add(mesh_pod("s", "uid-s", &sentinel.ip.to_string()));
+    kube.add(mesh_pod(NODE, "s", "uid-s", &sentinel.ip.to_string()));
     assert!(
         wait_until(T, || checks(&d, "repaired") == 1.0),
         "sentinel not programmed\n{}",
@@ -398,8 +362,8 @@ fn a_pod_whose_namespace_is_not_found_is_retried_and_holds_up_no_one() {
     let sentinel = RunningPod::new();
     let d = start(&env, &kube);
     // No namespace holds this address (TEST-NET-3).
-    kube.add(mesh_pod("ghost", "uid-ghost", "203.0.113.77"));
-    kube.add(mesh_pod("s", "uid-s", &sentinel.ip.to_string()));
+    kube.add(mesh_pod(NODE, "ghost", "uid-ghost", "203.0.113.77"));
+    kube.add(mesh_pod(NODE, "s", "uid-s", &sentinel.ip.to_string()));
     assert!(
         wait_until(T, || checks(&d, "repaired") == 1.0),
         "the sentinel waited for the ghost\n{}",
@@ -470,7 +434,7 @@ fn bench_check_cost() {
     let env = Env::new();
     let mesh = RunningPod::new();
     let proc = proc_root(&env);
-    let pod = mesh_pod("web", "uid-bench", &mesh.ip.to_string());
+    let pod = mesh_pod(NODE, "web", "uid-bench", &mesh.ip.to_string());
     let plan = plan_for(&pod, &mesh);
     let nft_backend = BackendChoice::Fixed(Backend::Nft);
     redirect::apply(&plan, Some(mesh.world.pod.path()), nft_backend).unwrap();
@@ -594,7 +558,7 @@ fn bench_daemon_250_pods() {
     ]);
     assert!(wait_until(T, || kube.watchers() > 0), "{}", d.log());
     for (i, ip) in ips.iter().enumerate() {
-        kube.add(mesh_pod(&format!("p{i}"), &format!("uid-{i}"), ip));
+        kube.add(mesh_pod(NODE, &format!("p{i}"), &format!("uid-{i}"), ip));
     }
     // The first check of each (new pods are checked at once): one repairs, the rest are ok.
     assert!(
@@ -648,7 +612,7 @@ fn a_dead_pods_ip_taken_by_another_pod_is_never_programmed() {
     let other = RunningPod::new();
     let ip = dead.ip;
     let d = start(&env, &kube);
-    let web = kube.add(mesh_pod("web", "uid-mesh", &ip.to_string()));
+    let web = kube.add(mesh_pod(NODE, "web", "uid-mesh", &ip.to_string()));
     // No rules yet: the first check programs them (and remembers the namespace).
     assert!(
         wait_until(T, || checks(&d, "repaired") == 1.0),
@@ -693,7 +657,7 @@ fn a_reused_pid_in_another_pods_namespace_is_not_the_pod() {
     let other = RunningPod::new();
     let ip = dead.ip;
     let d = start(&env, &kube);
-    kube.add(mesh_pod("web", "uid-mesh", &ip.to_string()));
+    kube.add(mesh_pod(NODE, "web", "uid-mesh", &ip.to_string()));
     assert!(
         wait_until(T, || checks(&d, "repaired") == 1.0),
         "{}",
@@ -728,7 +692,7 @@ fn an_interrupted_migration_left_with_both_kinds_is_finished_by_the_next_pass() 
     let mesh = RunningPod::new();
     let _sidecar = Probe::sidecar(mesh.world.pod.path()).unwrap();
     let _server = Probe::world(mesh.world.world.path()).unwrap();
-    let mesh_json = mesh_pod("web", "uid-mesh", &mesh.ip.to_string());
+    let mesh_json = mesh_pod(NODE, "web", "uid-mesh", &mesh.ip.to_string());
     let plan = plan_for(&mesh_json, &mesh);
     let legacy = || {
         mesh.world
@@ -777,8 +741,8 @@ fn a_flapping_pod_whose_checks_fail_stays_on_its_backoff() {
     let kube = FakeKube::start();
     let sentinel = RunningPod::new();
     let d = start(&env, &kube);
-    let ghost = kube.add(mesh_pod("ghost", "uid-ghost", "203.0.113.78"));
-    kube.add(mesh_pod("s", "uid-s", &sentinel.ip.to_string()));
+    let ghost = kube.add(mesh_pod(NODE, "ghost", "uid-ghost", "203.0.113.78"));
+    kube.add(mesh_pod(NODE, "s", "uid-s", &sentinel.ip.to_string()));
     assert!(
         wait_until(T, || checks(&d, "repaired") == 1.0
             && checks(&d, "failed") >= 1.0),
@@ -818,7 +782,7 @@ fn a_hung_event_write_holds_up_no_repair() {
     let d = start(&env, &kube);
     kube.hang_next_event_posts(1000);
     // Neither pod has rules: each is repaired, each repair writes an Event that hangs.
-    kube.add(mesh_pod("a", "uid-a", &a.ip.to_string()));
+    kube.add(mesh_pod(NODE, "a", "uid-a", &a.ip.to_string()));
     assert!(
         wait_until(T, || checks(&d, "repaired") == 1.0
             && !kube.events().is_empty()),
@@ -826,7 +790,7 @@ fn a_hung_event_write_holds_up_no_repair() {
         d.log()
     );
     let t0 = Instant::now();
-    kube.add(mesh_pod("b", "uid-b", &b.ip.to_string()));
+    kube.add(mesh_pod(NODE, "b", "uid-b", &b.ip.to_string()));
     assert!(
         wait_until(REPAIR_BOUND, || checks(&d, "repaired") == 2.0),
         "the second pod waited for the first one's hung Event\n{}",
@@ -849,6 +813,7 @@ fn hung_event_writes_are_capped() {
     kube.hang_next_event_posts(1000);
     for (i, p) in pods.iter().enumerate() {
         kube.add(mesh_pod(
+            NODE,
             &format!("p{i}"),
             &format!("uid-{i}"),
             &p.ip.to_string(),
@@ -887,7 +852,7 @@ fn a_namespace_in_another_pods_cgroup_is_never_programmed() {
     // The other pod's namespace holds web's IP too (a stale address, a misbehaving IPAM).
     other.add_ip(web.ip);
     let d = start(&env, &kube);
-    kube.add(mesh_pod("web", WEB, &web.ip.to_string()));
+    kube.add(mesh_pod(NODE, "web", WEB, &web.ip.to_string()));
     assert!(
         wait_until(T, || checks(&d, "repaired") == 1.0),
         "the namespace in web's own cgroup was not picked\n{}",
@@ -897,7 +862,7 @@ fn a_namespace_in_another_pods_cgroup_is_never_programmed() {
     // A pod the API lists Running with the other pod's IP, whose own sandbox is gone: the
     // namespace holding the IP belongs to the other pod and is never programmed.
     let failed = checks(&d, "failed");
-    kube.add(mesh_pod("ghost", GHOST, &other.ip.to_string()));
+    kube.add(mesh_pod(NODE, "ghost", GHOST, &other.ip.to_string()));
     assert!(
         d.wait_log(&format!("belong to pod {OTHER}"), T),
         "{}",

@@ -10,12 +10,9 @@
 mod common;
 
 use capture::Plan;
-use common::kube_api::{FakeKube, broken_pod};
-use common::running::{RunningPod, proc_root};
+use common::kube_api::FakeKube;
+use common::running::{RunningPod, mesh_pod, nft, plain_pod, plan_for, proc_root};
 use common::*;
-use guardian::podplan;
-use k8s_openapi::api::core::v1::Pod;
-use pod_policy::Decision;
 use redirect::{Backend, BackendChoice};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -44,34 +41,6 @@ fn status(args: &[&str]) -> (i32, String, String) {
     )
 }
 
-fn mesh_pod(name: &str, uid: &str, ip: &str) -> Value {
-    let mut p = broken_pod("shop", name, uid, ip, NODE, 126);
-    p["status"]["phase"] = json!("Running");
-    p["status"]["initContainerStatuses"][0]["state"] =
-        json!({"terminated": {"exitCode": 0, "reason": "Completed"}});
-    p["status"]["initContainerStatuses"][0]["lastState"] = json!({});
-    p
-}
-
-fn plain_pod(name: &str, uid: &str, ip: &str) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "shop", "uid": uid},
-        "spec": {"nodeName": NODE, "containers": [{"name": "app", "image": "app"}]},
-        "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}
-    })
-}
-
-fn plan_for(pod: &Value, running: &RunningPod) -> Plan {
-    let pod: Pod = serde_json::from_value(pod.clone()).unwrap();
-    let Decision::Sidecar(pc) = podplan::verdict(&pod, &sidecar_policy()).unwrap() else {
-        panic!("not a mesh pod")
-    };
-    podplan::plan_in(&pc.config, running.world.pod.path())
-        .unwrap()
-        .0
-}
-
 fn apply(plan: &Plan, p: &RunningPod) {
     redirect::apply(
         plan,
@@ -79,11 +48,6 @@ fn apply(plan: &Plan, p: &RunningPod) {
         BackendChoice::Fixed(Backend::Nft),
     )
     .unwrap();
-}
-
-fn nft(p: &RunningPod, args: &str) {
-    let args: Vec<&str> = args.split_whitespace().collect();
-    p.world.pod.exec_ok("nft", &args).unwrap();
 }
 
 fn start(env: &Env, kube: &FakeKube, reconcile: bool) -> Daemon {
@@ -160,9 +124,9 @@ fn the_report_says_what_each_pod_should_get_and_has() {
         RunningPod::new(),
         RunningPod::new(),
     );
-    let web_json = mesh_pod("web", "uid-web", &web.ip.to_string());
-    let db_json = mesh_pod("db", "uid-db", &db.ip.to_string());
-    let api_json = mesh_pod("api", "uid-api", &api.ip.to_string());
+    let web_json = mesh_pod(NODE, "web", "uid-web", &web.ip.to_string());
+    let db_json = mesh_pod(NODE, "db", "uid-db", &db.ip.to_string());
+    let api_json = mesh_pod(NODE, "api", "uid-api", &api.ip.to_string());
     let (web_plan, db_plan, api_plan) = (
         plan_for(&web_json, &web),
         plan_for(&db_json, &db),
@@ -175,7 +139,7 @@ fn the_report_says_what_each_pod_should_get_and_has() {
     kube.add(web_json);
     kube.add(db_json);
     kube.add(api_json);
-    kube.add(plain_pod("plain", "uid-plain", &plain.ip.to_string()));
+    kube.add(plain_pod(NODE, "plain", "uid-plain", &plain.ip.to_string()));
     let run = env.run.to_str().unwrap();
 
     let r = report(&env.run, 4);
@@ -351,7 +315,7 @@ fn a_repair_is_the_pods_last_programmed_time() {
     let env = Env::new();
     let kube = FakeKube::start();
     let web = RunningPod::new();
-    let web_json = mesh_pod("web", "uid-web", &web.ip.to_string());
+    let web_json = mesh_pod(NODE, "web", "uid-web", &web.ip.to_string());
     let plan = plan_for(&web_json, &web);
     apply(&plan, &web);
     let d = start(&env, &kube, true);

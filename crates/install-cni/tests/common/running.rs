@@ -3,6 +3,12 @@
 #![allow(dead_code)]
 
 use super::Env;
+use super::kube_api::broken_pod;
+use capture::Plan;
+use guardian::podplan;
+use k8s_openapi::api::core::v1::Pod;
+use pod_policy::Decision;
+use serde_json::{Value, json};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -97,4 +103,41 @@ pub fn proc_root(env: &Env) -> PathBuf {
     }
     std::os::unix::fs::symlink(format!("/proc/{}", std::process::id()), root.join("1")).unwrap();
     root
+}
+
+/// A running sidecar pod on `node` whose istio-validation init container succeeded.
+pub fn mesh_pod(node: &str, name: &str, uid: &str, ip: &str) -> Value {
+    let mut p = broken_pod("shop", name, uid, ip, node, 126);
+    p["status"]["phase"] = json!("Running");
+    p["status"]["initContainerStatuses"][0]["state"] =
+        json!({"terminated": {"exitCode": 0, "reason": "Completed"}});
+    p["status"]["initContainerStatuses"][0]["lastState"] = json!({});
+    p
+}
+
+/// A pod on `node` outside the mesh (no sidecar).
+pub fn plain_pod(node: &str, name: &str, uid: &str, ip: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "shop", "uid": uid},
+        "spec": {"nodeName": node, "containers": [{"name": "app", "image": "app"}]},
+        "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}
+    })
+}
+
+/// The plan the plugin programs for `pod` in `running`'s namespace (the daemon's own code).
+pub fn plan_for(pod: &Value, running: &RunningPod) -> Plan {
+    let pod: Pod = serde_json::from_value(pod.clone()).unwrap();
+    let Decision::Sidecar(pc) = podplan::verdict(&pod, &super::sidecar_policy()).unwrap() else {
+        panic!("not a mesh pod")
+    };
+    podplan::plan_in(&pc.config, running.world.pod.path())
+        .unwrap()
+        .0
+}
+
+/// `nft ARGS` in the pod's namespace; its output.
+pub fn nft(p: &RunningPod, args: &str) -> String {
+    let args: Vec<&str> = args.split_whitespace().collect();
+    p.world.pod.exec_ok("nft", &args).unwrap()
 }
