@@ -105,16 +105,11 @@ fn scenario(backend: Option<&str>) {
     // first, which containerd loads (every RunPodSandbox below goes through it); the primary's
     // own file untouched.
     let owned = rn.node.net_dir.join(OWNED_CONFLIST);
-    let types = |v: &serde_json::Value| -> Vec<String> {
-        v["plugins"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|p| p["type"].as_str().unwrap_or("").to_string())
-            .collect()
-    };
     let ours: serde_json::Value = serde_json::from_slice(&fs::read(&owned).unwrap()).unwrap();
-    assert_eq!(types(&ours), ["bridge", "portmap", "istio-cni"]);
+    assert_eq!(
+        integration::install_fixtures::types(&ours),
+        ["bridge", "portmap", "istio-cni"]
+    );
     assert_eq!(rn.node.conflist_json().unwrap(), primary);
     for b in ["istio-cni", "istio-nftables"] {
         assert!(rn.node.bin_dir.join(b).is_file(), "{b} not installed");

@@ -16,13 +16,7 @@ const OWNED: &str = "02-istio-cni.conflist";
 
 fn types(p: &Path) -> Vec<String> {
     read_json(p)
-        .and_then(|v| {
-            v["plugins"].as_array().map(|a| {
-                a.iter()
-                    .map(|p| p["type"].as_str().unwrap_or("").to_string())
-                    .collect()
-            })
-        })
+        .map(|v| testbed::install_fixtures::types(&v))
         .unwrap_or_default()
 }
 

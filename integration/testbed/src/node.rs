@@ -322,13 +322,7 @@ impl Node {
     /// Plugin types in the conflist, in chain order.
     pub fn chain(&self) -> Vec<String> {
         self.conflist_json()
-            .and_then(|v| {
-                v["plugins"].as_array().map(|a| {
-                    a.iter()
-                        .map(|p| p["type"].as_str().unwrap_or("").to_string())
-                        .collect()
-                })
-            })
+            .map(|v| crate::install_fixtures::types(&v))
             .unwrap_or_default()
     }
 
