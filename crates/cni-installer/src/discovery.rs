@@ -347,18 +347,20 @@ pub fn plan_standalone(files: &[ConfFile], file_name: &str, entry: &Value) -> Co
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
-    fn f(name: &str, content: &str) -> ConfFile {
+    /// A config file of the net dir.
+    pub(crate) fn f(name: &str, content: &str) -> ConfFile {
         ConfFile {
             name: name.into(),
             content: content.as_bytes().to_vec(),
         }
     }
 
-    fn entry() -> Value {
+    /// Our conflist entry, as the tests write it.
+    pub(crate) fn entry() -> Value {
         json!({"name": "istio-cni", "type": "istio-cni", "cniVersion": "0.3.1", "x": 1})
     }
 

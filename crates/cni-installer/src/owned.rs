@@ -133,18 +133,7 @@ pub fn is_leftover(content: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    fn f(name: &str, content: &str) -> ConfFile {
-        ConfFile {
-            name: name.into(),
-            content: content.as_bytes().to_vec(),
-        }
-    }
-
-    fn entry() -> Value {
-        json!({"name": "istio-cni", "type": "istio-cni", "cniVersion": "0.3.1", "x": 1})
-    }
+    use crate::discovery::tests::{entry, f};
 
     const CALICO: &str = r#"{"cniVersion":"0.3.1","name":"k8s-pod-network","plugins":[{"type":"calico"},{"type":"portmap"}]}"#;
 
