@@ -306,21 +306,10 @@ mod tests {
 
     fn entry(mode: Mode, state: State) -> PodEntry {
         PodEntry {
-            namespace: "shop".into(),
-            name: "web".into(),
-            uid: None,
-            ips: Vec::new(),
             mode,
-            reason: String::new(),
-            netns: None,
             rules: Rules::Ok,
-            backend: None,
-            drift: Vec::new(),
-            ambient: None,
-            last_programmed: None,
-            last_checked: None,
             state,
-            detail: None,
+            ..PodEntry::unknown("shop".into(), "web".into(), None)
         }
     }
 

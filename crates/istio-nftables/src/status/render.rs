@@ -203,21 +203,14 @@ mod tests {
 
     fn pod(name: &str, mode: Mode, rules: Rules, state: State) -> PodEntry {
         PodEntry {
-            namespace: "shop".into(),
-            name: name.into(),
-            uid: Some(format!("uid-{name}")),
             ips: vec!["10.0.0.1".parse().unwrap()],
             mode,
             reason: format!("why {name}"),
             netns: Some("/proc/42/ns/net".into()),
             rules,
             backend: Some("nft".into()),
-            drift: Vec::new(),
-            ambient: None,
-            last_programmed: None,
-            last_checked: None,
             state,
-            detail: None,
+            ..PodEntry::unknown("shop".into(), name.into(), Some(format!("uid-{name}")))
         }
     }
 
