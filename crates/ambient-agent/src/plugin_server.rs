@@ -216,14 +216,10 @@ fn open_netns(path: &str, proc_root: &Path, checked: Option<NetnsId>) -> Result<
     }
     let resolved = resolve_netns(path, proc_root);
     // Checked and kept as one open: the descriptor served is the namespace that was checked.
-    let ns = netns::ForeignNetns::open(&resolved).map_err(|e| format!("Netns {path:?}: {e}"))?;
-    // ForeignNetns knows the node by this process's /proc/1, which is the container's own init
-    // when the daemon has no host PID namespace (Istio's chart): the host's /proc says too.
-    if netns::NsId::of_path(&proc_root.join("1/ns/net")).is_ok_and(|node| node == ns.id()) {
-        return Err(format!(
-            "Netns {path:?} is the node's own network namespace; refused"
-        ));
-    }
+    // The node by the host's /proc too: without the host's PID namespace (Istio's chart) this
+    // process's /proc/1 is its container's own init.
+    let ns = netns::ForeignNetns::open_on_node(&resolved, proc_root)
+        .map_err(|e| format!("Netns {path:?}: {e}"))?;
     if let Some(want) = checked {
         let got = ns.id();
         if (got.dev, got.ino) != (want.dev, want.ino) {

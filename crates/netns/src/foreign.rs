@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 /// caller names the setting and its value (`CNI_NETNS "…": …`), so the path is shown once.
 #[derive(Debug, thiserror::Error)]
 pub enum ForeignError {
-    #[error("the host's network namespace ({id}, same as /proc/1/ns/net)")]
+    #[error("the host's network namespace ({id}, PID 1's)")]
     Host { path: PathBuf, id: NsId },
     #[error("this process's own network namespace ({id})")]
     Own { path: PathBuf, id: NsId },
@@ -80,6 +80,13 @@ impl ForeignNetns {
     /// caller's own (`/proc/thread-self/ns/net`, i.e. call this on a thread that has not
     /// entered another namespace) nor the host's (`/proc/1/ns/net`).
     pub fn open(path: &Path) -> Result<ForeignNetns, ForeignError> {
+        Self::open_on_node(path, Path::new("/proc"))
+    }
+
+    /// [`ForeignNetns::open`], and not the node's by `node_proc` either (the host's /proc as
+    /// mounted): a daemon without the host's PID namespace sees its container's own init as
+    /// its `/proc/1`.
+    pub fn open_on_node(path: &Path, node_proc: &Path) -> Result<ForeignNetns, ForeignError> {
         let held = HeldNetns::open(path)?;
         let id = held.id();
         let own = NsId::current().map_err(|source| io_error(path, source))?;
@@ -91,9 +98,8 @@ impl ForeignNetns {
         }
         // Unreadable (e.g. another PID namespace hides PID 1's links): the own-namespace test
         // above still holds; the host check needs this file.
-        if let Ok(host) = NsId::of_path(Path::new("/proc/1/ns/net"))
-            && id == host
-        {
+        let is_node = |proc: &Path| NsId::of_path(&proc.join("1/ns/net")).is_ok_and(|n| n == id);
+        if is_node(Path::new("/proc")) || is_node(node_proc) {
             return Err(ForeignError::Host {
                 path: path.to_path_buf(),
                 id,
