@@ -10,6 +10,8 @@
 #   ambient ADD, RSS      integration/bench/src/bin/bench-ambient.rs (chain -> agent -> rules -> real ztunnel Ack; agent RSS)
 #   plugin size/RSS       crates/istio-cni/tests/bench.rs           (-> integration/results/cni-plugin.txt)
 #   daemon RSS/repair     crates/install-cni/tests/bench.rs          (-> integration/results/install-cni.txt)
+#   charts                integration/bench/src/bin/bench-plot.rs    (docs/img/bench-*.svg from the raw samples
+#                         bench-conn, bench-cni and bench-ambient write into integration/results/samples)
 # Env: SAMPLES (apply, default 30), CONNS (default 3000), MIGRATE_PODS (default 50), PODS (200),
 #      PAR (100), SANDBOXES (30), ROUNDS (3), AMBIENT_PODS (500), SKIP_CRATE_BENCHES=1.
 set -euo pipefail
@@ -23,6 +25,12 @@ cargo build --locked --release -q --workspace --bins
 res=integration/results
 out=$res/bench.md
 tmp=$(mktemp); trap 'rm -f "$tmp"' EXIT
+# The benches behind the charts write their raw samples here; stale ones must not be drawn.
+export BENCH_SAMPLES_DIR=$res/samples
+rm -rf "$BENCH_SAMPLES_DIR"; mkdir -p "$BENCH_SAMPLES_DIR"
+# A chart bench-plot draws at the end, linked from the generated section (relative to the
+# results; the copy in docs/ links relative to docs/).
+chart() { echo; echo "![$1](../../docs/img/$2)"; }
 
 if [ "${SKIP_CRATE_BENCHES:-0}" != 1 ]; then
   echo "bench: plugin (ADD alone, peak RSS, binary) -> $res/cni-plugin.txt" >&2
@@ -36,7 +44,7 @@ fi
 cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1)
 mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)
 {
-  echo "Measured $(date -u +%Y-%m-%d) by \`integration/scripts/bench.sh\` on $(. /etc/os-release; echo "$PRETTY_NAME"), kernel $(uname -r), $(nproc) vCPU ($cpu), $mem; load average at the start: $(cut -d' ' -f1-3 /proc/loadavg). Release build."
+  echo "Measured $(date -u +%Y-%m-%d) by \`integration/scripts/bench.sh\` on $(. /etc/os-release; echo "$PRETTY_NAME"), kernel $(uname -r), $(nproc) vCPU ($cpu), $mem; load average at the start: $(cut -d' ' -f1-3 /proc/loadavg). Release build. The charts are drawn by \`bench-plot\` from this run's raw samples (\`integration/results/samples/\`)."
   echo
   echo "**Rule programming** (default sidecar rules, a fresh network namespace per sample):"
   echo
@@ -47,6 +55,7 @@ mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)
   echo
   echo "bench: per-connection cost" >&2
   "$bin/bench-conn" "${CONNS:-3000}" 10000
+  chart "p50 connection setup against 0, 10, 100, 1000 and 10,000 excluded CIDRs, four ways" bench-conn-cidrs.svg
   echo
   echo "**Live migration of a running pod** (\`redirect::migrate\` / \`istio-nftables migrate\`, in-process; default sidecar rules, dual stack; program and verify the new backend, remove the old, verify the end state, under the namespace's lock; a new pod namespace per sample):"
   echo
@@ -57,6 +66,8 @@ mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)
   echo
   echo "bench: CNI ADD" >&2
   "$bin/bench-cni" "${PODS:-200}" "${PAR:-100}"
+  chart "sidecar CNI ADD latency, cumulative: one after another and ${PAR:-100} at once" bench-cni-add.svg
+  chart "sidecar CNI ADD burst: each of the ${PAR:-100} ADDs from start to end" bench-cni-burst.svg
   echo
   echo "**Pod lookup** (the plugin asks the node daemon's pod watch over \`pods.sock\` instead of the API server; API server behind TLS on loopback):"
   echo
@@ -72,6 +83,8 @@ mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)
   echo
   echo "bench: ambient ADD" >&2
   "$bin/bench-ambient" 50 "${PAR:-100}" "${AMBIENT_PODS:-500}"
+  chart "ambient ADD latency, cumulative: whole chain, istio-cni's own ADD, agent enroll" bench-ambient-add.svg
+  chart "ambient ADD bursts: each ADD from start to end, whole chain and istio-cni alone" bench-ambient-burst.svg
   echo
   echo "**RunPodSandbox under containerd** (Debian's containerd 1.6 over the CRI, install-cni running from the image, sidecar pods; with and without istio-cni in the chain, alternating rounds):"
   echo
@@ -92,11 +105,13 @@ mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)
   awk '/^repair latency/ {getline; sub(/^ +/, ""); sub(/ +\[.*$/, ""); print "| install-cni repair latency (primary drops our entry -> back) | " $0 " |"}' $res/install-cni.txt
 } > "$tmp"
 cp "$tmp" "$out"
+echo "bench: charts -> docs/img" >&2
+"$bin/bench-plot" "$BENCH_SAMPLES_DIR" docs/img >&2
 
 python3 - "$out" docs/benchmarks.md <<'PY'
 import sys
 res, readme = sys.argv[1], sys.argv[2]
-body = open(res).read().rstrip() + "\n"
+body = open(res).read().rstrip().replace("](../../docs/img/", "](img/") + "\n"
 s = open(readme).read()
 b, e = "<!-- bench:begin -->\n", "<!-- bench:end -->"
 if b not in s or e not in s:

@@ -5,8 +5,11 @@
 //!
 //! Usage: bench-ambient [sequential pods] [parallel pods] [total pods for RSS] — prints a
 //! Markdown table. Uses the binaries next to itself (or ISTIO_CNI_BIN_DIR) and the ztunnel of
-//! `integration/scripts/build-ztunnel.sh`; run the release build.
+//! `integration/scripts/build-ztunnel.sh`; run the release build. With BENCH_SAMPLES_DIR set,
+//! also writes each ADD's latency (`ambient-add.csv`) and the bursts' timelines
+//! (`ambient-burst.csv`) for bench-plot.
 
+use bench::samples::{self, Span};
 use std::time::{Duration, Instant};
 use testbed::ambient::{AmbientNode, AmbientOptions, Mode, Pod, PodPlan};
 use testbed::cni::{percentile, plugin_adds, require_cni_tools};
@@ -62,9 +65,9 @@ fn add_all(node: &AmbientNode, pods: &[Pod]) -> Vec<Duration> {
         .collect()
 }
 
-/// Runs `op` on every pod at once (all released together); each one's duration and the
-/// wall time until the last one finished.
-fn burst(pods: &[Pod], op: impl Fn(&Pod) + Sync) -> (Vec<Duration>, Duration) {
+/// Runs `op` on every pod at once (all released together); each one's span and the wall time
+/// until the last one finished.
+fn burst(pods: &[Pod], op: impl Fn(&Pod) + Sync) -> (Vec<Span>, Duration) {
     let barrier = std::sync::Barrier::new(pods.len());
     let mut t0 = None;
     let each = std::thread::scope(|s| {
@@ -74,9 +77,7 @@ fn burst(pods: &[Pod], op: impl Fn(&Pod) + Sync) -> (Vec<Duration>, Duration) {
                 let (op, barrier) = (&op, &barrier);
                 s.spawn(move || {
                     barrier.wait();
-                    let t = Instant::now();
-                    op(p);
-                    t.elapsed()
+                    Span::time(|| op(p)).1
                 })
             })
             .collect();
@@ -90,7 +91,7 @@ fn burst(pods: &[Pod], op: impl Fn(&Pod) + Sync) -> (Vec<Duration>, Duration) {
 /// (one after another, untimed), then the 100 istio-cni processes start at once with that
 /// result, as the runtime calls the chain's last plugin. Measures what the product adds to a
 /// burst without the CPU the other plugins' 300 processes take on this 2-vCPU machine.
-fn plugin_alone_burst(node: &AmbientNode, pods: Vec<Pod>) -> (Vec<Pod>, Vec<Duration>, Duration) {
+fn plugin_alone_burst(node: &AmbientNode, pods: Vec<Pod>) -> (Vec<Pod>, Vec<Span>, Duration) {
     let prev: Vec<serde_json::Value> = pods
         .iter()
         .map(|p| {
@@ -109,6 +110,103 @@ fn plugin_alone_burst(node: &AmbientNode, pods: Vec<Pod>) -> (Vec<Pod>, Vec<Dura
         assert!(r.ok, "istio-cni ADD of {} failed: {}", p.name(), r.stdout);
     });
     (pods, each, wall)
+}
+
+fn durations(spans: &[Span]) -> Vec<Duration> {
+    spans.iter().map(Span::elapsed).collect()
+}
+
+/// One table row's latencies and, if the ADD chart shows them, their label there.
+struct Series {
+    table: String,
+    chart: Option<String>,
+    d: Vec<Duration>,
+}
+
+fn series(table: &str, chart: Option<&str>, d: Vec<Duration>) -> Series {
+    Series {
+        table: table.to_string(),
+        chart: chart.map(str::to_string),
+        d,
+    }
+}
+
+/// The raw samples behind the table, for bench-plot's charts: the charted rows' latencies and
+/// both bursts' timelines.
+fn write_samples(series: &[Series], chain: &[Span], alone: &[Span]) {
+    let rows = series
+        .iter()
+        .filter_map(|s| Some(samples::latency_rows(s.chart.as_deref()?, &s.d)))
+        .flatten();
+    samples::write("ambient-add.csv", "series,ms", rows);
+    let par = chain.len();
+    let mut rows = samples::timeline_rows(&format!("{par} at once: whole chain"), chain);
+    rows.extend(samples::timeline_rows(
+        &format!("{par} at once: istio-cni alone (the chain's other plugins ran before)"),
+        alone,
+    ));
+    samples::write("ambient-burst.csv", "burst,start_ms,end_ms", rows);
+}
+
+/// The table's rows: one after another (cnitool, istio-cni's own ADD, agent enroll), the burst
+/// (the same and the agent's queue), the burst of istio-cni alone (the same three).
+fn table(
+    par: usize,
+    [seq_wall, own_seq, agent_seq]: [Vec<Duration>; 3],
+    [par_wall, own_par, agent_par, queued_par]: [Vec<Duration>; 4],
+    [alone_wall, own_alone, agent_alone]: [Vec<Duration>; 3],
+) -> [Series; 10] {
+    let at_once = |what: &str| format!("{par} at once{what}");
+    [
+        series(
+            "sequential: cnitool, whole chain",
+            Some("sequential: whole chain"),
+            seq_wall,
+        ),
+        series(
+            "sequential: istio-cni's own ADD (its log)",
+            Some("sequential: istio-cni's own ADD"),
+            own_seq,
+        ),
+        series(
+            "sequential: agent enroll (rules + probe set + ztunnel Ack)",
+            Some("sequential: agent enroll"),
+            agent_seq,
+        ),
+        series(
+            &at_once(": cnitool, whole chain"),
+            Some(&at_once(": whole chain")),
+            par_wall,
+        ),
+        series(
+            &at_once(": istio-cni's own ADD"),
+            Some(&at_once(": istio-cni's own ADD")),
+            own_par,
+        ),
+        series(
+            &at_once(": agent enroll"),
+            Some(&at_once(": agent enroll")),
+            agent_par,
+        ),
+        series(
+            &at_once(": agent queue (waiting for the pod's own lock)"),
+            None,
+            queued_par,
+        ),
+        series(
+            &at_once(
+                ", istio-cni alone (the chain's other plugins ran before): each ADD as the runtime sees it",
+            ),
+            Some(&at_once(": istio-cni alone")),
+            alone_wall,
+        ),
+        series(&at_once(", istio-cni alone: its own ADD"), None, own_alone),
+        series(
+            &at_once(", istio-cni alone: agent enroll"),
+            None,
+            agent_alone,
+        ),
+    ]
 }
 
 fn main() {
@@ -142,7 +240,7 @@ fn main() {
     let agent_seq = agent_enrolls(&node.node.daemon().log(), "took_us");
 
     let parallel = create(seq..seq + par);
-    let (par_wall, par_total) = burst(&parallel, |p| {
+    let (par_spans, par_total) = burst(&parallel, |p| {
         let r = node.add(p);
         assert!(r.ok, "ADD of {} failed: {}", p.name(), r.stdout);
     });
@@ -156,7 +254,7 @@ fn main() {
         .iter()
         .filter(|r| r.method == "GET" && r.path.starts_with("/api/v1/namespaces/"))
         .count();
-    let (alone, alone_wall, alone_total) =
+    let (alone, alone_spans, alone_total) =
         plugin_alone_burst(&node, create(seq + par..seq + 2 * par));
     let own_all = plugin_adds(&node.node.plugin_log());
     let own_alone = own_all[own_all.len() - par..].to_vec();
@@ -175,35 +273,18 @@ fn main() {
     });
     let rss_full = rss_kb(pid);
 
+    let rows = table(
+        par,
+        [seq_wall, own_seq, agent_seq],
+        [durations(&par_spans), own_par, agent_par, queued_par],
+        [durations(&alone_spans), own_alone, agent_alone],
+    );
     println!("| ambient ADD ({total} pods on the node at the end) | n | p50 ms | p99 ms |");
     println!("|---|---|---|---|");
-    row("sequential: cnitool, whole chain", seq_wall);
-    row("sequential: istio-cni's own ADD (its log)", own_seq);
-    row(
-        "sequential: agent enroll (rules + probe set + ztunnel Ack)",
-        agent_seq,
-    );
-    row(&format!("{par} at once: cnitool, whole chain"), par_wall);
-    row(&format!("{par} at once: istio-cni's own ADD"), own_par);
-    row(&format!("{par} at once: agent enroll"), agent_par);
-    row(
-        &format!("{par} at once: agent queue (waiting for the pod's own lock)"),
-        queued_par,
-    );
-    row(
-        &format!(
-            "{par} at once, istio-cni alone (the chain's other plugins ran before): each ADD as the runtime sees it"
-        ),
-        alone_wall,
-    );
-    row(
-        &format!("{par} at once, istio-cni alone: its own ADD"),
-        own_alone,
-    );
-    row(
-        &format!("{par} at once, istio-cni alone: agent enroll"),
-        agent_alone,
-    );
+    for r in &rows {
+        row(&r.table, r.d.clone());
+    }
+    write_samples(&rows, &par_spans, &alone_spans);
     println!(
         "\n{par} ADDs at once done in {} ms through the whole chain, {} ms for istio-cni alone. API requests (pod or namespace GETs) per ambient pod start: {:.2}. Agent RSS: {:.1} MB with 0 ambient pods, {:.1} MB with {total}.",
         par_total.as_millis(),

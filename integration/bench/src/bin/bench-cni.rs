@@ -3,8 +3,11 @@
 //! one after another, then M pods at once; every pod must end up with our rules.
 //!
 //! Usage: bench-cni [sequential pods] [parallel pods] — prints a Markdown table. Uses the
-//! binaries next to itself (or ISTIO_CNI_BIN_DIR); run the release build.
+//! binaries next to itself (or ISTIO_CNI_BIN_DIR); run the release build. With
+//! BENCH_SAMPLES_DIR set, also writes each ADD's latency (`cni-add.csv`) and the burst's
+//! timeline (`cni-burst.csv`) for bench-plot.
 
+use bench::samples::{self, Span};
 use std::time::{Duration, Instant};
 use testbed::TestNetns;
 use testbed::cni::{Run, percentile, plugin_adds, require_cni_tools, rules};
@@ -13,6 +16,30 @@ use testbed::pods::{DemoPod, PodKind};
 
 fn ms(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1000.0)
+}
+
+/// The raw samples behind the table's ADD rows, for bench-plot's charts.
+fn write_samples(
+    adds: &[Duration],
+    par_t: &[Duration],
+    own_seq: &[Duration],
+    own_par: &[Duration],
+    spans: &[Span],
+) {
+    let par = spans.len();
+    let rows = [
+        samples::latency_rows("sequential: whole chain", adds),
+        samples::latency_rows(&format!("{par} at once: whole chain"), par_t),
+        samples::latency_rows("sequential: istio-cni itself", own_seq),
+        samples::latency_rows(&format!("{par} at once: istio-cni itself"), own_par),
+    ];
+    samples::write("cni-add.csv", "series,ms", rows.into_iter().flatten());
+    let burst = format!("{par} at once: whole chain");
+    samples::write(
+        "cni-burst.csv",
+        "burst,start_ms,end_ms",
+        samples::timeline_rows(&burst, spans),
+    );
 }
 
 fn main() {
@@ -49,24 +76,25 @@ fn main() {
     }
     adds.sort();
     dels.sort();
-    let own_seq = plugin_adds(&node.plugin_log());
+    let mut own_seq = plugin_adds(&node.plugin_log());
+    own_seq.sort();
 
     // Parallel: all ADDs released at once.
     let pods: Vec<_> = (0..par).map(|i| pod(seq + i)).collect();
     let barrier = std::sync::Barrier::new(par);
     let t0 = Instant::now();
-    let runs: Vec<Run> = std::thread::scope(|s| {
+    let (runs, spans): (Vec<Run>, Vec<Span>) = std::thread::scope(|s| {
         let hs: Vec<_> = pods
             .iter()
             .map(|(spec, ns)| {
                 let (node, barrier) = (&node, &barrier);
                 s.spawn(move || {
                     barrier.wait();
-                    node.add(ns, spec)
+                    Span::time(|| node.add(ns, spec))
                 })
             })
             .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+        hs.into_iter().map(|h| h.join().unwrap()).unzip()
     });
     let wall = t0.elapsed();
     let own_all = plugin_adds(&node.plugin_log());
@@ -80,6 +108,7 @@ fn main() {
         node.del(ns, spec);
     }
     node.stop_daemon().unwrap();
+    write_samples(&adds, &par_t, &own_seq, &own_par, &spans);
 
     println!(
         "| CNI ADD through cnitool (bridge + host-local, portmap, istio-cni) | p50 ms | p99 ms | pods |"
@@ -102,8 +131,6 @@ fn main() {
         ms(percentile(&par_t, 0.99))
     );
     if !own_seq.is_empty() {
-        let mut own_seq = own_seq;
-        own_seq.sort();
         println!(
             "| of which istio-cni itself (its log: start to result), one after another | {} | {} | {} |",
             ms(percentile(&own_seq, 0.5)),

@@ -9,8 +9,12 @@
 //! handshake inside the syscall, so its duration is the setup cost. Linger 0 (RST on close)
 //! keeps TIME_WAIT and conntrack from piling up.
 //!
-//! Usage: bench-conn [connections per case] [excluded CIDRs] — prints a Markdown table.
+//! Usage: bench-conn [connections per case] [excluded CIDRs] — prints a Markdown table of 0
+//! against that many CIDRs. Each method is also measured along a sweep (0, 10, 100, 1000 and
+//! that many CIDRs); with BENCH_SAMPLES_DIR set the sweep goes to `conn-cidrs.csv` for
+//! bench-plot.
 
+use bench::samples;
 use capture::{Config, Facts, IpNet, Ipv6Mode, Plan};
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -44,6 +48,17 @@ impl Method {
             Method::NftLinear => "Istio-style nft, one rule per CIDR (`nft -f`)",
             Method::LegacyLinear => "Istio iptables-legacy, one rule per CIDR",
             Method::IptablesNftLinear => "Istio iptables-nft, one rule per CIDR",
+        }
+    }
+
+    /// The label in bench-plot's chart (no Markdown, no comma).
+    fn chart_label(self) -> &'static str {
+        match self {
+            Method::None => "no rules at all (reference)",
+            Method::OursSets => "ours: nft; one interval set",
+            Method::NftLinear => "Istio-style nft; one rule per CIDR",
+            Method::LegacyLinear => "Istio iptables-legacy; one rule per CIDR",
+            Method::IptablesNftLinear => "Istio iptables-nft; one rule per CIDR",
         }
     }
 }
@@ -180,6 +195,13 @@ fn pct(v: &[f64], p: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// The CIDR counts of the sweep: powers of ten up to `k`, and `k`.
+fn sweep(k: u32) -> Vec<u32> {
+    let mut v: Vec<u32> = [0, 10, 100, 1000].into_iter().filter(|&c| c < k).collect();
+    v.push(k);
+    v
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let n: usize = args
@@ -191,8 +213,9 @@ fn main() {
         .map(|s| s.parse().expect("cidrs"))
         .unwrap_or(10_000);
     testbed::require_root();
-    let (p0, pk) = (plan(0), plan(k));
-    let reference = measure(Method::None, &p0, n);
+    let counts = sweep(k);
+    let plans: Vec<Plan> = counts.iter().map(|&c| plan(c)).collect();
+    let reference = measure(Method::None, &plans[0], n);
     println!(
         "| connection setup, {n} connections each (connect() in a pod namespace, redirected to 15001) | 0 CIDRs p50 µs | {k} CIDRs p50 µs | {k} CIDRs p90 µs | ratio {k} / 0 |"
     );
@@ -202,21 +225,36 @@ fn main() {
         Method::None.label(),
         pct(&reference, 0.5)
     );
+    let mut rows = vec![format!(
+        "{},0,{:.2},{:.2}",
+        Method::None.chart_label(),
+        pct(&reference, 0.5),
+        pct(&reference, 0.9)
+    )];
     for m in [
         Method::OursSets,
         Method::NftLinear,
         Method::LegacyLinear,
         Method::IptablesNftLinear,
     ] {
-        let zero = measure(m, &p0, n);
-        let many = measure(m, &pk, n);
+        let each: Vec<Vec<f64>> = plans.iter().map(|p| measure(m, p, n)).collect();
+        for (c, v) in counts.iter().zip(&each) {
+            rows.push(format!(
+                "{},{c},{:.2},{:.2}",
+                m.chart_label(),
+                pct(v, 0.5),
+                pct(v, 0.9)
+            ));
+        }
+        let (zero, many) = (&each[0], &each[each.len() - 1]);
         println!(
             "| {} | {:.1} | {:.1} | {:.1} | **{:.2}×** |",
             m.label(),
-            pct(&zero, 0.5),
-            pct(&many, 0.5),
-            pct(&many, 0.9),
-            pct(&many, 0.5) / pct(&zero, 0.5)
+            pct(zero, 0.5),
+            pct(many, 0.5),
+            pct(many, 0.9),
+            pct(many, 0.5) / pct(zero, 0.5)
         );
     }
+    samples::write("conn-cidrs.csv", "method,cidrs,p50_us,p90_us", rows);
 }
