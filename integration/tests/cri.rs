@@ -302,7 +302,7 @@ fn containerd_runs_install_cni_whose_reconcile_repairs_a_legacy_pod_with_the_ima
     let want = rules_at(s.netns());
     assert!(want.contains("-A ISTIO_OUTPUT"), "{want}");
     // Running with its address, as kubelet reports it: the daemon can find its namespace.
-    let kube = rn.node.kube.as_ref().expect("full API");
+    let kube = &rn.node.api;
     let ip = s.net.ip.expect("an IPv4 address");
     assert!(kube.set_status(&s.pod.namespace, &s.pod.name, "Running", &[ip]));
 

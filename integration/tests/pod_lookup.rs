@@ -26,7 +26,7 @@ fn node() -> Node {
 
 fn pod_gets(node: &Node, pod: &DemoPod) -> Vec<Req> {
     let path = format!("/api/v1/namespaces/{}/pods/{}", pod.namespace, pod.name);
-    let kube = node.kube.as_ref().expect("full API");
+    let kube = &node.api;
     kube.requests()
         .into_iter()
         .filter(|r| r.method == "GET" && r.path == path)

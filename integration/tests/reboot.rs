@@ -36,7 +36,7 @@ fn node(owned: bool) -> Node {
     opts.env
         .push(("ISTIO_OWNED_CNI_CONFIG".into(), owned.to_string()));
     let node = Node::new(opts).unwrap();
-    node.api.put_daemonset(DS.0, DS.1, Some(false));
+    node.api.put_daemonset(DS.0, DS.1);
     node
 }
 

@@ -51,7 +51,7 @@ fn add_and_probe(node: &Node, name: &str) -> (TestNetns, usize) {
 fn a_rollout_keeps_the_plugin_and_an_uninstall_removes_it() {
     let mut node = node();
     let _world = Probe::world(node.ns.path()).unwrap();
-    node.api.put_daemonset(DS.0, DS.1, Some(false));
+    node.api.put_daemonset(DS.0, DS.1);
     node.start_daemon().unwrap();
     let installed = node.chain();
     assert!(
@@ -71,7 +71,7 @@ fn a_rollout_keeps_the_plugin_and_an_uninstall_removes_it() {
 
     // The next daemon takes over; then the uninstall: the DaemonSet is being deleted.
     node.start_daemon().unwrap();
-    node.api.put_daemonset(DS.0, DS.1, Some(true));
+    node.api.daemonset_deleting(DS.0, DS.1);
     let (st, log) = node.stop_daemon().unwrap();
     assert!(st.success(), "{log}");
     assert!(log.contains("removing the install"), "{log}");
@@ -85,7 +85,7 @@ fn a_rollout_keeps_the_plugin_and_an_uninstall_removes_it() {
     );
 
     // The DaemonSet already gone (background deletion) uninstalls too.
-    node.api.put_daemonset(DS.0, DS.1, None);
+    node.api.remove_daemonset(DS.0, DS.1);
     node.start_daemon().unwrap();
     let (_, log) = node.stop_daemon().unwrap();
     assert!(log.contains("is gone"), "{log}");
@@ -103,7 +103,7 @@ fn a_rollout_keeps_the_plugin_and_an_uninstall_removes_it() {
 #[test]
 fn a_daemonset_the_daemon_may_not_read_is_an_uninstall() {
     let mut node = node();
-    node.api.put_daemonset(DS.0, DS.1, Some(false));
+    node.api.put_daemonset(DS.0, DS.1);
     node.start_daemon().unwrap();
     assert!(node.chain().contains(&"istio-cni".to_string()));
     node.api.forbid_daemonset(DS.0, DS.1);

@@ -492,7 +492,8 @@ fn an_answer_that_is_not_the_sandboxs_pod_is_refused() {
     let mut other = fixture("sidecar");
     other["metadata"]["name"] = "x".into();
     other["metadata"]["namespace"] = "default".into();
-    node.api.put_verbatim("default", "web", other);
+    node.api
+        .answer("/api/v1/namespaces/default/pods/web", "200 OK", other);
     let pod = pod_ns();
     let env = add_env(pod.path().to_str().unwrap());
     run(&node, &env, &stdin).assert_err(6, &["default/web", "default/x"]);
@@ -676,13 +677,11 @@ fn a_netns_path_re_pointed_during_the_lookup_never_programs_the_node() {
         let pod = pod_ns();
         point_at_pod(&pod);
         let target = if *what == "symlink" { &link } else { &mounted };
-        let asked = node.api.requests.load(std::sync::atomic::Ordering::SeqCst);
+        let asked = node.api.requests().len();
         let r = std::thread::scope(|s| {
             s.spawn(|| {
                 let deadline = Instant::now() + Duration::from_secs(10);
-                while node.api.requests.load(std::sync::atomic::Ordering::SeqCst) == asked
-                    && Instant::now() < deadline
-                {
+                while node.api.requests().len() == asked && Instant::now() < deadline {
                     std::thread::sleep(Duration::from_millis(5));
                 }
                 point_at_node();
@@ -798,13 +797,13 @@ fn adversarial_api_faults_fail_within_the_deadline() {
     for (mode, needle, code, retried) in cases {
         let pod = pod_ns();
         node.api.set_mode(mode);
-        let before = node.api.requests.load(std::sync::atomic::Ordering::SeqCst);
+        let before = node.api.requests().len();
         let r = run(
             &node,
             &add_env(pod.path().to_str().unwrap()),
             &node.plugin_stdin(None),
         );
-        let requests = node.api.requests.load(std::sync::atomic::Ordering::SeqCst) - before;
+        let requests = node.api.requests().len() - before;
         if !retried && requests != 1 {
             tally.unnamed.push(format!(
                 "{mode:?}: a permanent error took {requests} requests"
@@ -1013,14 +1012,14 @@ fn a_hostile_pod_lookup_socket_never_holds_an_add_past_its_deadline() {
     let mut figures = Vec::new();
     let mut add_with = |what: &str| {
         let pod = pod_ns();
-        let before = node.api.requests.load(std::sync::atomic::Ordering::SeqCst);
+        let before = node.api.requests().len();
         let r = run(
             &node,
             &add_env(pod.path().to_str().unwrap()),
             &node.plugin_stdin(None),
         );
         assert!(r.ok, "{what}: the ADD failed: {r:#?}");
-        let asked = node.api.requests.load(std::sync::atomic::Ordering::SeqCst) - before;
+        let asked = node.api.requests().len() - before;
         assert!(asked >= 1, "{what}: the API server was not asked");
         // A lookup held past the deadline fails the ADD (caught above); the slack is the
         // process's own start and apply on a loaded machine.
@@ -1107,7 +1106,7 @@ fn a_lookup_answer_with_another_namespace_fails_the_add_on_the_daemon_path_too()
     let mut conf = node.plugin_conf();
     conf["cniVersion"] = node.opts.cni_version.into();
     conf["ambient_enabled"] = true.into();
-    let before = node.api.requests.load(std::sync::atomic::Ordering::SeqCst);
+    let before = node.api.requests().len();
     let r = run(
         &node,
         &add_env(pod.path().to_str().unwrap()),
@@ -1118,7 +1117,7 @@ fn a_lookup_answer_with_another_namespace_fails_the_add_on_the_daemon_path_too()
         r.stdout.contains("namespace is") && r.stdout.contains("elsewhere"),
         "{r:#?}"
     );
-    let asked = node.api.requests.load(std::sync::atomic::Ordering::SeqCst) - before;
+    let asked = node.api.requests().len() - before;
     assert_eq!(asked, 0, "the daemon answered: the API server is not asked");
     assert_eq!(rules(&pod).trim(), "");
 }

@@ -283,7 +283,7 @@ impl AmbientRuntime {
     }
 
     fn put_namespaces(rn: &RuntimeNode) {
-        let kube = rn.node.kube.as_ref().expect("full API");
+        let kube = &rn.node.api;
         for ns in ["default", "istio-system"] {
             kube.put_namespace_meta(ns, json!({}), json!({}));
         }
@@ -363,7 +363,7 @@ impl AmbientRuntime {
             sandbox.netns().display(),
             self.netns_dir.display()
         );
-        let kube = self.rn.node.kube.as_ref().expect("full API");
+        let kube = &self.rn.node.api;
         assert!(kube.set_status(&demo.namespace, &demo.name, "Running", &[plan.ip.into()]));
         let app = Probe::start(sandbox.netns(), &plan.name, &[Listen::tcp(APP_PORT)])
             .expect("the app's listener in the sandbox");

@@ -278,7 +278,7 @@ impl AmbientNode {
         let proc_root = node.root.join("host/proc");
         std::fs::create_dir_all(&proc_root)?;
         node.opts.env = ambient_env(&zds_socket, &proc_root, opts);
-        let kube = node.kube.as_ref().expect("full API");
+        let kube = &node.api;
         kube.put_namespace_meta(POD_NAMESPACE, json!({}), json!({}));
         kube.put_namespace_meta("istio-system", json!({}), json!({}));
         let kubelet = FakeKubelet::start(&node.root.join("kubelet-bin"), &node.ns)?;
@@ -305,7 +305,7 @@ impl AmbientNode {
     }
 
     pub fn kube(&self) -> &crate::kube_api::FakeKube {
-        self.node.kube.as_ref().expect("full API")
+        &self.node.api
     }
 
     /// Creates the pod (namespace, sandbox process, app) and puts it into the API server;

@@ -17,9 +17,10 @@
 //!
 //! * [`ambient`]: an ambient node (the agent, a real ztunnel, the full fake API, a fake
 //!   kubelet) and pods ADDed through the chain.
-//! * [`cni`]: the CNI client side (`cnitool`, a local Kubernetes API server serving Pod JSON).
+//! * [`cni`]: the CNI client side (`cnitool`, what a command printed).
 //! * [`install_fixtures`]: Istio's install-cni fixtures and how our install is compared.
-//! * [`kube_api`]: the fake Kubernetes API (pods, namespaces, nodes, events; get, list, watch).
+//! * [`kube_api`]: the one fake Kubernetes API server (pods, namespaces, nodes, DaemonSets,
+//!   events; get, list, watch, patch) with every fault mode the tests use.
 //! * [`dns`]: one DNS A query from inside a namespace (who answers: ztunnel's DNS proxy?).
 //! * [`ztunnel`]: a real ztunnel (built by `scripts/build-ztunnel.sh`) in its own namespace,
 //!   the peer of the ambient node agent's ZDS socket.

@@ -18,7 +18,7 @@
 //! panics: the daemon is killed (and dies with the process that started it, via
 //! `PR_SET_PDEATHSIG`), the directory removed, the namespace deleted.
 
-use crate::cni::{CniTool, DEBIAN_CNI_DIR, FakeApi, Run, TEST_CA_PEM, k8s_args, result_ip};
+use crate::cni::{CniTool, DEBIAN_CNI_DIR, Run, TEST_CA_PEM, k8s_args, result_ip};
 use crate::kube_api::FakeKube;
 use crate::pods::{Addrs, DemoPod, Expect, From};
 use crate::probe::{Outcome, Transport, connect, send_udp};
@@ -104,8 +104,9 @@ pub struct NodeOptions {
     /// The primary plugin (bridge) declares the `ips` capability, so a pod's addresses can be
     /// fixed per ADD ([`Node::cni_with_ips`]).
     pub ips_capability: bool,
-    /// Serve the full fake API ([`FakeKube`]: pod and namespace get/list/watch) instead of the
-    /// pod-GET-only [`FakeApi`]: what the ambient node agent needs next to the plugin.
+    /// The fake API serves everything ([`FakeKube`]: pod and namespace get/list/watch, ...):
+    /// what the ambient node agent and the daemon's pod cache need. Without it, single objects
+    /// only ([`FakeKube::objects_only`]: the plugin's pod GETs, the daemon's DaemonSet).
     pub full_api: bool,
     /// host-local's `rangeStart`/`rangeEnd` inside 10.88.0.0/16 (addresses handed out in
     /// order from the start: predictable, and apart from other nodes' pods).
@@ -136,8 +137,9 @@ pub struct Node {
     pub sa_dir: PathBuf,
     pub run_dir: PathBuf,
     pub ipam_dir: PathBuf,
-    pub api: FakeApi,
-    /// The full fake API, when [`NodeOptions::full_api`]; the daemon and the plugin use it.
+    /// The node's API server; the daemon and the plugin use it.
+    pub api: FakeKube,
+    /// The same server as `api`, when [`NodeOptions::full_api`] (the benchmarks' spelling).
     pub kube: Option<FakeKube>,
     pub opts: NodeOptions,
     daemon: Option<Daemon>,
@@ -156,12 +158,11 @@ impl Node {
         )?;
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let root = std::env::temp_dir().join(format!("istio-cni-node-{}-{n}", std::process::id()));
-        let api = FakeApi::start(&ns)?;
-        let kube = if opts.full_api {
-            Some(FakeKube::start_in(&ns)?)
-        } else {
-            None
-        };
+        let api = FakeKube::start_in(&ns)?;
+        if !opts.full_api {
+            api.objects_only();
+        }
+        let kube = opts.full_api.then(|| api.clone());
         let node = Node {
             bin_dir: root.join("opt/cni/bin"),
             net_dir: root.join("etc/cni/net.d"),
@@ -199,7 +200,7 @@ impl Node {
 
     /// The port of the API server the daemon and the plugin use.
     pub fn api_port(&self) -> u16 {
-        self.kube.as_ref().map_or(self.api.port, |k| k.port)
+        self.api.port
     }
 
     pub fn conflist(&self) -> PathBuf {
@@ -259,8 +260,8 @@ impl Node {
             ("REDIRECT_BACKEND", self.opts.backend.clone()),
             ("PLUGIN_LOG_LEVEL", self.opts.plugin_log_level.clone()),
             ("LOG_LEVEL", "info".into()),
-            // The local API server answers pod GETs only (what the plugin uses); the repair
-            // controller's pod watch is tested with its own crate.
+            // Without `full_api` the local API server answers single objects only (what the
+            // plugin uses); the repair controller's pod watch is tested with its own crate.
             ("REPAIR_ENABLED", "false".into()),
             // Istio's default (the daemon's is on): these tests chain into the primary's
             // conflist and read it (`chain`, `plugin_alone`); the owned file's own tests set it.
@@ -425,21 +426,9 @@ impl Node {
         }
     }
 
-    /// Puts the pod into the API server (the full one: ADDED, or MODIFIED when it is there).
+    /// Puts the pod into the API server (ADDED, or MODIFIED when it is there).
     pub fn serve(&self, pod: &DemoPod) {
-        match &self.kube {
-            Some(kube) => {
-                let mut json = pod.json.clone();
-                json["metadata"]["name"] = pod.name.clone().into();
-                json["metadata"]["namespace"] = pod.namespace.clone().into();
-                if kube.pod(&pod.namespace, &pod.name).is_some() {
-                    kube.modify(json);
-                } else {
-                    kube.add(json);
-                }
-            }
-            None => self.api.put(&pod.namespace, &pod.name, pod.json.clone()),
-        }
+        self.api.put(&pod.namespace, &pod.name, pod.json.clone());
     }
 
     pub fn add(&self, pod: &TestNetns, p: &DemoPod) -> Run {

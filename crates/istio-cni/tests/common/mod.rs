@@ -11,9 +11,8 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 use testbed::TestNetns;
-pub use testbed::cni::{
-    ApiMode, CNITOOL, CniTool, FakeApi, Run, base64, k8s_args, pod_ip, require_cni_tools, rules,
-};
+pub use testbed::cni::{CNITOOL, CniTool, Run, base64, k8s_args, pod_ip, require_cni_tools, rules};
+pub use testbed::kube_api::{ApiMode, FakeKube};
 
 pub const NET: &str = "k8s-pod-network";
 /// The same chain without istio-cni (to time the plugin alone on a realistic pod).
@@ -77,7 +76,7 @@ impl Default for NodeOptions {
 pub struct Node {
     pub ns: TestNetns,
     pub dir: PathBuf,
-    pub api: FakeApi,
+    pub api: FakeKube,
     pub opts: NodeOptions,
 }
 
@@ -90,7 +89,7 @@ impl Node {
         for sub in ["run", "netconf", "ipam"] {
             std::fs::create_dir_all(dir.join(sub)).unwrap();
         }
-        let api = FakeApi::start(&ns).unwrap();
+        let api = FakeKube::start_in(&ns).unwrap();
         let node = Node { ns, dir, api, opts };
         node.write_conflist();
         if node.opts.write_kubeconfig {

@@ -1,22 +1,29 @@
-//! A local Kubernetes API server, the one fake API of the tests (install-cni's daemon tests and
-//! the node harness, where the CNI plugin and the node agent share it): the pod LIST and WATCH
-//! (real watch JSON events over a chunked response; a watch from a resourceVersion replays the
-//! history after it, one older than the compaction point gets `410 Gone`; the
-//! `spec.nodeName=<node>` field selector is honoured), GET/DELETE pod, PATCH pod and
-//! pods/status, the namespace GET, LIST and WATCH, GET/PATCH node (merge patch; a
+//! A local Kubernetes API server, the one fake API of the tests (the CNI plugin's own tests,
+//! install-cni's daemon tests and the node harness, where the CNI plugin and the node agent
+//! share it): the pod LIST and WATCH (real watch JSON events over a chunked response; a watch
+//! from a resourceVersion replays the history after it, one older than the compaction point
+//! gets `410 Gone`; the `spec.nodeName=<node>` field selector is honoured), GET/DELETE pod,
+//! PATCH pod and pods/status, the namespace GET, LIST and WATCH, GET/PATCH node (merge patch; a
 //! resourceVersion in the patch that is not the node's current one gets `409 Conflict`, as on a
-//! real API server), GET daemonset and POST events, every request recorded (method, path, query, content
-//! type, body). Faults for the adversarial tests: ERROR events, undecodable lines, 410, hung
-//! watches (open, silent), reset connections.
+//! real API server), GET daemonset and POST events, every request recorded (method, path,
+//! query, content type, body). Faults for the adversarial tests: the whole server in an
+//! [`ApiMode`] (hanging, slow, a forced status, garbage, a malformed pod, trailing bytes, a
+//! duplicate key), a canned answer at one path ([`FakeKube::answer`]), single objects only
+//! ([`FakeKube::objects_only`]), 500s for the next requests of a method, ERROR events,
+//! undecodable lines, 410, hung watches, lists, GETs, PATCHes and POSTs (open, silent), reset
+//! connections.
 
+mod faults;
 mod server;
+
+pub use faults::ApiMode;
 
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -102,11 +109,33 @@ struct Inner {
     namespaces: Mutex<std::collections::BTreeMap<String, Value>>,
     /// DaemonSets by `namespace/name` (install-cni's safe upgrade GETs its own).
     daemonsets: Mutex<HashMap<String, Value>>,
+    /// How every request is answered (`FakeKube::set_mode`).
+    mode: Mutex<ApiMode>,
+    /// Only GETs of one object are served (`FakeKube::objects_only`).
+    objects_only: AtomicBool,
+    /// Path → the status line and body its GET is answered with, whatever is stored there.
+    canned: Mutex<HashMap<String, (String, Value)>>,
 }
 
+/// A handle on the server; clones share it, and the last one dropped closes its listener.
+#[derive(Clone)]
 pub struct FakeKube {
     pub port: u16,
     inner: Arc<Inner>,
+    _listening: Arc<Listening>,
+}
+
+/// A clone of the server's listener: dropping it shuts the listener down, so the blocked
+/// accept() fails (EINVAL) and the accept loop ends, and the socket no longer holds the
+/// namespace it was bound in.
+struct Listening(TcpListener);
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: shutdown(2) on a socket fd this value owns.
+        unsafe { libc::shutdown(self.0.as_raw_fd(), libc::SHUT_RDWR) };
+    }
 }
 
 impl FakeKube {
@@ -124,6 +153,7 @@ impl FakeKube {
 
     fn serve_on(listener: TcpListener) -> FakeKube {
         let port = listener.local_addr().unwrap().port();
+        let listening = Arc::new(Listening(listener.try_clone().unwrap()));
         let inner = Arc::new(Inner {
             rv: AtomicU64::new(100),
             ..Default::default()
@@ -144,7 +174,11 @@ impl FakeKube {
                 std::thread::sleep(Duration::from_millis(50));
             }
         });
-        FakeKube { port, inner }
+        FakeKube {
+            port,
+            inner,
+            _listening: listening,
+        }
     }
 
     /// A kubeconfig pointing at this server (plain HTTP, a dummy token).
@@ -210,6 +244,9 @@ impl FakeKube {
             "spec": {"selector": {}, "template": {}}});
         let key = format!("{namespace}/{name}");
         self.inner.daemonsets.lock().unwrap().insert(key, ds);
+        self.uncan(format!(
+            "/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}"
+        ));
     }
 
     /// Serves `ds` (a DaemonSet's JSON: its pod template's nodeSelector and affinity are what
@@ -222,6 +259,66 @@ impl FakeKube {
             m["name"].as_str().unwrap_or("")
         );
         self.inner.daemonsets.lock().unwrap().insert(key, ds);
+    }
+
+    /// Marks the DaemonSet `namespace/name` as being deleted (a `deletionTimestamp`, as while
+    /// `helm uninstall` deletes it).
+    pub fn daemonset_deleting(&self, namespace: &str, name: &str) {
+        let key = format!("{namespace}/{name}");
+        if let Some(ds) = self.inner.daemonsets.lock().unwrap().get_mut(&key) {
+            ds["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z".into();
+        }
+    }
+
+    /// Removes the DaemonSet `namespace/name` (its GET is a 404 from then on).
+    pub fn remove_daemonset(&self, namespace: &str, name: &str) {
+        let key = format!("{namespace}/{name}");
+        self.inner.daemonsets.lock().unwrap().remove(&key);
+        self.uncan(format!(
+            "/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}"
+        ));
+    }
+
+    /// The DaemonSet `namespace/name` answers 403 Forbidden, as the API server does once `helm
+    /// uninstall` deleted the ServiceAccount (or RBAC grants no `get` on it).
+    pub fn forbid_daemonset(&self, namespace: &str, name: &str) {
+        let message = format!(
+            "daemonsets.apps \"{name}\" is forbidden: User \"system:serviceaccount:{namespace}:istio-cni\" cannot get resource \"daemonsets\" in API group \"apps\" in the namespace \"{namespace}\""
+        );
+        self.answer(
+            &format!("/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}"),
+            "403 Forbidden",
+            status(403, "Forbidden", &message),
+        );
+    }
+
+    /// GETs of `path` are answered with `status_line` (e.g. `200 OK`) and `body` as they are,
+    /// whatever is stored there (a pod naming another pod, a refusal), until a pod or a
+    /// DaemonSet is put at that path.
+    pub fn answer(&self, path: &str, status_line: &str, body: Value) {
+        let answer = (status_line.to_string(), body);
+        self.inner
+            .canned
+            .lock()
+            .unwrap()
+            .insert(path.into(), answer);
+    }
+
+    /// Ends the canned answer at `path`, if any.
+    fn uncan(&self, path: String) {
+        self.inner.canned.lock().unwrap().remove(&path);
+    }
+
+    /// Every request from now on is answered as `mode` says ([`ApiMode::Up`]: as usual).
+    pub fn set_mode(&self, mode: ApiMode) {
+        *self.inner.mode.lock().unwrap() = mode;
+    }
+
+    /// From now on only GETs of one object (a pod, a DaemonSet, a canned answer) are served;
+    /// lists, watches, namespaces, nodes and events get a 404. A node's install-cni then
+    /// never lists its pods, so the plugin asks the API server itself.
+    pub fn objects_only(&self) {
+        self.inner.objects_only.store(true, Ordering::SeqCst);
     }
 
     /// Serves `node` (a Node's JSON) at its `metadata.name`, replacing the one there.
@@ -366,6 +463,31 @@ impl FakeKube {
         drop(pods);
         pod["metadata"]["resourceVersion"] = self.next_rv().into();
         self.push("DELETED", &pod);
+    }
+
+    /// Stores `pod` as `namespace/name` (its metadata's name and namespace set so): ADDED, or
+    /// MODIFIED in place of the pod stored under that name.
+    pub fn put(&self, namespace: &str, name: &str, mut pod: Value) -> Value {
+        pod["metadata"]["name"] = name.into();
+        pod["metadata"]["namespace"] = namespace.into();
+        pod["metadata"]["resourceVersion"] = self.next_rv().into();
+        self.uncan(format!("/api/v1/namespaces/{namespace}/pods/{name}"));
+        let mut pods = self.inner.pods.lock().unwrap();
+        let named =
+            |p: &Value| p["metadata"]["namespace"] == namespace && p["metadata"]["name"] == name;
+        let kind = match pods.iter_mut().find(|p| named(p)) {
+            Some(stored) => {
+                *stored = pod.clone();
+                "MODIFIED"
+            }
+            None => {
+                pods.push(pod.clone());
+                "ADDED"
+            }
+        };
+        drop(pods);
+        self.push(kind, &pod);
+        pod
     }
 
     /// Stores `pod` (listed from now on) and sends ADDED to every open watch.
@@ -684,6 +806,99 @@ mod tests {
             .map(|p| p["metadata"]["name"].as_str().unwrap())
             .collect();
         assert_eq!(names, ["mine"]);
+    }
+
+    #[test]
+    fn a_pod_put_under_its_name_replaces_the_one_there() {
+        let kube = FakeKube::start();
+        kube.put("default", "web", json!({"metadata": {"uid": "1"}}));
+        kube.put("default", "web", json!({"metadata": {"uid": "2"}}));
+        let (code, body) = get(kube.port, "/api/v1/namespaces/default/pods/web");
+        let pod: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!((code, &pod["metadata"]["uid"]), (200, &json!("2")));
+        assert_eq!(pod["metadata"]["name"], "web");
+    }
+
+    /// Every mode answers as its doc says, and each request is recorded first.
+    #[test]
+    fn the_server_answers_as_its_mode_says() {
+        let kube = FakeKube::start();
+        kube.put("default", "web", json!({"metadata": {}}));
+        let web = "/api/v1/namespaces/default/pods/web";
+        for (mode, code) in [
+            (ApiMode::Status500, 500),
+            (ApiMode::Status404, 404),
+            (ApiMode::Status401, 401),
+            (ApiMode::Status403, 403),
+            (ApiMode::Status400, 400),
+        ] {
+            kube.set_mode(mode);
+            let (got, body) = get(kube.port, web);
+            assert_eq!(got, code, "{mode:?}");
+            assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["code"], code);
+        }
+        kube.set_mode(ApiMode::Garbage);
+        assert!(serde_json::from_str::<Value>(&get(kube.port, web).1).is_err());
+        kube.set_mode(ApiMode::BadPod);
+        let bad: Value = serde_json::from_str(&get(kube.port, web).1).unwrap();
+        assert!(bad["spec"]["containers"].is_string());
+        kube.set_mode(ApiMode::TrailingGarbage);
+        assert!(get(kube.port, web).1.ends_with("}}}}"));
+        kube.set_mode(ApiMode::DuplicateKey);
+        assert!(get(kube.port, web).1.ends_with(r#","metadata":{}}"#));
+        kube.set_mode(ApiMode::Slow);
+        let t0 = std::time::Instant::now();
+        assert_eq!(get(kube.port, web).0, 200);
+        assert!(t0.elapsed() >= Duration::from_millis(1500));
+        kube.set_mode(ApiMode::Hang);
+        let mut s = TcpStream::connect(("127.0.0.1", kube.port)).unwrap();
+        write!(s, "GET {web} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        assert!(s.read(&mut [0u8; 16]).is_err(), "a hung server answered");
+        kube.set_mode(ApiMode::Up);
+        assert_eq!(get(kube.port, web).0, 200);
+        assert_eq!(kube.requests().len(), 12);
+    }
+
+    #[test]
+    fn canned_answers_and_objects_only() {
+        let kube = FakeKube::start();
+        kube.put_daemonset("istio-system", "cni");
+        kube.forbid_daemonset("istio-system", "cni");
+        let ds = "/apis/apps/v1/namespaces/istio-system/daemonsets/cni";
+        let (code, body) = get(kube.port, ds);
+        assert_eq!(code, 403);
+        assert!(body.contains("forbidden"), "{body}");
+        kube.answer(
+            "/api/v1/namespaces/default/pods/web",
+            "200 OK",
+            json!({"metadata": {"name": "x"}}),
+        );
+        let (code, body) = get(kube.port, "/api/v1/namespaces/default/pods/web");
+        assert_eq!((code, body.contains(r#""name":"x""#)), (200, true));
+        kube.put("default", "web", json!({"metadata": {}}));
+        let (_, body) = get(kube.port, "/api/v1/namespaces/default/pods/web");
+        assert!(body.contains(r#""name":"web""#), "{body}");
+        assert_eq!(get(kube.port, "/api/v1/pods").0, 200);
+        kube.objects_only();
+        assert_eq!(get(kube.port, "/api/v1/pods").0, 404);
+        assert_eq!(get(kube.port, "/api/v1/namespaces").0, 404);
+        assert_eq!(get(kube.port, "/api/v1/namespaces/default/pods/web").0, 200);
+    }
+
+    #[test]
+    fn a_dropped_server_stops_accepting() {
+        let kube = FakeKube::start();
+        let (port, copy) = (kube.port, kube.clone());
+        drop(kube);
+        assert_eq!(get(port, "/api/v1/pods").0, 200, "a clone keeps it");
+        drop(copy);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            assert!(std::time::Instant::now() < deadline, "still accepting");
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     #[test]

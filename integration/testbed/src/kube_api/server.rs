@@ -1,9 +1,10 @@
-//! The fake API server's HTTP side: one request per connection, read, recorded, routed by
-//! method and path to a handler that answers like the API server does.
+//! The fake API server's HTTP side: one request per connection, read, recorded, answered as
+//! the server's mode says ([`super::faults`]) or routed by method and path to a handler that
+//! answers like the API server does.
 
 use super::{
-    Inner, Req, WATCH_HEAD, Watcher, chunked, is_watch, merge_metadata, node_selected, push,
-    resource_version_param, selected_node, status, watch_end,
+    Inner, Req, WATCH_HEAD, Watcher, chunked, faults, is_watch, merge_metadata, node_selected,
+    push, resource_version_param, selected_node, status, watch_end,
 };
 use serde_json::{Value, json};
 use std::io::{Read, Write};
@@ -58,12 +59,7 @@ fn read_request(conn: &mut TcpStream) -> Option<Req> {
 }
 
 fn reply(conn: &mut TcpStream, status: &str, v: &Value) {
-    let b = v.to_string();
-    let _ = write!(
-        conn,
-        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
-        b.len()
-    );
+    faults::raw(conn, status, &v.to_string());
 }
 
 fn not_found(conn: &mut TcpStream, what: &str) {
@@ -94,6 +90,9 @@ pub(super) fn serve(mut conn: TcpStream, inner: &Inner) {
         return;
     };
     inner.requests.lock().unwrap().push(req.clone());
+    if faults::answer_in_mode(&mut conn, inner, &req) {
+        return;
+    }
     if injected_failure(inner, &req.method) {
         return reply(
             &mut conn,
@@ -101,6 +100,17 @@ pub(super) fn serve(mut conn: TcpStream, inner: &Inner) {
             &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                     "message": "injected failure", "reason": "InternalError", "code": 500}),
         );
+    }
+    let canned = inner.canned.lock().unwrap().contains_key(&req.path);
+    if inner.objects_only.load(Ordering::SeqCst) || (canned && req.method == "GET") {
+        let (line, body) = match req.method.as_str() {
+            "GET" => object_answer(inner, &req),
+            _ => (
+                "404 Not Found".into(),
+                status(404, "NotFound", "objects only"),
+            ),
+        };
+        return reply(&mut conn, &line, &body);
     }
     let parts: Vec<&str> = req.path.trim_matches('/').split('/').collect();
     let (query, body) = (req.query.as_str(), req.body.as_str());
@@ -113,10 +123,10 @@ pub(super) fn serve(mut conn: TcpStream, inner: &Inner) {
         ("GET", ["api", "v1", "namespaces", _, "pods", _]) if take(&inner.hang_pod_gets) => {
             inner.hung.lock().unwrap().push(conn)
         }
-        ("GET", ["api", "v1", "namespaces", ns, "pods", name]) => match find(inner, ns, name) {
-            Some(p) => reply(&mut conn, "200 OK", &p),
-            None => not_found(&mut conn, &format!("pods \"{name}\" not found")),
-        },
+        ("GET", ["api", "v1", "namespaces", _, "pods", _]) => {
+            let (line, body) = object_answer(inner, &req);
+            reply(&mut conn, &line, &body)
+        }
         ("GET", ["api", "v1", "namespaces"]) if is_watch(query) => {
             watch_namespaces(conn, inner, query)
         }
@@ -146,12 +156,9 @@ pub(super) fn serve(mut conn: TcpStream, inner: &Inner) {
             patch_pod_annotations(&mut conn, inner, ns, name, body)
         }
         ("GET", ["api", "v1", "nodes", name]) => get_node(&mut conn, inner, name),
-        ("GET", ["apis", "apps", "v1", "namespaces", ns, "daemonsets", name]) => {
-            let key = format!("{ns}/{name}");
-            match inner.daemonsets.lock().unwrap().get(&key).cloned() {
-                Some(ds) => reply(&mut conn, "200 OK", &ds),
-                None => not_found(&mut conn, &format!("daemonsets.apps \"{name}\" not found")),
-            }
+        ("GET", ["apis", "apps", "v1", "namespaces", _, "daemonsets", _]) => {
+            let (line, body) = object_answer(inner, &req);
+            reply(&mut conn, &line, &body)
         }
         ("PATCH", ["api", "v1", "nodes", name]) => patch_node(&mut conn, inner, name, body),
         ("POST", ["api", "v1", "namespaces", _, "events"]) if take(&inner.hang_event_posts) => {
@@ -167,6 +174,30 @@ pub(super) fn serve(mut conn: TcpStream, inner: &Inner) {
             &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                     "reason": "NotFound", "code": 404}),
         ),
+    }
+}
+
+/// The answer to a GET of one object: a canned answer at its path, else the stored pod or
+/// DaemonSet, else a 404 `Status`.
+pub(super) fn object_answer(inner: &Inner, req: &Req) -> (String, Value) {
+    if let Some(answer) = inner.canned.lock().unwrap().get(&req.path) {
+        return answer.clone();
+    }
+    let parts: Vec<&str> = req.path.trim_matches('/').split('/').collect();
+    let found = match parts.as_slice() {
+        ["api", "v1", "namespaces", ns, "pods", name] => {
+            find(inner, ns, name).ok_or(format!("pods \"{name}\" not found"))
+        }
+        ["apis", "apps", "v1", "namespaces", ns, "daemonsets", name] => {
+            let key = format!("{ns}/{name}");
+            let ds = inner.daemonsets.lock().unwrap().get(&key).cloned();
+            ds.ok_or(format!("daemonsets.apps \"{name}\" not found"))
+        }
+        _ => Err(format!("{} not found", req.path)),
+    };
+    match found {
+        Ok(object) => ("200 OK".into(), object),
+        Err(message) => ("404 Not Found".into(), status(404, "NotFound", &message)),
     }
 }
 
