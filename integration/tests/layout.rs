@@ -8,7 +8,8 @@
 //!   is a library for another); `testbed`, the rigs every crate's tests use, depends on no crate
 //!   of the workspace;
 //! - ARCHITECTURE.md's `| crate | uses |` tables are the real normal dependencies between the
-//!   workspace's crates, every crate in exactly one row.
+//!   workspace's crates, every crate in exactly one row;
+//! - the rigs have one fake Kubernetes API server, `testbed::kube_api::FakeKube`.
 //!
 //! Pure (reads the sources and `cargo metadata`); a failure lists every offender.
 
@@ -539,4 +540,112 @@ fn architecture_md_puts_each_product_crate_on_its_level() {
         "layout: ARCHITECTURE.md's picture puts {} crates on their levels",
         drawn.len()
     );
+}
+
+/// Whether `text` (one file, or a module's files together) is a fake Kubernetes API server: it
+/// names the API's paths (`/api/v1…`, or routes on `"api", "v1"`) and binds a TCP listener,
+/// which is how the plugin and the daemon reach an API server. A client of the API (a test
+/// that filters recorded requests by path) binds none; the hostile servers of the run dir's
+/// sockets bind Unix listeners.
+fn is_fake_api_server(text: &str) -> bool {
+    let names_api_paths = text.contains("/api/v1") || text.contains(r#""api", "v1""#);
+    names_api_paths && text.contains("TcpListener::bind")
+}
+
+/// The places fake API servers would be written in: the rigs (`testbed`, `integration`'s lib)
+/// and every test directory. Each file is judged alone, and a module directory (one with a
+/// `mod.rs`, e.g. `tests/common/`) as a whole too, so a server split over its files counts.
+fn fake_api_servers(root: &Path) -> Vec<PathBuf> {
+    let mut dirs = vec![
+        root.join("integration/testbed/src"),
+        root.join("integration/src"),
+        root.join("integration/tests"),
+    ];
+    for e in std::fs::read_dir(root.join("crates")).unwrap().flatten() {
+        dirs.push(e.path().join("tests"));
+    }
+    let mut files = Vec::new();
+    for d in dirs.iter().filter(|d| d.is_dir()) {
+        rust_files(d, &mut files);
+    }
+    // This file spells the signals out.
+    files.retain(|f| !f.ends_with("integration/tests/layout.rs"));
+    let mut modules: BTreeMap<PathBuf, String> = BTreeMap::new();
+    let mut servers = BTreeSet::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        if is_fake_api_server(&text) {
+            servers.insert(f.clone());
+        }
+        let dir = f.parent().unwrap();
+        if dir.join("mod.rs").is_file() {
+            modules
+                .entry(dir.to_path_buf())
+                .or_default()
+                .push_str(&text);
+        }
+    }
+    for (dir, text) in &modules {
+        let counted = servers.iter().any(|s| s.starts_with(dir));
+        if !counted && is_fake_api_server(text) {
+            servers.insert(dir.clone());
+        }
+    }
+    servers.into_iter().collect()
+}
+
+/// One fake Kubernetes API server in the rigs, `testbed::kube_api::FakeKube`, with every fault
+/// mode (issue #32): a new test adds the fault it needs there instead of a server of its own.
+#[test]
+fn the_rigs_have_one_fake_api_server() {
+    let root = workspace_root(&metadata());
+    let servers: Vec<String> = fake_api_servers(&root)
+        .iter()
+        .map(|p| p.strip_prefix(&root).unwrap().display().to_string())
+        .collect();
+    let kube_api = |s: &String| s.starts_with("integration/testbed/src/kube_api");
+    assert!(
+        servers.iter().any(kube_api),
+        "testbed's kube_api is not recognised as the fake API server: {servers:?}"
+    );
+    let others: Vec<&String> = servers.iter().filter(|s| !kube_api(s)).collect();
+    assert!(
+        others.is_empty(),
+        "a fake Kubernetes API server besides testbed::kube_api::FakeKube (add the fault mode \
+         you need to FakeKube instead): {others:?}"
+    );
+}
+
+#[test]
+fn the_fake_api_detector_tells_servers_from_clients() {
+    // FakeApi as it was in testbed's cni.rs: a server of its own.
+    let server = r#"let listener = ns.run(|| TcpListener::bind("127.0.0.1:0"))??;
+        .insert(format!("/api/v1/namespaces/{namespace}/pods/{name}"), pod);"#;
+    assert!(is_fake_api_server(server));
+    // kube_api's router: slice patterns, no path literal.
+    let router = r#"("GET", ["api", "v1", "pods"]) => list_pods(&mut conn, inner, query),
+        Self::serve_on(TcpListener::bind("127.0.0.1:0").unwrap())"#;
+    assert!(is_fake_api_server(router));
+    // A test that reads what the fake API recorded, and one with a hostile run-dir socket.
+    let client = r#"let path = format!("/api/v1/namespaces/{}/pods/{}", ns, name);
+        kube.requests().into_iter().filter(|r| r.path == path)"#;
+    assert!(!is_fake_api_server(client));
+    let uds = r#"node.api.answer("/api/v1/namespaces/default/pods/web", "200 OK", other);
+        let listener = UnixListener::bind(path).unwrap();
+        s.write_all(b"HTTP/1.1 200 OK\r\n\r\n");"#;
+    assert!(!is_fake_api_server(uds));
+    // A server split over a module's files is found by its module.
+    let dir = std::env::temp_dir().join(format!("layout-fake-api-{}", std::process::id()));
+    let module = dir.join("crates/some-crate/tests/common");
+    std::fs::create_dir_all(&module).unwrap();
+    std::fs::write(module.join("mod.rs"), "let l = TcpListener::bind(a);").unwrap();
+    std::fs::write(
+        module.join("routes.rs"),
+        r#"("GET", ["api", "v1", "pods"]) => {}"#,
+    )
+    .unwrap();
+    std::fs::write(dir.join("crates/some-crate/tests/t.rs"), client).unwrap();
+    let found = fake_api_servers(&dir);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(found, [module]);
 }
