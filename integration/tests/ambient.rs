@@ -6,8 +6,8 @@
 //! Needs root, cnitool, the product's binaries (`cargo build --bins`) and the ztunnel binary
 //! (`integration/scripts/build-ztunnel.sh`); under `CI=true` nothing skips.
 
+use integration::ambient::prerequisites;
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
 use std::time::Duration;
 
 use capture::ambient_constants::HOST_PROBE_SNAT_V4;
@@ -16,22 +16,14 @@ use integration::ambient::{
     AmbientNode, AmbientOptions, BOUND, KUBELET_UID, Mode, OTHER_UID, PodPlan, tables,
 };
 use integration::ambient::{lands, last_peer, opened};
-use integration::cni::require_cni_tools;
 use integration::dns::query_a;
 use integration::node::{GATEWAY_V4, wait_until};
 use integration::pods::APP_UID;
-use integration::ztunnel::{
-    LocalService, hbone_labels, metric_sum, passthrough_labels, ztunnel_binary,
-};
+use integration::ztunnel::{LocalService, hbone_labels, metric_sum, passthrough_labels};
 use integration::{ConnectSpec, Probe, send_udp};
 use serde_json::json;
 
 const APP: u16 = integration::ambient::APP_PORT;
-
-fn prerequisites() -> Option<PathBuf> {
-    require_cni_tools();
-    ztunnel_binary()
-}
 
 fn a() -> PodPlan {
     PodPlan::new("a", [10, 88, 1, 10], Mode::Ambient)

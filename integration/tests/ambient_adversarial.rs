@@ -8,6 +8,7 @@
 //! (on an nftables node and on an iptables-legacy node: legacy in-pod rules, Istio's legacy
 //! host rule and its ipset, all written by concurrent enrollments).
 
+use integration::ambient::prerequisites;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -17,19 +18,12 @@ use capture::ambient_constants::PROBE_SET_V4;
 use integration::ambient::{
     AmbientNode, AmbientOptions, Mode, Pod, PodPlan, ProbeIpset, legacy_save,
 };
-use integration::cni::require_cni_tools;
-use integration::ztunnel::ztunnel_binary;
 use std::net::IpAddr;
 
 /// The agent's bound on pod GETs in flight (`ambient_agent::plugin_server::MAX_POD_GETS`).
 const MAX_POD_GETS: usize = ambient_agent::plugin_server::MAX_POD_GETS;
 /// The agent's bound on plugin events worked on at once.
 const MAX_WORKERS: usize = ambient_agent::plugin_server::MAX_WORKERS;
-
-fn prerequisites() -> Option<PathBuf> {
-    require_cni_tools();
-    ztunnel_binary()
-}
 
 /// One raw HTTP/1.1 exchange on the agent's socket: (status, body).
 fn post(socket: &Path, method: &str, path: &str, body: &[u8]) -> (u16, String) {

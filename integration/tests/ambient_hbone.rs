@@ -12,18 +12,17 @@
 //! Needs root, cnitool and the ztunnel binary (`scripts/build-ztunnel.sh`); under `CI=true`
 //! nothing skips.
 
+use integration::ambient::prerequisites;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use capture::{AmbientConfig, Plan};
-use integration::cni::{pod_ip, require_cni_tools};
+use integration::cni::pod_ip;
 use integration::dns::query_a;
 use integration::node::{GATEWAY_V4, Node, NodeOptions};
 use integration::pods::{APP_UID, DemoPod, PodKind};
-use integration::ztunnel::{
-    LocalService, LocalWorkload, Ztunnel, passthrough_labels, serves_pod, ztunnel_binary,
-};
+use integration::ztunnel::{LocalService, LocalWorkload, Ztunnel, passthrough_labels, serves_pod};
 use integration::{ConnectSpec, Listen, Outcome, Probe, TestNetns, connect};
 use zds::{WorkloadInfo, ZdsServer};
 
@@ -75,11 +74,6 @@ fn info(pod: &Pod) -> WorkloadInfo {
         namespace: "default".into(),
         service_account: pod.name.into(),
     }
-}
-
-fn prerequisites() -> Option<PathBuf> {
-    require_cni_tools();
-    ztunnel_binary()
 }
 
 /// Polls until `check` holds; panics with ztunnel's log and metrics if it does not.

@@ -13,8 +13,8 @@
 //! Needs root, cnitool, the product's binaries (`cargo build --bins`) and the ztunnel binary
 //! (`integration/scripts/build-ztunnel.sh`); under `CI=true` nothing skips.
 
+use integration::ambient::prerequisites;
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
 use std::time::Duration;
 
 use capture::ambient_constants::{HOST_PROBE_SNAT_V4, HOST_PROBE_SNAT_V6};
@@ -22,20 +22,14 @@ use integration::ambient::{
     AmbientNode, AmbientOptions, KUBELET_UID, Mode, OTHER_UID, Pod, PodPlan,
 };
 use integration::ambient::{lands, last_peer, opened};
-use integration::cni::require_cni_tools;
 use integration::dns::query_a;
 use integration::node::{GATEWAY_V4, GATEWAY_V6};
 use integration::pods::APP_UID;
-use integration::ztunnel::{LocalService, hbone_labels, passthrough_labels, ztunnel_binary};
+use integration::ztunnel::{LocalService, hbone_labels, passthrough_labels};
 use integration::{ConnectSpec, Probe, send_udp};
 
 const APP: u16 = integration::ambient::APP_PORT;
 const SERVICE: &str = "b.default.svc.cluster.local";
-
-fn prerequisites() -> Option<PathBuf> {
-    require_cni_tools();
-    ztunnel_binary()
-}
 
 /// Dual-stack ambient pods a and b: `10.88.<net>.10/11`, `fd00:88::<net>:10/11`.
 fn pods(net: u8) -> (PodPlan, PodPlan) {

@@ -10,20 +10,13 @@
 
 use capture::ambient_constants::{HOST_PROBE_SNAT_V4, PROBE_SET_V4};
 use integration::TestNetns;
+use integration::ambient::prerequisites;
 use integration::ambient::{AmbientNode, AmbientOptions, KUBELET_UID, Mode, PodPlan, tables};
 use integration::ambient::{ProbeIpset, lands, last_peer, legacy_save};
-use integration::cni::require_cni_tools;
 use integration::host_probe::LEGACY_HOST_RULE;
-use integration::ztunnel::ztunnel_binary;
 use std::net::IpAddr;
-use std::path::PathBuf;
 
 const APP: u16 = integration::ambient::APP_PORT;
-
-fn prerequisites() -> Option<PathBuf> {
-    require_cni_tools();
-    ztunnel_binary()
-}
 
 fn a() -> PodPlan {
     PodPlan::new("a", [10, 88, 1, 10], Mode::Ambient)

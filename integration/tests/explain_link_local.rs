@@ -9,21 +9,13 @@ use explain::trace::{self, TraceHow};
 use explain::{self as ex, Connection, Direction, ExplainError, Landing, Protocol, Zone};
 use integration::*;
 use redirect::{Backend, BackendChoice};
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-
-const POD_LL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 2);
-const WORLD_LL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+use std::net::{IpAddr, SocketAddr};
 
 /// A dual-stack pod with fe80::2 on eth0 (the world's side: fe80::1), sidecar and world
 /// probes, and the CNI default rules programmed with `backend`.
 fn pod(backend: Backend) -> (PodWorld, [Probe; 2]) {
     let w = PodWorld::new().unwrap();
-    w.pod
-        .ip_batch(&[format!("addr add {POD_LL}/64 dev eth0 nodad")])
-        .unwrap();
-    w.world
-        .ip_batch(&[format!("addr add {WORLD_LL}/64 dev eth0 nodad")])
-        .unwrap();
+    w.add_link_local().unwrap();
     let cfg = Config {
         ipv6: Ipv6Mode::On,
         ..Config::cni_default()
@@ -57,7 +49,7 @@ fn cases(w: &PodWorld) -> Vec<(&'static str, Connection, (&'static str, u16))> {
         Connection::new(
             Direction::Outbound,
             Protocol::Tcp,
-            SocketAddr::new(WORLD_LL.into(), port),
+            SocketAddr::new(WORLD_LINK_LOCAL.into(), port),
         )
         .uid(uid)
         .gid(uid)
@@ -67,9 +59,9 @@ fn cases(w: &PodWorld) -> Vec<(&'static str, Connection, (&'static str, u16))> {
         Connection::new(
             Direction::Inbound,
             Protocol::Tcp,
-            SocketAddr::new(POD_LL.into(), port),
+            SocketAddr::new(POD_LINK_LOCAL.into(), port),
         )
-        .src(WORLD_LL.into())
+        .src(WORLD_LINK_LOCAL.into())
     };
     vec![
         (
@@ -107,7 +99,7 @@ fn link_local_connections_are_explained_in_both_directions_and_agree_with_realit
             let want = match probe_name {
                 "pod" => Landing::Pod(port),
                 "dropped" => Landing::Dropped,
-                _ => Landing::Away(SocketAddr::new(WORLD_LL.into(), port)),
+                _ => Landing::Away(SocketAddr::new(WORLD_LINK_LOCAL.into(), port)),
             };
             assert_eq!(e.outcome.landing(), want, "{backend} {name}:\n{text}");
             let via = match conn.direction {
@@ -148,7 +140,7 @@ fn bad_zones_are_refused_naming_dst_and_the_value() {
         let c = Connection::new(
             Direction::Outbound,
             Protocol::Tcp,
-            SocketAddr::new(WORLD_LL.into(), 80),
+            SocketAddr::new(WORLD_LINK_LOCAL.into(), 80),
         );
         match zone {
             Some(z) => c.zone(z),
@@ -158,7 +150,7 @@ fn bad_zones_are_refused_naming_dst_and_the_value() {
     let inbound_on_eth1 = Connection::new(
         Direction::Inbound,
         Protocol::Tcp,
-        SocketAddr::new(POD_LL.into(), 8080),
+        SocketAddr::new(POD_LINK_LOCAL.into(), 8080),
     )
     .zone(Zone::Name("lo".into()));
     let global = Connection::new(

@@ -7,6 +7,7 @@
 //! `--nocapture`.
 
 use capture::{Config, Ipv6Mode, Plan};
+use integration::cni::percentile;
 use integration::*;
 use redirect::{Backend, BackendChoice, MigrateOptions, RedirectError};
 use std::net::IpAddr;
@@ -112,11 +113,6 @@ fn lands_on_envoy(o: &Outcome) -> bool {
 fn lands_on(o: &Outcome, port: u16) -> bool {
     o.landed()
         .is_some_and(|l| l.probe == "pod" && l.port == port && l.redirected())
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
 }
 
 fn summary(label: &str, mut d: Vec<Duration>) -> String {

@@ -10,21 +10,13 @@ use capture::{Config, Facts, Ipv6Mode, Plan};
 use common::{apply_legacy, wait_for_trace_rules};
 use explain::trace::{self, TraceHow};
 use explain::{self as ex, Connection, Direction, Landing, Protocol, Zone};
-use std::net::{Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::Duration;
 use testbed::*;
 
-const POD_LL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 2);
-const WORLD_LL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
-
 fn pod(legacy: bool) -> PodWorld {
     let w = PodWorld::new().unwrap();
-    w.pod
-        .ip_batch(&[format!("addr add {POD_LL}/64 dev eth0 nodad")])
-        .unwrap();
-    w.world
-        .ip_batch(&[format!("addr add {WORLD_LL}/64 dev eth0 nodad")])
-        .unwrap();
+    w.add_link_local().unwrap();
     let cfg = Config {
         ipv6: Ipv6Mode::On,
         ..Config::cni_default()
@@ -59,7 +51,7 @@ fn a_waited_for_link_local_connection_dropped_after_the_redirect_agrees() {
         let conn = Connection::new(
             Direction::Outbound,
             Protocol::Tcp,
-            SocketAddr::new(WORLD_LL.into(), 80),
+            SocketAddr::new(WORLD_LINK_LOCAL.into(), 80),
         )
         .uid(1000)
         .gid(1000)
@@ -76,7 +68,7 @@ fn a_waited_for_link_local_connection_dropped_after_the_redirect_agrees() {
         });
         assert!(wait_for_trace_rules(w.pod.path(), None), "{backend}");
         // The app's connection: redirected, then dropped (it times out).
-        let app = ConnectSpec::new(WORLD_LL.into(), 80)
+        let app = ConnectSpec::new(WORLD_LINK_LOCAL.into(), 80)
             .zone("eth0")
             .uid(1000)
             .gid(1000);
@@ -108,22 +100,26 @@ fn an_inbound_link_local_redirect_goes_to_a_link_local_address() {
         let conn = Connection::new(
             Direction::Inbound,
             Protocol::Tcp,
-            SocketAddr::new(POD_LL.into(), 8080),
+            SocketAddr::new(POD_LINK_LOCAL.into(), 8080),
         )
-        .src(WORLD_LL.into());
+        .src(WORLD_LINK_LOCAL.into());
         let rs = live_rules(&w, legacy);
         let facts = ex::namespace_facts(Some(w.pod.path()), &conn).unwrap();
         let e = ex::explain_with(&rs, &conn, &facts).unwrap();
-        let world = ConnectSpec::new(POD_LL.into(), 8080)
+        let world = ConnectSpec::new(POD_LINK_LOCAL.into(), 8080)
             .zone("eth0")
-            .src(WORLD_LL.into());
+            .src(WORLD_LINK_LOCAL.into());
         let landed = connect(w.world.path(), &world);
         // The socket's local address, without its scope id.
         let got = sidecar
             .accepted()
             .last()
             .map(|a| (a.local.ip(), a.local.port()));
-        assert_eq!(got, Some((POD_LL.into(), 15006)), "{backend}: {landed}");
+        assert_eq!(
+            got,
+            Some((POD_LINK_LOCAL.into(), 15006)),
+            "{backend}: {landed}"
+        );
         match &e.outcome {
             ex::Outcome::Redirected { to, .. } => {
                 assert_eq!(Some((to.ip(), to.port())), got, "{backend}")

@@ -8,11 +8,8 @@ mod common;
 
 use capture::Plan;
 use common::kube_api::{FakeKube, broken_pod};
-use common::running::{RunningPod, proc_root};
+use common::running::{RunningPod, plan_for, proc_root};
 use common::*;
-use guardian::podplan;
-use k8s_openapi::api::core::v1::Pod;
-use pod_policy::Decision;
 use redirect::{Backend, BackendChoice};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -38,16 +35,6 @@ fn mesh_pod(ns: &str, name: &str, ip: &str, annotations: Value) -> Value {
         p["metadata"]["annotations"][k] = v.clone();
     }
     p
-}
-
-fn plan_for(pod: &Value, running: &RunningPod) -> Plan {
-    let pod: Pod = serde_json::from_value(pod.clone()).unwrap();
-    let Decision::Sidecar(pc) = podplan::verdict(&pod, &sidecar_policy()).unwrap() else {
-        panic!("not a mesh pod")
-    };
-    podplan::plan_in(&pc.config, running.world.pod.path())
-        .unwrap()
-        .0
 }
 
 fn drift(plan: &Plan, p: &RunningPod) -> Vec<String> {

@@ -28,17 +28,6 @@ fn saved(ns: &TestNetns) -> String {
         .collect()
 }
 
-#[track_caller]
-fn lands(o: &Outcome, probe: &str, port: u16, orig: Option<SocketAddr>) {
-    let l = o
-        .landed()
-        .unwrap_or_else(|| panic!("expected {probe}:{port}, got {o}"));
-    assert_eq!((l.probe.as_str(), l.port), (probe, port), "{o}");
-    if orig.is_some() {
-        assert_eq!(l.orig_dst, orig, "{o}");
-    }
-}
-
 #[test]
 fn ambient_rules_through_iptables_legacy() {
     require_root();
@@ -65,20 +54,20 @@ fn ambient_rules_through_iptables_legacy() {
     let (p, wp) = (w.pod.path(), w.world.path());
     let app = |dst, port| ConnectSpec::new(dst, port).uid(1000).gid(1000);
     let o = connect(p, &app(world, 80));
-    lands(&o, "pod", 15001, Some(SocketAddr::new(world, 80)));
+    Outcome::assert_lands(&o, "pod", 15001, Some(SocketAddr::new(world, 80)));
     let o = connect(wp, &ConnectSpec::new(pod, 8080));
-    lands(&o, "pod", 15006, Some(SocketAddr::new(pod, 8080)));
-    lands(
+    Outcome::assert_lands(&o, "pod", 15006, Some(SocketAddr::new(pod, 8080)));
+    Outcome::assert_lands(
         &connect(wp, &ConnectSpec::new(pod, 15008)),
         "pod",
         15008,
         None,
     );
     let own = ConnectSpec::new(world, 80).mark(0x539);
-    lands(&connect(p, &own), "world", 80, None);
-    lands(&send_udp(p, &app(world, 53)), "pod", 15053, None);
-    lands(&connect(p, &app(world, 53)), "pod", 15053, None);
-    lands(
+    Outcome::assert_lands(&connect(p, &own), "world", 80, None);
+    Outcome::assert_lands(&send_udp(p, &app(world, 53)), "pod", 15053, None);
+    Outcome::assert_lands(&connect(p, &app(world, 53)), "pod", 15053, None);
+    Outcome::assert_lands(
         &send_udp(p, &ConnectSpec::new(world, 53).mark(0x539)),
         "world",
         53,

@@ -54,16 +54,11 @@ fn sock(ip: impl Into<IpAddr>, port: u16) -> Option<SocketAddr> {
     Some(SocketAddr::new(ip.into(), port))
 }
 
+/// Landed on `probe`'s `port` with exactly `orig` as its original destination (`None`: none).
 #[track_caller]
 fn lands(out: Outcome, probe: &str, port: u16, orig: Option<SocketAddr>) {
-    let l = out
-        .landed()
-        .unwrap_or_else(|| panic!("expected {probe}:{port}, got {out}"));
-    assert_eq!(
-        (l.probe.as_str(), l.port, l.orig_dst),
-        (probe, port, orig),
-        "{out}"
-    );
+    let l = out.assert_lands(probe, port, orig);
+    assert_eq!(l.orig_dst, orig, "{out}");
 }
 
 /// The default sidecar matrix for one family's addresses.

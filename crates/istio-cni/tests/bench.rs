@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use testbed::TestNetns;
+use testbed::cni::percentile;
 
 const PODS: usize = 200;
 
@@ -55,11 +56,6 @@ fn timed_plugin(node: &Node, env: &[(&str, String)], stdin: &[u8]) -> (Duration,
             (start.elapsed(), usage.ru_maxrss as u64, ok)
         })
         .unwrap()
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
 }
 
 fn ms(d: Duration) -> String {

@@ -535,12 +535,7 @@ fn sigint_during_trace_wait_leaves_nothing_behind() {
 fn link_local_destinations_take_a_zone() {
     require_root();
     let w = PodWorld::new().unwrap();
-    w.pod
-        .ip_batch(&["addr add fe80::2/64 dev eth0 nodad".to_string()])
-        .unwrap();
-    w.world
-        .ip_batch(&["addr add fe80::1/64 dev eth0 nodad".to_string()])
-        .unwrap();
+    w.add_link_local().unwrap();
     let cfg = Config {
         ipv6: Ipv6Mode::On,
         ..Config::cni_default()

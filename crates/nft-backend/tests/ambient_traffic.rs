@@ -30,17 +30,6 @@ fn as_app(dst: IpAddr, port: u16) -> ConnectSpec {
     ConnectSpec::new(dst, port).uid(APP_UID).gid(APP_UID)
 }
 
-#[track_caller]
-fn lands(o: &Outcome, probe: &str, port: u16, orig: Option<SocketAddr>) {
-    let l = o
-        .landed()
-        .unwrap_or_else(|| panic!("expected to land on {probe}:{port}, got {o}"));
-    assert_eq!((l.probe.as_str(), l.port), (probe, port), "{o}");
-    if let Some(orig) = orig {
-        assert_eq!(l.orig_dst, Some(orig), "{o}");
-    }
-}
-
 #[test]
 fn ambient_pod_traffic_lands_where_ztunnel_expects_it() {
     require_root();
@@ -53,12 +42,12 @@ fn ambient_pod_traffic_lands_where_ztunnel_expects_it() {
 
     // The app's outbound TCP goes to ztunnel's outbound port, original destination kept.
     let o = connect(p, &as_app(world, 80));
-    lands(&o, "pod", 15001, Some(SocketAddr::new(world, 80)));
+    Outcome::assert_lands(&o, "pod", 15001, Some(SocketAddr::new(world, 80)));
     // Inbound TCP to the app goes to ztunnel's plaintext inbound port.
     let o = connect(wp, &ConnectSpec::new(pod, 8080));
-    lands(&o, "pod", 15006, Some(SocketAddr::new(pod, 8080)));
+    Outcome::assert_lands(&o, "pod", 15006, Some(SocketAddr::new(pod, 8080)));
     // HBONE (15008) reaches ztunnel directly.
-    lands(
+    Outcome::assert_lands(
         &connect(wp, &ConnectSpec::new(pod, 15008)),
         "pod",
         15008,
@@ -66,20 +55,20 @@ fn ambient_pod_traffic_lands_where_ztunnel_expects_it() {
     );
     // ztunnel's own sockets (SO_MARK 0x539) are never captured.
     let own = ConnectSpec::new(world, 80).mark(ZTUNNEL_MARK);
-    lands(&connect(p, &own), "world", 80, None);
+    Outcome::assert_lands(&connect(p, &own), "world", 80, None);
     // Only the low 12 bits count: another mark with the same low bits is ztunnel's too.
     let own_high_bits = ConnectSpec::new(world, 80).mark(0x7000_0539);
-    lands(&connect(p, &own_high_bits), "world", 80, None);
+    Outcome::assert_lands(&connect(p, &own_high_bits), "world", 80, None);
     // DNS over UDP and TCP goes to ztunnel's DNS proxy; ztunnel's own queries go out.
-    lands(&send_udp(p, &as_app(world, 53)), "pod", 15053, None);
-    lands(&connect(p, &as_app(world, 53)), "pod", 15053, None);
+    Outcome::assert_lands(&send_udp(p, &as_app(world, 53)), "pod", 15053, None);
+    Outcome::assert_lands(&connect(p, &as_app(world, 53)), "pod", 15053, None);
     let own_dns = ConnectSpec::new(world, 53).mark(ZTUNNEL_MARK);
-    lands(&send_udp(p, &own_dns), "world", 53, None);
+    Outcome::assert_lands(&send_udp(p, &own_dns), "world", 53, None);
     // The app talking to its own pod IP over lo is not captured.
-    lands(&connect(p, &as_app(pod, 8080)), "pod", 8080, None);
+    Outcome::assert_lands(&connect(p, &as_app(pod, 8080)), "pod", 8080, None);
     // Nor is localhost.
     let local = IpAddr::V4(Ipv4Addr::LOCALHOST);
-    lands(&connect(p, &as_app(local, 8080)), "pod", 8080, None);
+    Outcome::assert_lands(&connect(p, &as_app(local, 8080)), "pod", 8080, None);
 }
 
 #[test]
@@ -95,10 +84,10 @@ fn kubelet_probe_address_reaches_the_app_untouched() {
     let pod = IpAddr::V4(w.pod_v4);
     // From the probe address: the app itself, no ztunnel.
     let probe = ConnectSpec::new(pod, 8080).src(probe_src);
-    lands(&connect(w.world.path(), &probe), "pod", 8080, None);
+    Outcome::assert_lands(&connect(w.world.path(), &probe), "pod", 8080, None);
     // Any other source: ztunnel.
     let other = ConnectSpec::new(pod, 8080);
-    lands(&connect(w.world.path(), &other), "pod", 15006, None);
+    Outcome::assert_lands(&connect(w.world.path(), &other), "pod", 15006, None);
 }
 
 #[test]
@@ -112,14 +101,14 @@ fn dns_is_not_captured_when_off_and_ipv6_is_untouched_when_off() {
     let _world = Probe::world(w.world.path()).unwrap();
     let (p, wp) = (w.pod.path(), w.world.path());
     let world = IpAddr::V4(w.world_v4);
-    lands(&send_udp(p, &as_app(world, 53)), "world", 53, None);
-    lands(&connect(p, &as_app(world, 53)), "pod", 15001, None);
+    Outcome::assert_lands(&send_udp(p, &as_app(world, 53)), "world", 53, None);
+    Outcome::assert_lands(&connect(p, &as_app(world, 53)), "pod", 15001, None);
     let (pod6, world6) = (
         IpAddr::V6(w.pod_v6.unwrap()),
         IpAddr::V6(w.world_v6.unwrap()),
     );
-    lands(&connect(p, &as_app(world6, 80)), "world", 80, None);
-    lands(
+    Outcome::assert_lands(&connect(p, &as_app(world6, 80)), "world", 80, None);
+    Outcome::assert_lands(
         &connect(wp, &ConnectSpec::new(pod6, 8080)),
         "pod",
         8080,
@@ -133,8 +122,8 @@ fn dns_is_not_captured_when_off_and_ipv6_is_untouched_when_off() {
             ..AmbientConfig::default()
         },
     );
-    lands(&connect(p, &as_app(world6, 80)), "pod", 15001, None);
-    lands(
+    Outcome::assert_lands(&connect(p, &as_app(world6, 80)), "pod", 15001, None);
+    Outcome::assert_lands(
         &connect(wp, &ConnectSpec::new(pod6, 8080)),
         "pod",
         15006,

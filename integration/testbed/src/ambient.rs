@@ -522,6 +522,14 @@ impl AmbientNode {
     }
 }
 
+/// What an ambient node test needs: root, cnitool and Debian's CNI plugins (a panic when one
+/// is missing), and the ztunnel binary: `None` outside CI, the test returns at once; under
+/// `CI=true` a missing binary panics, so CI never skips.
+pub fn prerequisites() -> Option<std::path::PathBuf> {
+    crate::cni::require_cni_tools();
+    crate::ztunnel::ztunnel_binary()
+}
+
 /// Asserts that `o` landed on `probe`'s `port` (with the node's logs when not).
 #[track_caller]
 pub fn lands(n: &AmbientNode, o: &Outcome, probe: &str, port: u16) {

@@ -59,7 +59,7 @@ pub mod proc_stats;
 pub mod uds_flood;
 pub mod ztunnel;
 
-pub use ns::{Link, PodWorld, TestNetns, exec_at, run_in};
+pub use ns::{Link, POD_LINK_LOCAL, PodWorld, TestNetns, WORLD_LINK_LOCAL, exec_at, run_in};
 
 /// istio-iptables flags of the CNI plugin's default sidecar pod (istio-reference §1.6 b).
 pub const CNI_DEFAULT_FLAGS: [&str; 16] = [

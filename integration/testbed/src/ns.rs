@@ -145,6 +145,11 @@ pub struct Link {
     pub world_v6: Option<Ipv6Addr>,
 }
 
+/// The pod's link-local address on eth0 ([`PodWorld::add_link_local`]).
+pub const POD_LINK_LOCAL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 2);
+/// The world's link-local address on eth0 ([`PodWorld::add_link_local`]).
+pub const WORLD_LINK_LOCAL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+
 /// A pod namespace and a world namespace joined by `eth0` (veth), like a pod and the rest of
 /// the cluster: pod 10.X.Y.2/24 + fd00:X:Y::2/64, world 10.X.Y.1 + fd00:X:Y::1, default routes
 /// both ways. IPv6 addresses are added with `nodad`, so they are usable at once.
@@ -186,6 +191,16 @@ impl PodWorld {
             pod,
             world,
         })
+    }
+
+    /// Gives eth0 the link-local pair: [`POD_LINK_LOCAL`] on the pod's side,
+    /// [`WORLD_LINK_LOCAL`] on the world's (no DAD wait), for connections with a zone.
+    pub fn add_link_local(&self) -> io::Result<()> {
+        self.pod
+            .ip_batch(&[format!("addr add {POD_LINK_LOCAL}/64 dev eth0 nodad")])?;
+        self.world
+            .ip_batch(&[format!("addr add {WORLD_LINK_LOCAL}/64 dev eth0 nodad")])?;
+        Ok(())
     }
 
     /// Adds another veth pair named `name` on both sides with a fresh subnet (same IPv6 choice

@@ -134,6 +134,20 @@ impl Outcome {
     pub fn orig_dst(&self) -> Option<SocketAddr> {
         self.landed().and_then(|l| l.orig_dst)
     }
+
+    /// Where it landed; panics, naming what was expected and what happened, unless it landed
+    /// on `probe`'s `port`, with `orig` as its original destination when `orig` is given.
+    #[track_caller]
+    pub fn assert_lands(&self, probe: &str, port: u16, orig: Option<SocketAddr>) -> &Landed {
+        let l = self
+            .landed()
+            .unwrap_or_else(|| panic!("expected to land on {probe}:{port}, got {self}"));
+        assert_eq!((l.probe.as_str(), l.port), (probe, port), "{self}");
+        if orig.is_some() {
+            assert_eq!(l.orig_dst, orig, "{self}");
+        }
+        l
+    }
 }
 
 impl fmt::Display for Outcome {
