@@ -1,14 +1,14 @@
-//! A "node" for end-to-end tests: its own network namespace where the real CNI client
-//! (`cnitool`) runs Debian's bridge/host-local/portmap and then istio-cni, a fake Kubernetes
-//! API server serving pod JSON (bound inside the node namespace, where the plugin runs), and
-//! a kubeconfig pointing at it.
+//! A "node" for end-to-end tests: testbed's node ([`testbed::node::Node`]: its network
+//! namespace, host layout and fake Kubernetes API server bound inside it, where the plugin
+//! runs) without the install-cni daemon: the conflist with istio-cni and the kubeconfig are
+//! written here, and the real CNI client (`cnitool`) runs Debian's bridge/host-local/portmap
+//! and then istio-cni.
 #![allow(dead_code, unused_imports)]
 
 use serde_json::{Value, json};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 use testbed::TestNetns;
 pub use testbed::cni::{CNITOOL, CniTool, Run, base64, k8s_args, pod_ip, require_cni_tools, rules};
@@ -20,8 +20,6 @@ pub const BASE_NET: &str = "k8s-base";
 pub const PLUGIN: &str = env!("CARGO_BIN_EXE_istio-cni");
 /// Where the bridge plugin puts the gateway (in the node namespace).
 pub const GATEWAY: &str = "10.88.0.1";
-
-static DIR_COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// Fails the test clearly when the machine lacks what the end-to-end tests drive.
 pub fn require_tools() {
@@ -73,24 +71,29 @@ impl Default for NodeOptions {
     }
 }
 
+/// testbed's node (its `ns`, `api`, directories: through `Deref`) with the plugin's settings.
 pub struct Node {
-    pub ns: TestNetns,
+    pub base: testbed::node::Node,
+    /// The node's directory (removed with the node): scratch space for the tests.
     pub dir: PathBuf,
-    pub api: FakeKube,
     pub opts: NodeOptions,
+}
+
+impl std::ops::Deref for Node {
+    type Target = testbed::node::Node;
+    fn deref(&self) -> &testbed::node::Node {
+        &self.base
+    }
 }
 
 impl Node {
     pub fn new(opts: NodeOptions) -> Node {
         require_tools();
-        let ns = TestNetns::with_prefix("cninode").unwrap();
-        let n = DIR_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("istio-cni-e2e-{}-{n}", std::process::id()));
-        for sub in ["run", "netconf", "ipam"] {
-            std::fs::create_dir_all(dir.join(sub)).unwrap();
-        }
-        let api = FakeKube::start_in(&ns).unwrap();
-        let node = Node { ns, dir, api, opts };
+        let bin_source = opts.plugin.parent().expect("the plugin's directory");
+        let base_opts = testbed::node::NodeOptions::new(bin_source.to_path_buf());
+        let base = testbed::node::Node::new(base_opts).unwrap();
+        let dir = base.root.clone();
+        let node = Node { base, dir, opts };
         node.write_conflist();
         if node.opts.write_kubeconfig {
             node.write_kubeconfig();
@@ -99,7 +102,7 @@ impl Node {
     }
 
     pub fn run_dir(&self) -> PathBuf {
-        self.dir.join("run")
+        self.base.run_dir.clone()
     }
 
     pub fn plugin_conf(&self) -> Value {
@@ -134,7 +137,7 @@ impl Node {
                     "type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
                     "hairpinMode": true,
                     "ipam": {
-                        "type": "host-local", "dataDir": self.dir.join("ipam"),
+                        "type": "host-local", "dataDir": self.base.ipam_dir,
                         "ranges": [[{"subnet": "10.88.0.0/16", "gateway": GATEWAY}]],
                         "routes": [{"dst": "0.0.0.0/0"}]
                     }
@@ -148,11 +151,12 @@ impl Node {
                 .unwrap()
                 .push(self.plugin_conf());
         }
-        std::fs::write(
-            self.dir.join(format!("netconf/{net}.conflist")),
-            serde_json::to_string_pretty(&conflist).unwrap(),
-        )
-        .unwrap();
+        // NET in the primary's file (cnitool takes the first file naming the network).
+        let file = match net {
+            NET => self.base.conflist(),
+            _ => self.base.net_dir.join(format!("{net}.conflist")),
+        };
+        std::fs::write(file, serde_json::to_string_pretty(&conflist).unwrap()).unwrap();
     }
 
     /// Shaped like install-cni's (CA data and a token), but the test server speaks plain HTTP.
@@ -185,10 +189,9 @@ impl Node {
 
     pub fn cnitool_net(&self, net: &str, command: &str, pod: &Path, cni_args: &str) -> Run {
         let plugin_dir = self.opts.plugin.parent().unwrap();
-        let netconf = self.dir.join("netconf");
         CniTool {
             node: &self.ns,
-            netconf: &netconf,
+            netconf: &self.base.net_dir,
             cni_path: format!("/usr/lib/cni:{}", plugin_dir.display()),
         }
         .run(net, command, pod, cni_args)
@@ -271,12 +274,6 @@ impl Node {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.run_dir().join("istio-cni.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
