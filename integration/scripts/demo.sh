@@ -15,14 +15,27 @@ command -v cargo >/dev/null || { echo "demo: needs cargo (Rust >= 1.85)" >&2; ex
 T0=$(date +%s)
 took() { echo "demo: $1: $(($(date +%s) - $2)) s (total $(($(date +%s) - T0)) s)" >&2; }
 
+# The host's packages (only the demo's) and cnitool install while cargo downloads the crates:
+# one waits on the Debian mirror, the other on crates.io.
 started=$(date +%s)
-SKIP_ZTUNNEL=1 integration/scripts/install-deps.sh >&2
-took "host packages and cnitool" "$started"
+deps_log=$(mktemp)
+DEPS=demo SKIP_ZTUNNEL=1 integration/scripts/install-deps.sh >"$deps_log" 2>&1 &
+deps_pid=$!
+cargo fetch --locked -q
+took "the crates downloaded" "$started"
+if ! wait "$deps_pid"; then
+  cat "$deps_log" >&2
+  echo "demo: installing the host's packages failed" >&2
+  exit 1
+fi
+cat "$deps_log" >&2
+rm -f "$deps_log"
+took "host packages and cnitool (beside the download)" "$started"
 
 # The ambient section runs Istio's real ztunnel, built once into a cache outside the checkout.
 # It builds beside the product (niced, so the product's build comes first): on 2 cores the
-# serial phases of each (build scripts, the product's one-codegen-unit LTO link) leave a core
-# the other uses.
+# serial phases of each (build scripts, the last crates' codegen and link) leave a core the
+# other uses.
 started=$(date +%s)
 ztunnel_log=$(mktemp)
 trap 'rm -f "$ztunnel_log"' EXIT
