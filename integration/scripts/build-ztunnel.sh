@@ -12,9 +12,9 @@
 #
 # Built with cargo's `dev` profile without debug info: a test peer needs ztunnel's behaviour,
 # not its speed (the demo and the tests send a handful of connections through it), and this is
-# the first run's longest step: 260 CPU-s here against ztunnel's `quick-release` (opt-level 3,
-# 16 codegen units), which made a fresh machine's demo wait ≈4 min more, and its `release`
-# (fat LTO, one codegen unit), longer still.
+# the first run's longest step: 260 CPU-s measured here, where ztunnel's `quick-release`
+# (opt-level 3, 16 codegen units) still ran 252 s after the product's release build was done on
+# a fresh idle machine (its `release`, fat LTO over one codegen unit, longer still).
 #
 # Idempotent: the binary is rebuilt only when the tarball's sha256 or the profile changes
 # (stamp next to the binary's cache copy). The cargo target dir is kept across versions, so a
