@@ -29,6 +29,7 @@ mod outcome;
 pub mod render;
 mod text;
 pub mod trace;
+mod trace_tag;
 pub mod zone;
 
 pub use connection::{Connection, Direction, Invalid, Protocol, Zone};

@@ -66,9 +66,7 @@ pub use conntrack::{CtEntry, CtTuple};
 pub use legacy::host::{KernelRecord, RuleCounter};
 pub use owner::{MAX_RUN, MAX_WAIT};
 
-/// Name prefix of the temporary chains: `istio-explain-<pid>-<start>-<pidns>-<created>-<n>`
-/// (see `owner`).
-pub const TRACE_CHAIN_PREFIX: &str = "istio-explain-";
+pub use crate::trace_tag::TRACE_CHAIN_PREFIX;
 
 /// Priority of the temporary chain: below raw (-300), the lowest priority of our chains, so the
 /// packet is marked before any of our rules sees it.
