@@ -8,7 +8,8 @@
 //!   is a library for another); `testbed`, the rigs every crate's tests use, depends on no crate
 //!   of the workspace;
 //! - ARCHITECTURE.md's `| crate | uses |` tables are the real normal dependencies between the
-//!   workspace's crates, every crate in exactly one row.
+//!   workspace's crates, every crate in exactly one row;
+//! - no file-level import cycle inside a crate (`imports`).
 //!
 //! Pure (reads the sources and `cargo metadata`); a failure lists every offender.
 
@@ -17,6 +18,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use syn::spanned::Spanned;
 use syn::visit::Visit;
+
+#[path = "layout/imports.rs"]
+mod imports;
 
 const MAX_FILE_LINES: usize = 800;
 const MAX_FN_LINES: usize = 120;
