@@ -53,12 +53,12 @@ mod hook;
 mod legacy;
 mod listen;
 mod nfnl;
-mod ns;
 mod owner;
 mod signals;
 mod watch;
 
-use ns::Netns;
+use netns::{HeldNetns, NetnsError};
+use std::sync::Arc;
 
 // The connection types, for callers of the tracer alone.
 pub use crate::connection::{Connection, Direction, Protocol, Zone};
@@ -371,6 +371,81 @@ fn refuse_inbound_from_inside(
         ));
     }
     Ok(())
+}
+
+/// The traced namespace, held open for the whole trace ([`HeldNetns`]): the chain's removal
+/// runs in the same namespace even if its path is unmounted meanwhile. `held: None` is the
+/// caller's namespace, where work runs on the caller's thread.
+#[derive(Clone)]
+struct Netns {
+    /// The path as given, for messages.
+    given: Option<PathBuf>,
+    held: Option<Arc<HeldNetns>>,
+}
+
+impl Netns {
+    fn open(path: Option<&Path>) -> Result<Self, TraceError> {
+        let held = path.map(|p| {
+            HeldNetns::open(p).map_err(|e| TraceError::Namespace {
+                path: p.to_path_buf(),
+                source: match e {
+                    netns::ForeignError::Io { source, .. } => source,
+                    other => io::Error::new(io::ErrorKind::InvalidInput, other.to_string()),
+                },
+            })
+        });
+        Ok(Self {
+            given: path.map(Path::to_path_buf),
+            held: held.transpose()?.map(Arc::new),
+        })
+    }
+
+    /// The caller's namespace.
+    fn callers() -> Self {
+        Self {
+            given: None,
+            held: None,
+        }
+    }
+
+    fn path(&self) -> Option<&Path> {
+        self.given.as_deref()
+    }
+
+    /// Whether the calling thread is already in this namespace.
+    fn is_callers(&self) -> Result<bool, TraceError> {
+        match &self.held {
+            None => Ok(true),
+            Some(h) => h.is_current().map_err(|e| self.err(e)),
+        }
+    }
+
+    /// Runs `f` in the namespace on a fresh thread (or in place for the caller's namespace).
+    fn run<T: Send>(
+        &self,
+        f: impl FnOnce() -> Result<T, TraceError> + Send,
+    ) -> Result<T, TraceError> {
+        match &self.held {
+            None => f(),
+            Some(h) => h.run(f).map_err(|e| self.entering(e))?,
+        }
+    }
+
+    /// Why [`netns::run_in`] could not run work in the namespace.
+    fn entering(&self, e: NetnsError) -> TraceError {
+        self.err(match e {
+            NetnsError::Open { source, .. } | NetnsError::Spawn { source, .. } => source,
+            NetnsError::Enter { source, .. } => source.into(),
+            NetnsError::Panicked { .. } => io::Error::other("worker thread panicked"),
+        })
+    }
+
+    fn err(&self, source: io::Error) -> TraceError {
+        TraceError::Namespace {
+            path: self.given.clone().unwrap_or_default(),
+            source,
+        }
+    }
 }
 
 /// Where the pod's rules are, so where the trace goes.
