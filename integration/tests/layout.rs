@@ -9,7 +9,8 @@
 //!   of the workspace;
 //! - ARCHITECTURE.md's `| crate | uses |` tables are the real normal dependencies between the
 //!   workspace's crates, every crate in exactly one row;
-//! - the rigs have one fake Kubernetes API server, `testbed::kube_api::FakeKube`.
+//! - the rigs have one fake Kubernetes API server, `testbed::kube_api::FakeKube`;
+//! - no file-level import cycle inside a crate (`imports`).
 //!
 //! Pure (reads the sources and `cargo metadata`); a failure lists every offender.
 
@@ -18,6 +19,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use syn::spanned::Spanned;
 use syn::visit::Visit;
+
+#[path = "layout/imports.rs"]
+mod imports;
 
 const MAX_FILE_LINES: usize = 800;
 const MAX_FN_LINES: usize = 120;

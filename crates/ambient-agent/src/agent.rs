@@ -19,6 +19,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 use zds::{WorkloadInfo, ZdsServer};
 
+// The step an enroll failed at, for the failure counter.
+mod figures;
+
 /// The agent bounds each pod operation well inside the plugin's handoff timeout (20 s), so the
 /// plugin gets the agent's reason rather than its own timeout.
 pub const LOCK_WAIT: Duration = Duration::from_secs(10);
@@ -289,7 +292,7 @@ impl Agent {
     pub async fn enroll(&self, pod: AmbientPodRef, netns: OwnedFd) -> Result<(), AgentError> {
         let started = Instant::now();
         let served = self.enroll_untimed(pod, netns).await;
-        let failed = served.as_ref().err().map(crate::figures::failure_reason);
+        let failed = served.as_ref().err().map(figures::failure_reason);
         node_status::figures::global().observe_enroll(started.elapsed(), failed);
         served
     }

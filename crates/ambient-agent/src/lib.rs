@@ -13,7 +13,6 @@
 
 pub mod agent;
 pub mod branch_eni;
-mod figures;
 pub mod plugin_server;
 pub mod view;
 

@@ -21,6 +21,7 @@ pub mod compare;
 mod connection;
 mod eval;
 mod facts;
+mod first_packet;
 pub mod ir;
 pub mod live_legacy;
 mod live_nft;
@@ -28,12 +29,13 @@ mod outcome;
 pub mod render;
 mod text;
 pub mod trace;
+mod trace_tag;
 pub mod zone;
 
-pub use crate::trace::{Connection, Direction, Protocol, Zone};
-pub use connection::{Described, validate};
+pub use connection::{Connection, Direction, Invalid, Protocol, Zone};
 pub use eval::{CT_STATE_NEW, HookEnd, Packet, RuleRef, Step, StepKind, World, set_contains};
 pub use facts::NsFacts;
+pub use first_packet::{Described, validate};
 pub use outcome::{Decider, Landing, Outcome};
 pub use render::render_text;
 
@@ -65,6 +67,16 @@ pub enum ExplainError {
         context: String,
         source: std::io::Error,
     },
+}
+
+impl From<Invalid> for ExplainError {
+    fn from(e: Invalid) -> Self {
+        ExplainError::BadInput {
+            arg: e.arg,
+            value: e.value,
+            why: e.why,
+        }
+    }
 }
 
 impl ExplainError {
@@ -163,7 +175,7 @@ pub fn namespace_facts(netns: Option<&Path>, conn: &Connection) -> Result<NsFact
 }
 
 fn read_facts(conn: &Connection) -> Result<NsFacts, ExplainError> {
-    connection::refuse_mapped(conn)?;
+    conn.refuse_mapped()?;
     let mut f = NsFacts::read().map_err(|source| ExplainError::Io {
         context: "reading the namespace's addresses".into(),
         source,
@@ -215,7 +227,7 @@ pub fn explain_with(
     facts: &NsFacts,
 ) -> Result<Explanation, ExplainError> {
     validate(conn, facts)?;
-    let (mut pkt, assumed) = connection::first_packet(conn, facts)?;
+    let (mut pkt, assumed) = first_packet::first_packet(conn, facts)?;
     let connection = Described::of(conn, &pkt, facts, assumed);
     let mut w = Walk {
         rs,

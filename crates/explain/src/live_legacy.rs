@@ -11,7 +11,7 @@
 //! ipsets they match (`-m set --match-set istio-inpod-probes-v4 dst`) as sets.
 
 use crate::ir::{Backend, BaseHook, Chain, Expr, Hook, Rule, Ruleset, Set, TableFamily, Verdict};
-use crate::trace::TRACE_CHAIN_PREFIX;
+use crate::trace_tag::TRACE_CHAIN_PREFIX;
 use iptables_legacy::live::{our_save, parse};
 use iptables_legacy::trace_rules::comment_of;
 use iptables_legacy::{LegacyError, Tools};

@@ -3,8 +3,8 @@
 //! resolved inside that namespace ([`resolve`]).
 
 use crate::ExplainError;
+use crate::connection::{Connection, Direction, Zone};
 use crate::facts::NsFacts;
-use crate::trace::{Connection, Direction, Zone};
 use std::ffi::{CStr, CString};
 use std::net::{IpAddr, SocketAddr, SocketAddrV6};
 

@@ -51,6 +51,15 @@ pub fn message(msg_type: u16, flags: u16, seq: u32, body: &[u8]) -> Vec<u8> {
     msg
 }
 
+/// The errno an `NLMSG_ERROR` message's `payload` carries (`struct nlmsgerr`'s `error`,
+/// negated): 0 for an acknowledgement; `EIO` when the payload is too short to hold one.
+pub fn error_code(payload: &[u8]) -> i32 {
+    payload
+        .get(..4)
+        .map(|b| -i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+        .unwrap_or(libc::EIO)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,5 +92,12 @@ mod tests {
         );
         assert_eq!(u32::from_ne_bytes(m[8..12].try_into().unwrap()), 9);
         assert_eq!(&m[16..], &[1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn an_error_message_carries_its_errno_negated_and_an_ack_zero() {
+        assert_eq!(error_code(&(-libc::ENOENT).to_ne_bytes()), libc::ENOENT);
+        assert_eq!(error_code(&[0; 20]), 0);
+        assert_eq!(error_code(&[1, 2]), libc::EIO, "too short");
     }
 }

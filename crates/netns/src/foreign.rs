@@ -69,6 +69,21 @@ impl HeldNetns {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Runs `f` inside this namespace on a fresh thread ([`crate::run_in`] through
+    /// [`HeldNetns::path`]): it lands here whatever becomes of the path first given.
+    pub fn run<T, F>(&self, f: F) -> Result<T, crate::NetnsError>
+    where
+        T: Send,
+        F: FnOnce() -> T + Send,
+    {
+        crate::run_in(Some(&self.path), f)
+    }
+
+    /// Whether the calling thread is in this namespace.
+    pub fn is_current(&self) -> io::Result<bool> {
+        Ok(NsId::current()? == self.id)
+    }
 }
 
 /// A network namespace that is neither the caller's own nor the host's, held open.
@@ -235,6 +250,14 @@ mod tests {
             let e = ensure_foreign(Path::new(p)).unwrap_err();
             assert!(e.is_missing(), "{p}: {e}");
         }
+    }
+
+    #[test]
+    fn a_held_namespace_is_entered_through_its_descriptor() {
+        let held = HeldNetns::open(Path::new("/proc/self/ns/net")).unwrap();
+        assert!(held.is_current().unwrap());
+        let inside = held.run(|| NsId::current().unwrap()).unwrap();
+        assert_eq!(inside, held.id());
     }
 
     /// A FIFO would block an open for reading until a writer came: refused from its type.

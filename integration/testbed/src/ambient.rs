@@ -39,8 +39,7 @@ pub const KUBELET_UID: u32 = 4242;
 pub const OTHER_UID: u32 = 4343;
 pub const APP_PORT: u16 = 8080;
 pub const POD_NAMESPACE: &str = "default";
-/// The label (pod or namespace) that enrolls pods with Istio's default selectors.
-pub const DATAPLANE_MODE: &str = "istio.io/dataplane-mode";
+pub use crate::pods::DATAPLANE_MODE;
 /// Bound on every wait of an ambient test (ztunnel's reconnect backoff grows to seconds).
 pub const BOUND: Duration = Duration::from_secs(30);
 

@@ -5,6 +5,10 @@ use crate::probe::{ConnectSpec, Outcome, SHORT_TIMEOUT, Transport};
 use serde_json::Value;
 use std::net::IpAddr;
 
+/// The label (pod or namespace) that enrolls pods with Istio's default selectors (here, below
+/// the ambient node that uses it too, as a pod carries it).
+pub const DATAPLANE_MODE: &str = "istio.io/dataplane-mode";
+
 /// An injected sidecar pod (Istio 1.27 injector output: istio-validation init container,
 /// istio-proxy running as 1337, the status annotation).
 pub const SIDECAR_POD_JSON: &str = include_str!("../fixtures/pod-sidecar.json");
@@ -88,7 +92,7 @@ impl DemoPod {
         j["metadata"]["uid"] = uid.into();
         j["metadata"]["labels"] = serde_json::json!({"app": name});
         if ambient_label {
-            j["metadata"]["labels"][crate::ambient::DATAPLANE_MODE] = "ambient".into();
+            j["metadata"]["labels"][DATAPLANE_MODE] = "ambient".into();
         }
         j["spec"]["nodeName"] = node.into();
         j["spec"]["serviceAccountName"] = name.into();

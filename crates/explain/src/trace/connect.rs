@@ -3,7 +3,7 @@
 //! the process), binds (so the trace rule can match its source port), waits for the trace rule
 //! to exist, then connects (TCP) or sends one datagram (UDP).
 
-use super::{Attempt, CONNECT_TIMEOUT, Connection, Direction, Protocol, TraceError, ns::Netns};
+use super::{Attempt, CONNECT_TIMEOUT, Connection, Direction, Netns, Protocol, TraceError};
 use nix::sys::socket::{
     AddressFamily, SockFlag, SockType, SockaddrStorage, bind, connect, getsockname, socket, sockopt,
 };
@@ -35,25 +35,37 @@ impl Prober {
         let (ready_tx, ready_rx) = mpsc::channel::<Result<SocketAddr, TraceError>>();
         let (go_tx, go_rx) = mpsc::channel::<()>();
         let (done_tx, done_rx) = mpsc::channel::<Attempt>();
-        let netns = netns.clone();
         let conn = conn.clone();
         let sent = Arc::new(OnceLock::new());
         let sent_by_thread = Arc::clone(&sent);
+        let not_entered = ready_tx.clone();
+        // Outbound, the attempt is made from inside the namespace (a thread of `netns::run_in`,
+        // ended with it, so the credentials it takes die with it too); inbound, from here.
+        let inside = match conn.direction {
+            Direction::Outbound => netns.clone(),
+            Direction::Inbound => Netns::callers(),
+        };
+        let attempt = move || {
+            let (sock, scope) = match prepare(&conn) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return Ok(());
+                }
+            };
+            let local = local_addr(&sock);
+            if ready_tx.send(local).is_err() || go_rx.recv().is_err() {
+                return Ok(()); // the trace was abandoned before the rule existed
+            }
+            let _ = done_tx.send(fire(&sock, &conn, scope, &sent_by_thread));
+            Ok(())
+        };
         std::thread::Builder::new()
             .name("trace-connect".into())
             .spawn(move || {
-                let (sock, scope) = match prepare(&netns, &conn) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                let local = local_addr(&sock);
-                if ready_tx.send(local).is_err() || go_rx.recv().is_err() {
-                    return; // the trace was abandoned before the rule existed
+                if let Err(e) = inside.run(attempt) {
+                    let _ = not_entered.send(Err(e));
                 }
-                let _ = done_tx.send(fire(&sock, &conn, scope, &sent_by_thread));
             })
             .map_err(conn_err("starting the connecting thread"))?;
         let local = ready_rx
@@ -131,11 +143,10 @@ fn scoped(a: SocketAddr, scope: u32) -> SocketAddr {
     }
 }
 
-/// Enters the namespace (outbound), takes the credentials, creates and binds the socket;
-/// returns it with the scope id of a link-local connection.
-fn prepare(netns: &Netns, conn: &Connection) -> Result<(OwnedFd, u32), TraceError> {
+/// Takes the credentials (outbound; on a thread inside the namespace), creates and binds the
+/// socket; returns it with the scope id of a link-local connection.
+fn prepare(conn: &Connection) -> Result<(OwnedFd, u32), TraceError> {
     if conn.direction == Direction::Outbound {
-        netns.enter_this_thread()?;
         take_credentials(conn.uid, conn.gid).map_err(conn_err("taking the uid/gid"))?;
     }
     let scope = scope(conn)?;

@@ -8,7 +8,7 @@
 
 use super::nfnl::{self, nl_err};
 use super::{Protocol, TraceError};
-use netlink_wire::{attrs, message, put_attr};
+use netlink_wire::{attrs, error_code, message, put_attr};
 use nft_backend::netlink;
 use nix::sys::socket::SockFlag;
 use std::fmt;
@@ -237,7 +237,7 @@ pub fn get(protocol: Protocol, t: &CtTuple) -> Result<Option<CtEntry>, TraceErro
             if hdr.nlmsg_type == new {
                 entry = decode_entry(protocol, payload);
             } else if hdr.nlmsg_type as i32 == libc::NLMSG_ERROR {
-                return match errno_of(payload) {
+                return match error_code(payload) {
                     0 => Ok(made_by(entry, t)),
                     libc::ENOENT => Ok(None),
                     e => Err(TraceError::Refused {
@@ -315,13 +315,6 @@ impl Events {
             }
         }
     }
-}
-
-fn errno_of(payload: &[u8]) -> i32 {
-    payload
-        .get(..4)
-        .map(|b| -i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-        .unwrap_or(libc::EIO)
 }
 
 #[cfg(test)]

@@ -2,8 +2,7 @@
 //! its own atomic batch), and removing chains left behind by killed runs.
 
 use super::{
-    Connection, Direction, Protocol, TRACE_CHAIN_PREFIX, TRACE_PRIORITY, TraceError, ns::Netns,
-    owner,
+    Connection, Direction, Netns, Protocol, TRACE_CHAIN_PREFIX, TRACE_PRIORITY, TraceError, owner,
 };
 use capture::Table;
 use nft_backend::expr::{self, Expr};

@@ -43,7 +43,7 @@
 
 use std::fmt;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -53,20 +53,20 @@ mod hook;
 mod legacy;
 mod listen;
 mod nfnl;
-mod ns;
 mod owner;
 mod signals;
 mod watch;
 
-use ns::Netns;
+use netns::{HeldNetns, NetnsError};
+use std::sync::Arc;
 
+// The connection types, for callers of the tracer alone.
+pub use crate::connection::{Connection, Direction, Protocol, Zone};
 pub use conntrack::{CtEntry, CtTuple};
 pub use legacy::host::{KernelRecord, RuleCounter};
 pub use owner::{MAX_RUN, MAX_WAIT};
 
-/// Name prefix of the temporary chains: `istio-explain-<pid>-<start>-<pidns>-<created>-<n>`
-/// (see `owner`).
-pub const TRACE_CHAIN_PREFIX: &str = "istio-explain-";
+pub use crate::trace_tag::TRACE_CHAIN_PREFIX;
 
 /// Priority of the temporary chain: below raw (-300), the lowest priority of our chains, so the
 /// packet is marked before any of our rules sees it.
@@ -74,120 +74,6 @@ pub const TRACE_PRIORITY: i32 = -350;
 
 /// How long [`TraceHow::Connect`] waits for a TCP handshake before reporting a timeout.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Which way the connection crosses the pod boundary.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Direction {
-    /// Made by a process inside the pod (traced at hook `output`).
-    Outbound,
-    /// Arriving at the pod from outside (traced at hook `prerouting`).
-    Inbound,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Protocol {
-    Tcp,
-    Udp,
-}
-
-impl Protocol {
-    /// `tcp` / `udp`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Protocol::Tcp => "tcp",
-            Protocol::Udp => "udp",
-        }
-    }
-}
-
-/// The connection to trace. The IP family is the destination's; `src`, if given, must be of
-/// the same family.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Connection {
-    pub direction: Direction,
-    pub protocol: Protocol,
-    pub dst: SocketAddr,
-    /// Source address; for [`TraceHow::Connect`] the socket is bound to it (IP_FREEBIND, so it
-    /// need not be local for an inbound probe).
-    pub src: Option<IpAddr>,
-    /// Sending process's uid/gid (outbound only: matched with `meta skuid/skgid`, and the
-    /// connecting thread takes them). `None` = any (and root when connecting).
-    pub uid: Option<u32>,
-    pub gid: Option<u32>,
-    /// The sending socket's mark (`SO_MARK`; outbound only), e.g. ztunnel's 0x539. `None` = 0.
-    pub mark: Option<u32>,
-    /// The zone of a link-local `dst` (`[fe80::1%eth0]:80`), in the pod's namespace: the
-    /// interface it is reached through (outbound) or arrives on (inbound).
-    pub zone: Option<Zone>,
-}
-
-/// A link-local address's zone as written: an interface name or index.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Zone {
-    Name(String),
-    Index(u32),
-}
-
-impl fmt::Display for Zone {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Zone::Name(n) => f.write_str(n),
-            Zone::Index(i) => write!(f, "{i}"),
-        }
-    }
-}
-
-impl Connection {
-    pub fn new(direction: Direction, protocol: Protocol, dst: SocketAddr) -> Self {
-        Self {
-            direction,
-            protocol,
-            dst,
-            src: None,
-            uid: None,
-            gid: None,
-            mark: None,
-            zone: None,
-        }
-    }
-    pub fn mark(mut self, mark: u32) -> Self {
-        self.mark = Some(mark);
-        self
-    }
-    pub fn zone(mut self, zone: Zone) -> Self {
-        self.zone = Some(zone);
-        self
-    }
-    /// `--dst` as written: `[fe80::1%eth0]:80` with a zone, else the address.
-    pub fn dst_shown(&self) -> String {
-        match &self.zone {
-            Some(z) => format!("[{}%{z}]:{}", self.dst.ip(), self.dst.port()),
-            None => self.dst.to_string(),
-        }
-    }
-    pub fn src(mut self, src: IpAddr) -> Self {
-        self.src = Some(src);
-        self
-    }
-    pub fn uid(mut self, uid: u32) -> Self {
-        self.uid = Some(uid);
-        self
-    }
-    pub fn gid(mut self, gid: u32) -> Self {
-        self.gid = Some(gid);
-        self
-    }
-    pub fn is_ipv6(&self) -> bool {
-        self.dst.is_ipv6()
-    }
-    /// The kernel hook the temporary chain uses: `output` or `prerouting`.
-    pub fn hook(&self) -> &'static str {
-        match self.direction {
-            Direction::Outbound => "output",
-            Direction::Inbound => "prerouting",
-        }
-    }
-}
 
 /// How the traced packet comes about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -393,6 +279,12 @@ pub enum TraceError {
     Interrupted { signal: i32 },
 }
 
+impl From<crate::connection::Invalid> for TraceError {
+    fn from(e: crate::connection::Invalid) -> Self {
+        TraceError::InvalidConnection(e.to_string())
+    }
+}
+
 fn at(p: &Option<PathBuf>) -> String {
     p.as_ref()
         .map(|p| format!(" ({})", p.display()))
@@ -410,7 +302,7 @@ pub fn trace(
     conn: &Connection,
     how: TraceHow,
 ) -> Result<KernelPath, TraceError> {
-    validate(conn)?;
+    conn.validate()?;
     validate_wait(how)?;
     let ns = Netns::open(netns)?;
     refuse_inbound_from_inside(&ns, conn, how)?;
@@ -427,7 +319,7 @@ pub fn trace_with(
     how: TraceHow,
     backend: crate::ir::Backend,
 ) -> Result<KernelPath, TraceError> {
-    validate(conn)?;
+    conn.validate()?;
     validate_wait(how)?;
     let ns = Netns::open(netns)?;
     refuse_inbound_from_inside(&ns, conn, how)?;
@@ -442,7 +334,7 @@ pub fn trace_with(
 /// probe rule: the connection is made for real, nothing is added or rebound (see
 /// `legacy::host`). Outbound only (a connection the node makes).
 pub fn record_host(netns: Option<&Path>, conn: &Connection) -> Result<KernelRecord, TraceError> {
-    validate(conn)?;
+    conn.validate()?;
     if conn.direction != Direction::Outbound {
         return Err(TraceError::InvalidConnection(
             "the host probe rule sees connections the node makes (outbound)".into(),
@@ -479,6 +371,81 @@ fn refuse_inbound_from_inside(
         ));
     }
     Ok(())
+}
+
+/// The traced namespace, held open for the whole trace ([`HeldNetns`]): the chain's removal
+/// runs in the same namespace even if its path is unmounted meanwhile. `held: None` is the
+/// caller's namespace, where work runs on the caller's thread.
+#[derive(Clone)]
+struct Netns {
+    /// The path as given, for messages.
+    given: Option<PathBuf>,
+    held: Option<Arc<HeldNetns>>,
+}
+
+impl Netns {
+    fn open(path: Option<&Path>) -> Result<Self, TraceError> {
+        let held = path.map(|p| {
+            HeldNetns::open(p).map_err(|e| TraceError::Namespace {
+                path: p.to_path_buf(),
+                source: match e {
+                    netns::ForeignError::Io { source, .. } => source,
+                    other => io::Error::new(io::ErrorKind::InvalidInput, other.to_string()),
+                },
+            })
+        });
+        Ok(Self {
+            given: path.map(Path::to_path_buf),
+            held: held.transpose()?.map(Arc::new),
+        })
+    }
+
+    /// The caller's namespace.
+    fn callers() -> Self {
+        Self {
+            given: None,
+            held: None,
+        }
+    }
+
+    fn path(&self) -> Option<&Path> {
+        self.given.as_deref()
+    }
+
+    /// Whether the calling thread is already in this namespace.
+    fn is_callers(&self) -> Result<bool, TraceError> {
+        match &self.held {
+            None => Ok(true),
+            Some(h) => h.is_current().map_err(|e| self.err(e)),
+        }
+    }
+
+    /// Runs `f` in the namespace on a fresh thread (or in place for the caller's namespace).
+    fn run<T: Send>(
+        &self,
+        f: impl FnOnce() -> Result<T, TraceError> + Send,
+    ) -> Result<T, TraceError> {
+        match &self.held {
+            None => f(),
+            Some(h) => h.run(f).map_err(|e| self.entering(e))?,
+        }
+    }
+
+    /// Why [`netns::run_in`] could not run work in the namespace.
+    fn entering(&self, e: NetnsError) -> TraceError {
+        self.err(match e {
+            NetnsError::Open { source, .. } | NetnsError::Spawn { source, .. } => source,
+            NetnsError::Enter { source, .. } => source.into(),
+            NetnsError::Panicked { .. } => io::Error::other("worker thread panicked"),
+        })
+    }
+
+    fn err(&self, source: io::Error) -> TraceError {
+        TraceError::Namespace {
+            path: self.given.clone().unwrap_or_default(),
+            source,
+        }
+    }
 }
 
 /// Where the pod's rules are, so where the trace goes.
@@ -604,34 +571,6 @@ impl watch::Collect<TraceEvent> for Collector {
     fn seen(&self) -> bool {
         self.trace_id.is_some()
     }
-}
-
-fn validate(conn: &Connection) -> Result<(), TraceError> {
-    if let Some(src) = conn.src
-        && src.is_ipv6() != conn.is_ipv6()
-    {
-        return Err(TraceError::InvalidConnection(format!(
-            "source {src} and destination {} are of different IP families",
-            conn.dst
-        )));
-    }
-    if conn.dst.port() == 0 {
-        return Err(TraceError::InvalidConnection(format!(
-            "destination port 0 in {}",
-            conn.dst
-        )));
-    }
-    if conn.direction == Direction::Inbound && conn.mark.is_some() {
-        return Err(TraceError::InvalidConnection(
-            "a mark only applies to outbound connections (marks do not cross namespaces)".into(),
-        ));
-    }
-    if conn.direction == Direction::Inbound && (conn.uid.is_some() || conn.gid.is_some()) {
-        return Err(TraceError::InvalidConnection(
-            "uid/gid only apply to outbound connections (the sender is outside the pod)".into(),
-        ));
-    }
-    Ok(())
 }
 
 /// Keeps the events of the first packet our temporary chain marked, in our tables only, and
@@ -770,20 +709,29 @@ mod tests {
     }
 
     #[test]
-    fn inconsistent_connections_are_refused_by_name() {
+    fn inconsistent_connections_are_refused_by_name_before_anything_is_opened() {
+        let nowhere = Some(Path::new("/nonexistent/netns"));
         let c = Connection::new(
             Direction::Outbound,
             Protocol::Tcp,
             "10.0.0.1:80".parse().unwrap(),
         )
         .src("::1".parse().unwrap());
-        assert!(validate(&c).unwrap_err().to_string().contains("::1"));
+        let e = trace(nowhere, &c, TraceHow::Connect).unwrap_err();
+        assert!(
+            matches!(&e, TraceError::InvalidConnection(w) if w.contains("::1")),
+            "{e}"
+        );
         let c = Connection::new(
             Direction::Inbound,
             Protocol::Tcp,
             "10.0.0.1:80".parse().unwrap(),
         )
         .uid(1);
-        assert!(validate(&c).unwrap_err().to_string().contains("uid"));
+        let e = record_host(nowhere, &c).unwrap_err();
+        assert!(
+            matches!(&e, TraceError::InvalidConnection(w) if w.contains("uid")),
+            "{e}"
+        );
     }
 }

@@ -16,7 +16,7 @@
 //! Nothing is left to clean up, so no signal handling is needed: a kill leaves nothing behind.
 
 use super::super::conntrack::{self, CtEntry, CtTuple};
-use super::super::{Attempt, CONNECT_TIMEOUT, Connection, TraceError, connect, ns::Netns};
+use super::super::{Attempt, CONNECT_TIMEOUT, Connection, Netns, TraceError, connect};
 use crate::live_legacy::HOST_CHAIN;
 use iptables_legacy::Tools;
 use std::time::Duration;

@@ -41,8 +41,8 @@ mod lines;
 mod ulog;
 
 use super::{
-    Connection, Direction, KernelPath, Protocol, TRACE_CHAIN_PREFIX, TraceError, TraceHow,
-    after_removal, hook, ns::Netns, owner, start, watch,
+    Connection, Direction, KernelPath, Netns, Protocol, TRACE_CHAIN_PREFIX, TraceError, TraceHow,
+    after_removal, hook, owner, start, watch,
 };
 use crate::live_legacy::{KernelNumbers, ruleset_of};
 use iptables_legacy::Tools;

@@ -134,17 +134,17 @@ impl LogSocket {
             let n = netlink::recv(self.fd.as_fd(), &mut self.buf, 0).map_err(nl_err(what))?;
             for (hdr, payload) in netlink::messages(netlink::bytes_of(&self.buf, n)) {
                 if hdr.nlmsg_type as i32 == libc::NLMSG_ERROR && hdr.nlmsg_seq == self.seq {
-                    let errno = payload
-                        .get(..4)
-                        .map(|b| -i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-                        .unwrap_or(libc::EIO);
-                    return match errno {
+                    return match netlink_wire::error_code(payload) {
                         0 => Ok(()),
                         // The group belongs to another socket (EPERM), or is bound (EBUSY).
-                        libc::EBUSY | libc::EPERM if group_cmd => Err(TraceError::Refused {
-                            what: format!("{what} (another trace of this namespace is running)"),
-                            source: io::Error::from_raw_os_error(errno),
-                        }),
+                        errno @ (libc::EBUSY | libc::EPERM) if group_cmd => {
+                            Err(TraceError::Refused {
+                                what: format!(
+                                    "{what} (another trace of this namespace is running)"
+                                ),
+                                source: io::Error::from_raw_os_error(errno),
+                            })
+                        }
                         e => Err(TraceError::Refused {
                             what: what.into(),
                             source: io::Error::from_raw_os_error(e),

@@ -1,7 +1,7 @@
 //! The step an enroll failed at, for `istio_cni_enrollment_failures_total{reason}`
 //! (`node_status::figures`; the plugin's own steps are counted from its figures).
 
-use crate::agent::AgentError;
+use super::AgentError;
 
 /// One of `node_status::figures::AGENT_FAILURE_REASONS`, or the plugin's `rules_failed`.
 pub fn failure_reason(e: &AgentError) -> &'static str {
