@@ -2,8 +2,8 @@
 //! from a server that hangs, is slow, refuses with a status, or answers something that is not
 //! (exactly) the object asked for.
 
-use super::{Inner, Req, server};
-use serde_json::json;
+use super::Inner;
+use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
@@ -49,9 +49,14 @@ impl ApiMode {
     }
 }
 
-/// Answers `req` as the server's mode says; `false` when the request is to be served as usual
-/// (after the delay, for `Slow`).
-pub(super) fn answer_in_mode(conn: &mut TcpStream, inner: &Inner, req: &Req) -> bool {
+/// Answers the request as the server's mode says; `false` when it is to be served as usual
+/// (after the delay, for `Slow`). `usual` is the answer the server would give (status line,
+/// body), which the corrupting modes start from.
+pub(super) fn answer_in_mode(
+    conn: &mut TcpStream,
+    inner: &Inner,
+    usual: impl FnOnce() -> (String, Value),
+) -> bool {
     let mode = *inner.mode.lock().unwrap();
     match mode {
         ApiMode::Up => false,
@@ -77,7 +82,7 @@ pub(super) fn answer_in_mode(conn: &mut TcpStream, inner: &Inner, req: &Req) -> 
             true
         }
         ApiMode::TrailingGarbage | ApiMode::DuplicateKey => {
-            let (line, body) = server::object_answer(inner, req);
+            let (line, body) = usual();
             let mut body = body.to_string();
             if mode == ApiMode::TrailingGarbage {
                 body.push_str("}}}}");

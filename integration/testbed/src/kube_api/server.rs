@@ -90,7 +90,7 @@ pub(super) fn serve(mut conn: TcpStream, inner: &Inner) {
         return;
     };
     inner.requests.lock().unwrap().push(req.clone());
-    if faults::answer_in_mode(&mut conn, inner, &req) {
+    if faults::answer_in_mode(&mut conn, inner, || object_answer(inner, &req)) {
         return;
     }
     if injected_failure(inner, &req.method) {
