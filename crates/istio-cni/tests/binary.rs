@@ -37,7 +37,7 @@ fn test_binary_is_static() {
     );
 }
 
-/// Builds the release binary (LTO: takes a few minutes on a cold cache) and checks it.
+/// Builds the release binary (takes a few minutes on a cold cache) and checks it.
 #[test]
 #[ignore = "builds the release profile; run with --ignored"]
 fn release_binary_is_static_and_small() {

@@ -277,7 +277,7 @@ impl Node {
     }
 }
 
-/// Builds the release plugin (LTO: minutes on a cold cache) and returns its path.
+/// Builds the release plugin (minutes on a cold cache) and returns its path.
 pub fn build_release_plugin() -> PathBuf {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let status = Command::new(env!("CARGO"))
