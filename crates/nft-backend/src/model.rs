@@ -15,31 +15,34 @@ pub struct BaseChain {
 }
 
 pub fn base_chain(table: Table, chain: ChainId) -> Option<BaseChain> {
-    let (kind, priority) = match (table.netfilter(), chain) {
-        (Table::Nat, ChainId::Postrouting) => ("nat", 100),
-        (Table::Nat, _) => ("nat", -100),
-        (Table::Mangle, ChainId::Output) => ("route", -150),
-        (Table::Mangle, _) => ("filter", -150),
-        _ => ("filter", -300),
+    let hook = match chain {
+        ChainId::Prerouting => "prerouting",
+        ChainId::Output => "output",
+        ChainId::Postrouting => "postrouting",
+        // Istio's own chains: regular chains, reached by jumps.
+        ChainId::Inbound
+        | ChainId::Redirect
+        | ChainId::InRedirect
+        | ChainId::IstioOutput
+        | ChainId::OutputDns
+        | ChainId::Divert
+        | ChainId::Tproxy
+        | ChainId::Drop
+        | ChainId::IstioPrerouting
+        | ChainId::IstioPostrouting => return None,
     };
-    match chain {
-        ChainId::Postrouting => Some(BaseChain {
-            kind,
-            hook: "postrouting",
-            priority,
-        }),
-        ChainId::Prerouting => Some(BaseChain {
-            kind,
-            hook: "prerouting",
-            priority,
-        }),
-        ChainId::Output => Some(BaseChain {
-            kind,
-            hook: "output",
-            priority,
-        }),
-        _ => None,
-    }
+    let (kind, priority) = match table {
+        Table::Nat | Table::AmbientNat if hook == "postrouting" => ("nat", 100),
+        Table::Nat | Table::AmbientNat => ("nat", -100),
+        Table::Mangle | Table::AmbientMangle if hook == "output" => ("route", -150),
+        Table::Mangle | Table::AmbientMangle => ("filter", -150),
+        Table::Raw | Table::AmbientRaw => ("filter", -300),
+    };
+    Some(BaseChain {
+        kind,
+        hook,
+        priority,
+    })
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,13 +87,27 @@ pub struct TableSpec {
 /// Multi-value matches nft cannot put in an anonymous set cheaply (interface names, owners)
 /// are expanded into one rule per value, exactly as iptables does.
 pub fn expand_for_nft(m: &Match) -> bool {
-    matches!(
-        m,
-        Match::InIface(_)
-            | Match::OutIface(_)
-            | Match::Uid { negate: false, .. }
-            | Match::Gid { negate: false, .. }
-    )
+    match m {
+        Match::InIface(_) | Match::OutIface(_) => true,
+        Match::Uid { negate, .. } | Match::Gid { negate, .. } => !negate,
+        // One anonymous set (ports, addresses) or a single value.
+        Match::Proto(_)
+        | Match::DstPort { .. }
+        | Match::SrcPort(_)
+        | Match::Daddr { .. }
+        | Match::Saddr { .. }
+        | Match::Mark { .. }
+        | Match::ConnMark(_)
+        | Match::CtState(_)
+        | Match::NotOutIface(_)
+        | Match::L4Module(_)
+        | Match::FromAddr(_)
+        | Match::ToAddr(_)
+        | Match::MarkMasked { .. }
+        | Match::ConnMarkMasked { .. }
+        | Match::DaddrInSet(_)
+        | Match::SocketExists => false,
+    }
 }
 
 /// Builds every table of the plan. Set ids are unique across the whole batch. `with_text`
@@ -244,39 +261,131 @@ fn rule_specs(
     out
 }
 
-/// A rule's matches as expressions, in the order nft itself emits them (interfaces, protocol,
-/// family, addresses, ports, then meta and conntrack keys), so listings read as `nft` writes them.
+/// Where nft writes a match within a rule: interfaces, protocol, (family,) addresses, ports,
+/// then meta and conntrack keys, so listings read as `nft` writes them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Interface,
+    Protocol,
+    Address,
+    Port,
+    Meta,
+    /// Nothing to emit (see `slot`).
+    Nothing,
+}
+
+/// Every match of the plan has its slot: a new `Match` variant does not compile until it is
+/// placed here and lowered in `match_into`.
+fn slot(m: &Match) -> Slot {
+    match m {
+        Match::InIface(_) | Match::OutIface(_) | Match::NotOutIface(_) => Slot::Interface,
+        Match::Proto(_) => Slot::Protocol,
+        Match::Saddr { .. }
+        | Match::Daddr { .. }
+        | Match::FromAddr(_)
+        | Match::ToAddr(_)
+        | Match::DaddrInSet(_) => Slot::Address,
+        Match::DstPort { .. } | Match::SrcPort(_) => Slot::Port,
+        Match::Uid { .. }
+        | Match::Gid { .. }
+        | Match::Mark { .. }
+        | Match::MarkMasked { .. }
+        | Match::ConnMark(_)
+        | Match::ConnMarkMasked { .. }
+        | Match::SocketExists
+        | Match::CtState(_) => Slot::Meta,
+        // iptables' `-m tcp`/`-m udp` module load matches nothing by itself (the `Proto`
+        // match does); nft has no module to load.
+        Match::L4Module(_) => Slot::Nothing,
+    }
+}
+
+/// A rule's matches as expressions, slot by slot (see `Slot`); within a slot in the plan's order.
 fn matches_into(b: &mut RuleBuilder, rule: &capture::Rule, base: bool, ipv6: bool) {
     // With IPv6 off, IPv6 must not enter our chains at all (iptables installs nothing for it);
     // guarding the base-chain rules is enough since other chains are only reached from them.
     if rule.family == Family::Any && base && !ipv6 {
         nfproto(b, false);
     }
-    interface_matches(b, rule);
-    let l4 = proto_match(b, rule);
+    let mut ctx = MatchCtx {
+        l4: None,
+        v6: rule.family == Family::V6,
+    };
+    let in_slot = |s: Slot| rule.matches.iter().filter(move |m| slot(m) == s);
+    for m in in_slot(Slot::Interface).chain(in_slot(Slot::Protocol)) {
+        match_into(b, m, &mut ctx);
+    }
     if rule.family != Family::Any {
         nfproto(b, rule.family == Family::V6);
     }
-    for m in &rule.matches {
-        match m {
-            Match::Saddr { nets, negate } => addr_match(b, nets, *negate, true),
-            Match::Daddr { nets, negate } => addr_match(b, nets, *negate, false),
-            Match::FromAddr(a) => addr_match(b, &[IpNet::host(*a)], false, true),
-            Match::ToAddr(a) => addr_match(b, &[IpNet::host(*a)], false, false),
-            Match::DaddrInSet(name) => named_set_match(b, name, rule.family == Family::V6),
-            _ => {}
+    for s in [Slot::Address, Slot::Port, Slot::Meta] {
+        for m in in_slot(s) {
+            match_into(b, m, &mut ctx);
         }
     }
-    let l4name = l4.map(L4::name).unwrap_or("th");
-    for m in &rule.matches {
-        match m {
-            Match::DstPort { ports, negate } => port_match(b, l4name, 2, "dport", ports, *negate),
-            Match::SrcPort(p) => port_match(b, l4name, 0, "sport", &[*p], false),
-            _ => {}
+}
+
+/// What the lowering of one match needs from the rest of its rule.
+struct MatchCtx {
+    /// The protocol of a `Proto` match before (port matches name it: `tcp dport`).
+    l4: Option<L4>,
+    /// The rule is IPv6-only (a named set lookup then reads the IPv6 header).
+    v6: bool,
+}
+
+/// One match as expressions. Exhaustive: every variant of the plan's `Match` is named.
+fn match_into(b: &mut RuleBuilder, m: &Match, ctx: &mut MatchCtx) {
+    let l4name = ctx.l4.map(L4::name).unwrap_or("th");
+    match m {
+        Match::InIface(v) => iface_match(b, libc::NFT_META_IIFNAME, "iifname", &v[0], false),
+        Match::OutIface(v) => iface_match(b, libc::NFT_META_OIFNAME, "oifname", &v[0], false),
+        Match::NotOutIface(name) => iface_match(b, libc::NFT_META_OIFNAME, "oifname", name, true),
+        Match::Proto(p) => {
+            ctx.l4 = Some(*p);
+            proto_match(b, *p);
         }
-    }
-    for m in &rule.matches {
-        meta_match(b, m);
+        Match::Saddr { nets, negate } => addr_match(b, nets, *negate, true),
+        Match::Daddr { nets, negate } => addr_match(b, nets, *negate, false),
+        Match::FromAddr(a) => addr_match(b, &[IpNet::host(*a)], false, true),
+        Match::ToAddr(a) => addr_match(b, &[IpNet::host(*a)], false, false),
+        Match::DaddrInSet(name) => named_set_match(b, name, ctx.v6),
+        Match::DstPort { ports, negate } => port_match(b, l4name, 2, "dport", ports, *negate),
+        Match::SrcPort(p) => port_match(b, l4name, 0, "sport", &[*p], false),
+        Match::Uid { ids, negate } => owner_match(b, libc::NFT_META_SKUID, "skuid", ids, *negate),
+        Match::Gid { ids, negate } => owner_match(b, libc::NFT_META_SKGID, "skgid", ids, *negate),
+        Match::Mark { mark, negate } => {
+            b.push(expr::meta_load(libc::NFT_META_MARK as u32));
+            b.push(expr::cmp(cmp_op(*negate), &mark.to_ne_bytes()));
+            say!(b, format!("meta mark {}{mark:#010x}", neq(*negate)));
+        }
+        Match::MarkMasked { mark, mask, negate } => {
+            b.push(expr::meta_load(libc::NFT_META_MARK as u32));
+            b.push(expr::bitwise_and(&mask.to_ne_bytes()));
+            b.push(expr::cmp(cmp_op(*negate), &mark.to_ne_bytes()));
+            let op = if *negate { "!=" } else { "==" };
+            say!(b, format!("meta mark & {mask:#010x} {op} {mark:#010x}"));
+        }
+        Match::ConnMark(mark) => {
+            b.push(expr::ct_load(libc::NFT_CT_MARK as u32));
+            b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &mark.to_ne_bytes()));
+            say!(b, format!("ct mark {mark:#010x}"));
+        }
+        Match::ConnMarkMasked { mark, mask } => {
+            b.push(expr::ct_load(libc::NFT_CT_MARK as u32));
+            b.push(expr::bitwise_and(&mask.to_ne_bytes()));
+            b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &mark.to_ne_bytes()));
+            say!(b, format!("ct mark & {mask:#010x} == {mark:#010x}"));
+        }
+        Match::SocketExists => {
+            // `meta skuid` only loads for a packet with a full local socket (else the
+            // rule stops), as `-m owner --socket-exists`; every uid is >= 0.
+            b.push(expr::meta_load(libc::NFT_META_SKUID as u32));
+            b.push(expr::cmp(libc::NFT_CMP_GTE as u32, &0u32.to_ne_bytes()));
+            say!(b, "meta skuid >= 0");
+        }
+        Match::CtState(states) => ct_state_match(b, states),
+        // Matches nothing by itself (see `slot`): nothing to emit.
+        Match::L4Module(_) => {}
     }
 }
 
@@ -296,98 +405,37 @@ fn nfproto(b: &mut RuleBuilder, v6: bool) {
     );
 }
 
-fn interface_matches(b: &mut RuleBuilder, rule: &capture::Rule) {
-    for m in &rule.matches {
-        if let Match::InIface(v) | Match::OutIface(v) = m {
-            let (key, word) = if matches!(m, Match::InIface(_)) {
-                (libc::NFT_META_IIFNAME, "iifname")
-            } else {
-                (libc::NFT_META_OIFNAME, "oifname")
-            };
-            b.push(expr::meta_load(key as u32));
-            b.push(expr::cmp(
-                libc::NFT_CMP_EQ as u32,
-                &expr::ifname_bytes(&v[0]),
-            ));
-            say!(b, format!("{word} \"{}\"", v[0]));
-        }
-        if let Match::NotOutIface(name) = m {
-            b.push(expr::meta_load(libc::NFT_META_OIFNAME as u32));
-            b.push(expr::cmp(
-                libc::NFT_CMP_NEQ as u32,
-                &expr::ifname_bytes(name),
-            ));
-            say!(b, format!("oifname != \"{name}\""));
-        }
-    }
+/// `iifname "X"`, `oifname [!=] "X"`. Positive lists arrive expanded (`expand_for_nft`).
+fn iface_match(b: &mut RuleBuilder, key: libc::c_int, word: &str, name: &str, negate: bool) {
+    b.push(expr::meta_load(key as u32));
+    b.push(expr::cmp(cmp_op(negate), &expr::ifname_bytes(name)));
+    say!(b, format!("{word} {}\"{name}\"", neq(negate)));
 }
 
-/// `meta l4proto`; the protocol, for the port matches that follow.
-fn proto_match(b: &mut RuleBuilder, rule: &capture::Rule) -> Option<L4> {
-    let mut l4 = None;
-    for m in &rule.matches {
-        if let Match::Proto(p) = m {
-            l4 = Some(*p);
-            let n = match p {
-                L4::Tcp => libc::IPPROTO_TCP,
-                L4::Udp => libc::IPPROTO_UDP,
-            } as u8;
-            b.push(expr::meta_load(libc::NFT_META_L4PROTO as u32));
-            b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &[n]));
-            say!(b, format!("meta l4proto {}", p.name()));
-        }
-    }
-    l4
+/// `meta l4proto tcp|udp`.
+fn proto_match(b: &mut RuleBuilder, p: L4) {
+    let n = match p {
+        L4::Tcp => libc::IPPROTO_TCP,
+        L4::Udp => libc::IPPROTO_UDP,
+    } as u8;
+    b.push(expr::meta_load(libc::NFT_META_L4PROTO as u32));
+    b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &[n]));
+    say!(b, format!("meta l4proto {}", p.name()));
 }
 
-/// Socket owner, packet mark and conntrack matches.
-fn meta_match(b: &mut RuleBuilder, m: &Match) {
-    match m {
-        Match::Uid { ids, negate } | Match::Gid { ids, negate } => {
-            let (key, word) = if matches!(m, Match::Uid { .. }) {
-                (libc::NFT_META_SKUID, "skuid")
-            } else {
-                (libc::NFT_META_SKGID, "skgid")
-            };
-            // "None of" is one comparison per id (as Istio's nft mode writes it).
-            for id in ids {
-                b.push(expr::meta_load(key as u32));
-                b.push(expr::cmp(cmp_op(*negate), &id.id.to_ne_bytes()));
-                say!(b, format!("meta {word} {}{}", neq(*negate), id.id));
-            }
-        }
-        Match::Mark { mark, negate } => {
-            b.push(expr::meta_load(libc::NFT_META_MARK as u32));
-            b.push(expr::cmp(cmp_op(*negate), &mark.to_ne_bytes()));
-            say!(b, format!("meta mark {}{mark:#010x}", neq(*negate)));
-        }
-        Match::MarkMasked { mark, mask, negate } => {
-            b.push(expr::meta_load(libc::NFT_META_MARK as u32));
-            b.push(expr::bitwise_and(&mask.to_ne_bytes()));
-            b.push(expr::cmp(cmp_op(*negate), &mark.to_ne_bytes()));
-            let op = if *negate { "!=" } else { "==" };
-            say!(b, format!("meta mark & {mask:#010x} {op} {mark:#010x}"));
-        }
-        Match::ConnMarkMasked { mark, mask } => {
-            b.push(expr::ct_load(libc::NFT_CT_MARK as u32));
-            b.push(expr::bitwise_and(&mask.to_ne_bytes()));
-            b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &mark.to_ne_bytes()));
-            say!(b, format!("ct mark & {mask:#010x} == {mark:#010x}"));
-        }
-        Match::SocketExists => {
-            // `meta skuid` only loads for a packet with a full local socket (else the
-            // rule stops), as `-m owner --socket-exists`; every uid is >= 0.
-            b.push(expr::meta_load(libc::NFT_META_SKUID as u32));
-            b.push(expr::cmp(libc::NFT_CMP_GTE as u32, &0u32.to_ne_bytes()));
-            say!(b, "meta skuid >= 0");
-        }
-        Match::ConnMark(mark) => {
-            b.push(expr::ct_load(libc::NFT_CT_MARK as u32));
-            b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &mark.to_ne_bytes()));
-            say!(b, format!("ct mark {mark:#010x}"));
-        }
-        Match::CtState(states) => ct_state_match(b, states),
-        _ => {}
+/// Socket owner: "none of" is one comparison per id (as Istio's nft mode writes it); "any
+/// of" arrives expanded (`expand_for_nft`).
+fn owner_match(
+    b: &mut RuleBuilder,
+    key: libc::c_int,
+    word: &str,
+    ids: &[capture::Id],
+    negate: bool,
+) {
+    for id in ids {
+        b.push(expr::meta_load(key as u32));
+        b.push(expr::cmp(cmp_op(negate), &id.id.to_ne_bytes()));
+        say!(b, format!("meta {word} {}{}", neq(negate), id.id));
     }
 }
 
