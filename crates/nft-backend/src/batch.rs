@@ -7,41 +7,63 @@ use nftnl::set::{Set, SetKey};
 use nftnl::{Batch, Chain, ChainType, FinalizedBatch, Hook, MsgType, Policy, ProtoFamily, Rule};
 use std::ffi::CString;
 
-pub struct Built {
+/// A plan's batch, and how to say which object a refused message creates.
+pub struct Built<'p> {
     pub batch: FinalizedBatch,
-    /// What each message creates, in batch order (for error messages).
-    pub descriptions: Notes,
+    /// Netlink messages in the batch (batch begin and end not counted).
+    pub messages: usize,
+    plan: &'p Plan,
+    how: How,
 }
 
-/// One note per batch message. The text is only made when asked for: formatting it costs more
-/// than building the batch, and the hot path only needs it when the kernel refuses something.
-pub struct Notes {
-    with_text: bool,
-    pub count: usize,
-    text: Vec<String>,
+/// What a batch does with our tables.
+#[derive(Clone)]
+enum How {
+    /// Delete these tables of ours (they exist), then create every table of the plan.
+    Replace(Vec<Table>),
+    /// Make the plan's tables exist with exactly its rules, keeping named sets' elements.
+    Ensure,
 }
 
-impl Notes {
-    fn note(&mut self, text: impl FnOnce() -> String) {
-        self.count += 1;
-        if self.with_text {
-            self.text.push(text());
-        }
+/// One note per batch message, made only when asked for: formatting costs more than building
+/// the batch, and the hot path only needs the notes when the kernel refuses something.
+trait Notes {
+    fn note(&mut self, text: impl FnOnce() -> String);
+}
+
+/// Counts the messages (the hot path).
+struct Count(usize);
+
+impl Notes for Count {
+    fn note(&mut self, _: impl FnOnce() -> String) {
+        self.0 += 1;
     }
 }
 
-impl Built {
-    /// The object a refused sequence number belongs to.
+/// What each message creates, in batch order (for error messages).
+struct Described(Vec<String>);
+
+impl Notes for Described {
+    fn note(&mut self, text: impl FnOnce() -> String) {
+        self.0.push(text());
+    }
+}
+
+impl Built<'_> {
+    /// The object a refused sequence number belongs to (the batch is built again, with its
+    /// descriptions: only on this rare path).
     pub fn describe(&self, seq: u32) -> String {
         let seqs = self.batch.sequence_numbers();
         // With ACKed batch begin/end (kernel >= 6.10) the first sequence number is BATCH_BEGIN.
-        let offset = if seqs.len() == self.descriptions.count + 2 {
+        let offset = if seqs.len() == self.messages + 2 {
             seqs.start + 1
         } else {
             seqs.start
         };
+        let mut described = Described(Vec::new());
+        assemble(self.plan, &self.how, &mut described, true);
         seq.checked_sub(offset)
-            .and_then(|i| self.descriptions.text.get(i as usize))
+            .and_then(|i| described.0.get(i as usize))
             .cloned()
             .unwrap_or_else(|| "the nftables batch".into())
     }
@@ -86,60 +108,57 @@ fn chain_type(kind: &str) -> ChainType {
 }
 
 /// The batch for `plan`: delete `existing` (ours) first, then create every table of the plan.
-/// `with_text` describes every message (for error messages and `--check`).
-pub fn build(plan: &Plan, existing: &[Table], poison: bool, with_text: bool) -> Built {
-    let specs = model::tables(plan, with_text);
-    let mut batch = Batch::new();
-    let mut descriptions = Notes {
-        with_text,
-        count: 0,
-        text: Vec::new(),
-    };
-    for t in existing {
-        let table = nftnl::Table::new(cstr(t.nft_name()), ProtoFamily::Inet);
-        batch.add(&table, MsgType::Del);
-        descriptions.note(|| format!("deleting table inet {}", t.nft_name()));
-    }
-    for spec in &specs {
-        add_table(&mut batch, &mut descriptions, spec, false);
-    }
-    if poison {
-        // A jump to a chain that does not exist: refused at the end of the batch.
-        let table = nftnl::Table::new(cstr(Table::Nat.nft_name()), ProtoFamily::Inet);
-        let chain = Chain::new(cstr("output"), &table);
-        let mut rule = Rule::new(&chain);
-        rule.add_expr(&crate::expr::jump("no-such-chain"));
-        batch.add(&rule, MsgType::Add);
-        descriptions.note(|| "the poisoned test rule".into());
-    }
-    Built {
-        batch: batch.finalize(),
-        descriptions,
-    }
+pub fn build<'p>(plan: &'p Plan, existing: &[Table]) -> Built<'p> {
+    built(plan, How::Replace(existing.to_vec()))
 }
 
 /// The batch that makes `plan`'s tables exist with exactly its chains and rules while keeping
 /// what else is in them (the elements of named sets): tables, sets and chains are added if
 /// missing, every rule of the tables is removed, and the plan's rules are added. Used for the
 /// ambient host table, whose set elements come and go with pods.
-pub fn ensure(plan: &Plan, with_text: bool) -> Built {
-    let specs = model::tables(plan, with_text);
-    let mut batch = Batch::new();
-    let mut descriptions = Notes {
-        with_text,
-        count: 0,
-        text: Vec::new(),
-    };
-    for spec in &specs {
-        add_table(&mut batch, &mut descriptions, spec, true);
-    }
+pub fn ensure(plan: &Plan) -> Built<'_> {
+    built(plan, How::Ensure)
+}
+
+fn built(plan: &Plan, how: How) -> Built<'_> {
+    let mut count = Count(0);
+    let batch = assemble(plan, &how, &mut count, false);
     Built {
-        batch: batch.finalize(),
-        descriptions,
+        batch,
+        messages: count.0,
+        plan,
+        how,
     }
 }
 
-fn add_table(batch: &mut Batch, descriptions: &mut Notes, spec: &TableSpec, flush_rules: bool) {
+/// The messages of the batch, each noted in `notes`; `with_text` renders the rules' nft text
+/// (for the notes).
+fn assemble(plan: &Plan, how: &How, notes: &mut impl Notes, with_text: bool) -> FinalizedBatch {
+    let specs = model::tables(plan, with_text);
+    let mut batch = Batch::new();
+    let flush_rules = match how {
+        How::Replace(existing) => {
+            for t in existing {
+                let table = nftnl::Table::new(cstr(t.nft_name()), ProtoFamily::Inet);
+                batch.add(&table, MsgType::Del);
+                notes.note(|| format!("deleting table inet {}", t.nft_name()));
+            }
+            false
+        }
+        How::Ensure => true,
+    };
+    for spec in &specs {
+        add_table(&mut batch, notes, spec, flush_rules);
+    }
+    batch.finalize()
+}
+
+fn add_table(
+    batch: &mut Batch,
+    descriptions: &mut impl Notes,
+    spec: &TableSpec,
+    flush_rules: bool,
+) {
     let tname = spec.table.nft_name();
     let table = nftnl::Table::new(cstr(tname), ProtoFamily::Inet);
     batch.add(&table, MsgType::Add);
@@ -199,7 +218,7 @@ fn add_table(batch: &mut Batch, descriptions: &mut Notes, spec: &TableSpec, flus
 
 fn add_set(
     batch: &mut Batch,
-    descriptions: &mut Notes,
+    descriptions: &mut impl Notes,
     table: &nftnl::Table,
     s: &model::SetSpec,
     rule_text: &str,
@@ -232,7 +251,7 @@ fn add_set(
 
 fn emit_set<K>(
     batch: &mut Batch,
-    descriptions: &mut Notes,
+    descriptions: &mut impl Notes,
     set: Set<'_, K>,
     s: &model::SetSpec,
     rule_text: &str,
@@ -445,12 +464,14 @@ unsafe impl nftnl::NlMsg for SetElements<'_> {
     }
 }
 
-/// One batch adding or removing set elements.
-pub fn set_elements(msg: &SetElements<'_>, add: bool) -> FinalizedBatch {
-    set_elements_sync(
-        if add { std::slice::from_ref(msg) } else { &[] },
-        if add { &[] } else { std::slice::from_ref(msg) },
-    )
+/// One batch adding set elements (adding one that is there already is not an error).
+pub fn add_elements(msg: &SetElements<'_>) -> FinalizedBatch {
+    set_elements_sync(std::slice::from_ref(msg), &[])
+}
+
+/// One batch removing set elements (all of them must be there).
+pub fn remove_elements(msg: &SetElements<'_>) -> FinalizedBatch {
+    set_elements_sync(&[], std::slice::from_ref(msg))
 }
 
 /// One atomic batch adding the elements of `add` and removing those of `del` (any sets).

@@ -331,7 +331,7 @@ fn live(sock: &Socket, tables: &[Table]) -> Result<Listing, NftError> {
 
 fn expected(plan: &Plan) -> (Listing, BTreeMap<String, String>) {
     let ours: Vec<&str> = plan.owned_tables().iter().map(|t| t.nft_name()).collect();
-    let built = batch::build(plan, &[], false, true);
+    let built = batch::build(plan, &[]);
     let mut listing = Listing::new();
     for page in built.batch.iter() {
         for_each_message(page, |hdr, raw| collect(&mut listing, hdr, raw, &ours));

@@ -13,6 +13,8 @@ mod check;
 pub mod expr;
 mod model;
 pub mod netlink;
+#[doc(hidden)]
+pub mod testing;
 
 use capture::{Plan, Table};
 use mnl_impl as _; // links our Rust libmnl (mnl_* for libnftnl.a and the mnl crate)
@@ -65,53 +67,42 @@ pub struct ApplyReport {
 /// Programs `plan` into the current network namespace in one atomic batch, then TPROXY's
 /// policy routes. If the routes fail, the tables are removed again: no half-programmed pod.
 pub fn apply(plan: &Plan) -> Result<ApplyReport, NftError> {
-    apply_inner(plan, false)
-}
-
-/// Test hook: the same batch with one message the kernel rejects appended at the end, to
-/// prove a refused batch leaves the namespace exactly as it was.
-#[doc(hidden)]
-pub fn apply_poisoned(plan: &Plan) -> Result<ApplyReport, NftError> {
-    apply_inner(plan, true)
-}
-
-fn apply_inner(plan: &Plan, poison: bool) -> Result<ApplyReport, NftError> {
     let sock = netlink::Socket::open().map_err(open_err)?;
     // Hot path (CNI ADD into a fresh namespace): create-only, tables exclusive. Only if one of
     // our tables already exists do we look at what is there and replace it.
-    let mut built = batch::build(plan, &[], poison, false);
+    let mut built = batch::build(plan, &[]);
     let mut nacks = sock
         .send_batch(&built.batch, true)
         .map_err(io_err("sending the nftables batch"))?;
     let mut replaced = false;
     if nacks.iter().any(|n| n.errno == libc::EEXIST) {
         let existing = our_tables(&sock, plan.owned_tables())?;
-        built = batch::build(plan, &existing, poison, false);
+        built = batch::build(plan, &existing);
         nacks = sock
             .send_batch(&built.batch, false)
             .map_err(io_err("sending the nftables batch"))?;
         replaced = true;
     }
     if let Some(first) = nacks.first() {
-        // Rare path: rebuild the same batch with descriptions to name the refused object.
-        let existing = if replaced {
-            our_tables(&sock, plan.owned_tables())?
-        } else {
-            Vec::new()
-        };
-        let described = batch::build(plan, &existing, poison, true);
         return Err(NftError::Refused {
-            what: described.describe(first.seq),
+            what: built.describe(first.seq),
             source: io::Error::from_raw_os_error(first.errno),
         });
     }
-    let messages = built.descriptions.count;
+    let messages = built.messages;
     drop(sock);
     if let Err(e) = pod_routes::apply(plan) {
         let _ = cleanup();
         return Err(e.into());
     }
     Ok(ApplyReport { replaced, messages })
+}
+
+/// Test support: `apply` of [`testing::poisoned`], a plan whose batch the kernel refuses at
+/// its end (no test path in the batch builder: the plan is the test's).
+#[doc(hidden)]
+pub fn apply_poisoned(plan: &Plan) -> Result<ApplyReport, NftError> {
+    apply(&testing::poisoned(plan))
 }
 
 fn open_err(e: io::Error) -> NftError {
