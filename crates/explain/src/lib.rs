@@ -26,7 +26,6 @@ pub mod live_legacy;
 mod live_nft;
 mod outcome;
 pub mod render;
-mod text;
 pub mod trace;
 pub mod zone;
 

@@ -3,7 +3,6 @@
 //! comment (from userdata) and expressions, and the anonymous sets with their elements.
 
 use super::ir::{BaseHook, Chain, Expr, Hook, Rule, Ruleset, Set, TableFamily, Verdict};
-use super::text;
 use capture::Table;
 use nft_backend::NftError;
 use nft_backend::live::{cstr_to_string, msg_type, rule_text, set_elements};
@@ -66,7 +65,7 @@ pub fn live(sock: &Socket) -> Result<Ruleset, NftError> {
             .find(|c| c.table == table && c.name == chain)
         {
             rule.position = c.rules.len() + 1;
-            if let Some(t) = text::nft_text(&rule, &sets, &table) {
+            if let Some(t) = nft_ir::render::rule_text(&rule, &sets, &table) {
                 rule.text = t;
             }
             c.rules.push(rule);
