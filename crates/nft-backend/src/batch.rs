@@ -1,6 +1,6 @@
 //! Builds the netlink batch for a plan (create-only, or delete-and-recreate of our tables).
 
-use crate::model::{self, SetKeyKind, TableSpec};
+use crate::model::{self, TableSpec};
 use capture::{Plan, Table};
 use nftnl::nftnl_sys as sys;
 use nftnl::set::{Set, SetKey};
@@ -61,7 +61,7 @@ impl Built<'_> {
             seqs.start
         };
         let mut described = Described(Vec::new());
-        assemble(self.plan, &self.how, &mut described, true);
+        assemble(self.plan, &self.how, &mut described);
         seq.checked_sub(offset)
             .and_then(|i| described.0.get(i as usize))
             .cloned()
@@ -122,7 +122,7 @@ pub fn ensure(plan: &Plan) -> Built<'_> {
 
 fn built(plan: &Plan, how: How) -> Built<'_> {
     let mut count = Count(0);
-    let batch = assemble(plan, &how, &mut count, false);
+    let batch = assemble(plan, &how, &mut count);
     Built {
         batch,
         messages: count.0,
@@ -131,10 +131,9 @@ fn built(plan: &Plan, how: How) -> Built<'_> {
     }
 }
 
-/// The messages of the batch, each noted in `notes`; `with_text` renders the rules' nft text
-/// (for the notes).
-fn assemble(plan: &Plan, how: &How, notes: &mut impl Notes, with_text: bool) -> FinalizedBatch {
-    let specs = model::tables(plan, with_text);
+/// The messages of the batch (the plan's `nft_ir` values serialised), each noted in `notes`.
+fn assemble(plan: &Plan, how: &How, notes: &mut impl Notes) -> FinalizedBatch {
+    let specs = model::tables(plan);
     let mut batch = Batch::new();
     let flush_rules = match how {
         How::Replace(existing) => {
@@ -196,19 +195,21 @@ fn add_table(
     for (c, chain) in spec.chains.iter().zip(&chains) {
         for r in &c.rules {
             for s in &r.sets {
-                add_set(batch, descriptions, &table, s, &r.text);
+                add_set(batch, descriptions, &table, s, || r.text(tname));
             }
             let mut rule = Rule::new(chain);
-            for e in &r.exprs {
-                rule.add_expr(e);
+            for e in &r.rule.exprs {
+                rule.add_expr(&crate::expr::of_ir(e));
             }
             // Comments are at most 128 bytes; ours are short constants, never user input.
-            let _ = rule.set_comment(cstr(&r.comment));
+            if let Some(comment) = &r.rule.comment {
+                let _ = rule.set_comment(cstr(comment));
+            }
             batch.add(&rule, MsgType::Add);
             descriptions.note(|| {
                 format!(
                     "rule `{}` in chain {} of table inet {tname}",
-                    r.text,
+                    r.text(tname),
                     c.chain.nft_name()
                 )
             });
@@ -216,36 +217,32 @@ fn add_table(
     }
 }
 
+/// An anonymous set of a rule (`__setN`: created as `__set%d` with id N); its key type is its
+/// elements' length (2: a port, 4: an IPv4 address, 16: an IPv6 address).
 fn add_set(
     batch: &mut Batch,
     descriptions: &mut impl Notes,
     table: &nftnl::Table,
-    s: &model::SetSpec,
-    rule_text: &str,
+    s: &nft_ir::Set,
+    rule_text: impl Fn() -> String,
 ) {
     let name = c"__set%d";
-    match s.key {
-        SetKeyKind::Port => emit_set(
-            batch,
-            descriptions,
-            Set::<PortKey>::new(name, s.id, table, ProtoFamily::Inet),
-            s,
-            rule_text,
-        ),
-        SetKeyKind::V4 => emit_set(
-            batch,
-            descriptions,
-            Set::<V4Key>::new(name, s.id, table, ProtoFamily::Inet),
-            s,
-            rule_text,
-        ),
-        SetKeyKind::V6 => emit_set(
-            batch,
-            descriptions,
-            Set::<V6Key>::new(name, s.id, table, ProtoFamily::Inet),
-            s,
-            rule_text,
-        ),
+    let id = s
+        .anonymous_id()
+        .expect("the lowering names its sets __setN");
+    match s.elements.first().map(|(k, _)| k.len()) {
+        Some(2) => {
+            let set = Set::<PortKey>::new(name, id, table, ProtoFamily::Inet);
+            emit_set(batch, descriptions, set, s, rule_text)
+        }
+        Some(16) => {
+            let set = Set::<V6Key>::new(name, id, table, ProtoFamily::Inet);
+            emit_set(batch, descriptions, set, s, rule_text)
+        }
+        _ => {
+            let set = Set::<V4Key>::new(name, id, table, ProtoFamily::Inet);
+            emit_set(batch, descriptions, set, s, rule_text)
+        }
     }
 }
 
@@ -253,8 +250,8 @@ fn emit_set<K>(
     batch: &mut Batch,
     descriptions: &mut impl Notes,
     set: Set<'_, K>,
-    s: &model::SetSpec,
-    rule_text: &str,
+    s: &nft_ir::Set,
+    rule_text: impl Fn() -> String,
 ) {
     // SAFETY: `set` owns a valid nftnl_set; libnftnl takes ownership of each element added.
     unsafe {
@@ -277,10 +274,10 @@ fn emit_set<K>(
         }
     }
     batch.add(&set, MsgType::Add);
-    descriptions.note(|| format!("the set of rule `{rule_text}`"));
+    descriptions.note(|| format!("the set of rule `{}`", rule_text()));
     for msg in set.elems_iter() {
         batch.add(&msg, MsgType::Add);
-        descriptions.note(|| format!("the elements of the set of rule `{rule_text}`"));
+        descriptions.note(|| format!("the elements of the set of rule `{}`", rule_text()));
     }
 }
 

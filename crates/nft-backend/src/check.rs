@@ -338,7 +338,7 @@ fn expected(plan: &Plan) -> (Listing, BTreeMap<String, String>) {
     }
     // Map each expected rule's normalised form to its nft text for readable reports.
     let mut names = BTreeMap::new();
-    let specs = model::tables(plan, true);
+    let specs = model::tables(plan);
     for t in &specs {
         for c in &t.chains {
             let key = (
@@ -347,7 +347,7 @@ fn expected(plan: &Plan) -> (Listing, BTreeMap<String, String>) {
             );
             if let Some(l) = listing.get(&key) {
                 for (norm, spec) in l.rules.iter().zip(&c.rules) {
-                    names.insert(norm.clone(), spec.text.clone());
+                    names.insert(norm.clone(), spec.text(t.table.nft_name()));
                 }
             }
         }

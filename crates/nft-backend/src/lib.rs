@@ -11,6 +11,7 @@ pub mod ambient_host;
 mod batch;
 mod check;
 pub mod expr;
+mod ir_exprs;
 mod model;
 pub mod netlink;
 #[doc(hidden)]

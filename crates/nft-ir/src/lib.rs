@@ -90,6 +90,10 @@ pub struct Rule {
     pub exprs: Vec<Expr>,
 }
 
+/// The name of nft's anonymous sets: `__set` and a number (`__set%d` in a batch, the kernel
+/// picks the number).
+pub const ANONYMOUS_SET: &str = "__set";
+
 /// A named set (nft's anonymous sets `__setN`, or a set the legacy reader made for a
 /// multiport/CIDR list). Interval sets hold `(start, false)` and `(end exclusive, true)`
 /// elements, as the kernel does.
@@ -99,6 +103,18 @@ pub struct Set {
     pub name: String,
     pub interval: bool,
     pub elements: Vec<(Vec<u8>, bool)>,
+}
+
+impl Set {
+    /// The number of an anonymous set (`__setN`); `None` for a named set.
+    pub fn anonymous_id(&self) -> Option<u32> {
+        anonymous_id(&self.name)
+    }
+}
+
+/// The number of an anonymous set's name (`__setN`); `None` for a named set.
+pub fn anonymous_id(name: &str) -> Option<u32> {
+    name.strip_prefix(ANONYMOUS_SET)?.parse().ok()
 }
 
 /// One expression, with the kernel's numbers (`NFT_META_*`, `NFT_CMP_*`, registers).

@@ -84,9 +84,16 @@ fn one(e: &[Expr], sets: &[Set], table: &str, l4: &mut &'static str) -> Option<(
             CtSet { key: ck, .. },
             ..,
         ] if *key as i32 == libc::NFT_CT_MARK && *ck as i32 == libc::NFT_CT_MARK => {
-            // As the plan renderer (`--dry-run`) writes it: the kernel's mask and xor.
+            // As `nft list` writes it: `(x & m) ^ v`, with m and v disjoint, is
+            // `x & (m | v) | v`.
             let (m, x) = (u32_ne(mask)?, u32_ne(xor)?);
-            (format!("ct mark set ct mark & {m:#010x} | {x:#010x}"), 3)
+            if m & x != 0 {
+                return None;
+            }
+            (
+                format!("ct mark set ct mark & {:#010x} | {x:#010x}", m | x),
+                3,
+            )
         }
         [Immediate { data, .. }, Nat { snat, family, .. }, ..] => {
             let f = if *family as i32 == libc::NFPROTO_IPV6 {
