@@ -14,6 +14,7 @@ pub mod expr;
 mod ir_exprs;
 mod model;
 pub mod netlink;
+mod read;
 #[doc(hidden)]
 pub mod testing;
 
@@ -30,6 +31,7 @@ pub mod live {
     pub use crate::check::{
         cstr_to_string, family_name, msg_type, rule_text, set_elements, tables,
     };
+    pub use crate::read::ruleset;
 
     /// A netfilter netlink socket in the calling thread's namespace.
     pub fn socket() -> Result<crate::netlink::Socket, crate::NftError> {
