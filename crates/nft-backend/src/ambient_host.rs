@@ -135,7 +135,7 @@ pub fn sync_pods_ips(plan: &Plan, pods: &[(&str, &[IpAddr])]) -> Result<Vec<IpAd
 
 /// The keys in one of the plan's sets; none when the set (or its table) is not there.
 fn live_keys(sock: &netlink::Socket, set: &NamedSet) -> Result<Vec<Vec<u8>>, NftError> {
-    match crate::check::set_elements(sock, set.table.nft_name(), &set.name) {
+    match crate::read::set_elements(sock, set.table.nft_name(), &set.name) {
         Ok(elements) => Ok(elements.into_iter().map(|(k, _)| k).collect()),
         Err(NftError::Io { source, .. }) if source.raw_os_error() == Some(libc::ENOENT) => {
             Ok(Vec::new())

@@ -28,10 +28,9 @@ pub use model::{expand_for_nft, render_text};
 /// it (the `explain` crate): a netfilter netlink socket, the table list, and the text and
 /// attributes of dumped objects.
 pub mod live {
-    pub use crate::check::{
-        cstr_to_string, family_name, msg_type, rule_text, set_elements, tables,
+    pub use crate::read::{
+        cstr_to_string, family_name, msg_type, rule_text, ruleset, set_elements, tables,
     };
-    pub use crate::read::ruleset;
 
     /// A netfilter netlink socket in the calling thread's namespace.
     pub fn socket() -> Result<crate::netlink::Socket, crate::NftError> {
@@ -176,7 +175,7 @@ pub fn has_our_tables() -> Result<bool, NftError> {
 /// Every nftables table in the current namespace as `(family, name)`.
 pub fn list_tables() -> Result<Vec<(String, String)>, NftError> {
     let sock = netlink::Socket::open().map_err(open_err)?;
-    check::tables(&sock)
+    read::tables(&sock)
 }
 
 /// Whether the kernel speaks nf_tables (a table dump succeeds).
@@ -185,7 +184,7 @@ pub fn kernel_supports_nftables() -> bool {
 }
 
 fn our_tables(sock: &netlink::Socket, ours: &[Table]) -> Result<Vec<Table>, NftError> {
-    let all = check::tables(sock)?;
+    let all = read::tables(sock)?;
     Ok(ours
         .iter()
         .copied()

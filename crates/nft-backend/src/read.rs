@@ -3,11 +3,166 @@
 //! their elements. One reader, for the read-back check and for explain.
 
 use crate::NftError;
-use crate::check::{cstr_to_string, msg_type, rule_text, set_elements};
 use crate::netlink::{self, Socket};
 use nft_ir::{BaseHook, Chain, Expr, Hook, Rule, Ruleset, Set, TableFamily, Verdict};
 use nftnl::nftnl_sys as sys;
 use std::collections::BTreeMap;
+
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+
+pub fn msg_type(t: u32) -> u16 {
+    (NFNL_SUBSYS_NFTABLES << 8) | t as u16
+}
+
+/// nft's name of a netfilter family (`NFPROTO_*`), as `nft list` prints it.
+pub fn family_name(f: u32) -> &'static str {
+    match f as i32 {
+        libc::NFPROTO_INET => "inet",
+        libc::NFPROTO_IPV4 => "ip",
+        libc::NFPROTO_IPV6 => "ip6",
+        libc::NFPROTO_ARP => "arp",
+        libc::NFPROTO_BRIDGE => "bridge",
+        libc::NFPROTO_NETDEV => "netdev",
+        _ => "unknown",
+    }
+}
+
+/// A string attribute libnftnl returned (empty when absent).
+///
+/// # Safety
+/// `p` is null or a NUL-terminated string that stays valid for the call (libnftnl's getters
+/// return strings owned by the object).
+pub unsafe fn cstr_to_string(p: *const libc::c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: per the contract above.
+    unsafe { std::ffi::CStr::from_ptr(p) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// All tables in the namespace, `(family, name)`.
+pub fn tables(sock: &Socket) -> Result<Vec<(String, String)>, NftError> {
+    let mut out = Vec::new();
+    let req = netlink::dump_request(
+        libc::NFT_MSG_GETTABLE as u32,
+        libc::NFPROTO_UNSPEC as u16,
+        1,
+        |_| {},
+    );
+    sock.dump(&req, |_, hdr| {
+        // SAFETY: `hdr` is a complete table message from the kernel.
+        unsafe {
+            let t = sys::nftnl_table_alloc();
+            if sys::nftnl_table_nlmsg_parse(hdr, t) >= 0 {
+                let family =
+                    family_name(sys::nftnl_table_get_u32(t, sys::NFTNL_TABLE_FAMILY as u16));
+                let name =
+                    cstr_to_string(sys::nftnl_table_get_str(t, sys::NFTNL_TABLE_NAME as u16));
+                out.push((family.to_string(), name));
+            }
+            sys::nftnl_table_free(t);
+        }
+    })
+    .map_err(|e| {
+        if e.raw_os_error() == Some(libc::EPROTONOSUPPORT) {
+            NftError::Unsupported(e)
+        } else {
+            NftError::Io {
+                context: "listing nftables tables",
+                source: e,
+            }
+        }
+    })?;
+    Ok(out)
+}
+
+/// The elements of the named set `table`/`name` (family inet): each key's bytes and whether
+/// it ends an interval, sorted. A missing set is an error (ENOENT).
+pub fn set_elements(
+    sock: &Socket,
+    table: &str,
+    name: &str,
+) -> Result<Vec<(Vec<u8>, bool)>, NftError> {
+    let t = std::ffi::CString::new(table).expect("no NUL");
+    let n = std::ffi::CString::new(name).expect("no NUL");
+    // SAFETY: the set object only names the table and set for the request; freed below.
+    let req = unsafe {
+        let s = sys::nftnl_set_alloc();
+        sys::nftnl_set_set_str(s, sys::NFTNL_SET_TABLE as u16, t.as_ptr());
+        sys::nftnl_set_set_str(s, sys::NFTNL_SET_NAME as u16, n.as_ptr());
+        let req = netlink::dump_request(
+            libc::NFT_MSG_GETSETELEM as u32,
+            libc::NFPROTO_INET as u16,
+            4,
+            |hdr| sys::nftnl_set_elems_nlmsg_build_payload(hdr, s),
+        );
+        sys::nftnl_set_free(s);
+        req
+    };
+    let mut out = Vec::new();
+    sock.dump(&req, |_, raw| {
+        // SAFETY: `raw` is a complete set-element message; objects freed below.
+        unsafe {
+            let s = sys::nftnl_set_alloc();
+            if sys::nftnl_set_elems_nlmsg_parse(raw, s) >= 0 {
+                let it = sys::nftnl_set_elems_iter_create(s);
+                loop {
+                    let e = sys::nftnl_set_elems_iter_next(it);
+                    if e.is_null() {
+                        break;
+                    }
+                    let mut len = 0u32;
+                    let p = sys::nftnl_set_elem_get(e, sys::NFTNL_SET_ELEM_KEY as u16, &mut len);
+                    let key = if p.is_null() {
+                        Vec::new()
+                    } else {
+                        std::slice::from_raw_parts(p.cast::<u8>(), len as usize).to_vec()
+                    };
+                    // Unset flags read as NULL (get_u32 would dereference it).
+                    let mut flen = 0u32;
+                    let fp =
+                        sys::nftnl_set_elem_get(e, sys::NFTNL_SET_ELEM_FLAGS as u16, &mut flen);
+                    let flags = if fp.is_null() || flen < 4 {
+                        0
+                    } else {
+                        fp.cast::<u32>().read_unaligned()
+                    };
+                    out.push((key, flags & libc::NFT_SET_ELEM_INTERVAL_END as u32 != 0));
+                }
+                sys::nftnl_set_elems_iter_destroy(it);
+            }
+            sys::nftnl_set_free(s);
+        }
+    })
+    .map_err(|source| NftError::Io {
+        context: "dumping our nftables set elements",
+        source,
+    })?;
+    out.sort();
+    Ok(out)
+}
+
+/// libnftnl's text of a rule (its expressions as `nft --debug` prints them).
+///
+/// # Safety
+/// `r` is a valid rule object for the call.
+pub unsafe fn rule_text(r: *const sys::nftnl_rule) -> String {
+    let mut buf = vec![0u8; 64 * 1024];
+    // SAFETY: buffer and rule are valid; snprintf NUL-terminates within `len`.
+    let n = unsafe {
+        sys::nftnl_rule_snprintf(
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            r,
+            sys::NFTNL_OUTPUT_DEFAULT,
+            0,
+        )
+    };
+    buf.truncate(n.max(0) as usize);
+    String::from_utf8_lossy(&buf).into_owned()
+}
 
 fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> NftError {
     move |source| NftError::Io { context, source }
