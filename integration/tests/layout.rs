@@ -11,6 +11,10 @@
 //!   workspace's crates, every crate in exactly one row;
 //! - the rigs have one fake Kubernetes API server, `testbed::kube_api::FakeKube`;
 //! - no file-level import cycle inside a crate (`imports`).
+//! - a backend lowers every rule type of the plan exhaustively: no `match` in `nft-backend` or
+//!   `iptables-legacy` that names a variant of `capture`'s rule enums (`Match`, `Action`, …) has
+//!   a catch-all arm, so a new variant does not compile until each backend says what it does
+//!   (`exhaustive`).
 //!
 //! Pure (reads the sources and `cargo metadata`); a failure lists every offender.
 
@@ -20,6 +24,8 @@ use std::path::{Path, PathBuf};
 use syn::spanned::Spanned;
 use syn::visit::Visit;
 
+#[path = "layout/exhaustive.rs"]
+mod exhaustive;
 #[path = "layout/imports.rs"]
 mod imports;
 

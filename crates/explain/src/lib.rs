@@ -27,7 +27,6 @@ pub mod live_legacy;
 mod live_nft;
 mod outcome;
 pub mod render;
-mod text;
 pub mod trace;
 mod trace_tag;
 pub mod zone;

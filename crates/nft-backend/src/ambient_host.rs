@@ -19,14 +19,13 @@ use std::net::IpAddr;
 /// plan's, in one atomic batch; set elements already there stay.
 pub fn ensure(plan: &Plan) -> Result<(), NftError> {
     let sock = netlink::Socket::open().map_err(open_err)?;
-    let built = batch::ensure(plan, false);
+    let built = batch::ensure(plan);
     let nacks = sock
         .send_batch(&built.batch, false)
         .map_err(io_err("sending the nftables batch"))?;
     if let Some(first) = nacks.first() {
-        let described = batch::ensure(plan, true);
         return Err(NftError::Refused {
-            what: described.describe(first.seq),
+            what: built.describe(first.seq),
             source: io::Error::from_raw_os_error(first.errno),
         });
     }
@@ -46,7 +45,7 @@ pub fn add_pod_ips(plan: &Plan, ips: &[IpAddr], pod_uid: &str) -> Result<(), Nft
                 .map(|k| (k, Some(pod_uid.to_string())))
                 .collect(),
         };
-        send(sock, &batch::set_elements(&msg, true), &set.name)
+        send(sock, &batch::add_elements(&msg), &set.name)
     })
 }
 
@@ -58,17 +57,13 @@ pub fn remove_pod_ips(plan: &Plan, ips: &[IpAddr]) -> Result<(), NftError> {
             set: &set.name,
             elements: keys.into_iter().map(|k| (k, None)).collect(),
         };
-        match send(
-            sock,
-            &batch::set_elements(&msg(keys.clone()), false),
-            &set.name,
-        ) {
+        match send(sock, &batch::remove_elements(&msg(keys.clone())), &set.name) {
             // One of them was not there: the batch did nothing; remove them one by one.
             Err(NftError::Refused { source, .. })
                 if source.raw_os_error() == Some(libc::ENOENT) =>
             {
                 for k in keys {
-                    match send(sock, &batch::set_elements(&msg(vec![k]), false), &set.name) {
+                    match send(sock, &batch::remove_elements(&msg(vec![k])), &set.name) {
                         Err(NftError::Refused { source, .. })
                             if source.raw_os_error() == Some(libc::ENOENT) => {}
                         other => other?,
@@ -140,7 +135,7 @@ pub fn sync_pods_ips(plan: &Plan, pods: &[(&str, &[IpAddr])]) -> Result<Vec<IpAd
 
 /// The keys in one of the plan's sets; none when the set (or its table) is not there.
 fn live_keys(sock: &netlink::Socket, set: &NamedSet) -> Result<Vec<Vec<u8>>, NftError> {
-    match crate::check::set_elements(sock, set.table.nft_name(), &set.name) {
+    match crate::read::set_elements(sock, set.table.nft_name(), &set.name) {
         Ok(elements) => Ok(elements.into_iter().map(|(k, _)| k).collect()),
         Err(NftError::Io { source, .. }) if source.raw_os_error() == Some(libc::ENOENT) => {
             Ok(Vec::new())

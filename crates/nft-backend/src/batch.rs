@@ -1,47 +1,69 @@
 //! Builds the netlink batch for a plan (create-only, or delete-and-recreate of our tables).
 
-use crate::model::{self, SetKeyKind, TableSpec};
+use crate::model::{self, TableSpec};
 use capture::{Plan, Table};
 use nftnl::nftnl_sys as sys;
 use nftnl::set::{Set, SetKey};
 use nftnl::{Batch, Chain, ChainType, FinalizedBatch, Hook, MsgType, Policy, ProtoFamily, Rule};
 use std::ffi::CString;
 
-pub struct Built {
+/// A plan's batch, and how to say which object a refused message creates.
+pub struct Built<'p> {
     pub batch: FinalizedBatch,
-    /// What each message creates, in batch order (for error messages).
-    pub descriptions: Notes,
+    /// Netlink messages in the batch (batch begin and end not counted).
+    pub messages: usize,
+    plan: &'p Plan,
+    how: How,
 }
 
-/// One note per batch message. The text is only made when asked for: formatting it costs more
-/// than building the batch, and the hot path only needs it when the kernel refuses something.
-pub struct Notes {
-    with_text: bool,
-    pub count: usize,
-    text: Vec<String>,
+/// What a batch does with our tables.
+#[derive(Clone)]
+enum How {
+    /// Delete these tables of ours (they exist), then create every table of the plan.
+    Replace(Vec<Table>),
+    /// Make the plan's tables exist with exactly its rules, keeping named sets' elements.
+    Ensure,
 }
 
-impl Notes {
-    fn note(&mut self, text: impl FnOnce() -> String) {
-        self.count += 1;
-        if self.with_text {
-            self.text.push(text());
-        }
+/// One note per batch message, made only when asked for: formatting costs more than building
+/// the batch, and the hot path only needs the notes when the kernel refuses something.
+trait Notes {
+    fn note(&mut self, text: impl FnOnce() -> String);
+}
+
+/// Counts the messages (the hot path).
+struct Count(usize);
+
+impl Notes for Count {
+    fn note(&mut self, _: impl FnOnce() -> String) {
+        self.0 += 1;
     }
 }
 
-impl Built {
-    /// The object a refused sequence number belongs to.
+/// What each message creates, in batch order (for error messages).
+struct Described(Vec<String>);
+
+impl Notes for Described {
+    fn note(&mut self, text: impl FnOnce() -> String) {
+        self.0.push(text());
+    }
+}
+
+impl Built<'_> {
+    /// The object a refused sequence number belongs to (the batch is built again, with its
+    /// descriptions: only on this rare path).
     pub fn describe(&self, seq: u32) -> String {
         let seqs = self.batch.sequence_numbers();
         // With ACKed batch begin/end (kernel >= 6.10) the first sequence number is BATCH_BEGIN.
-        let offset = if seqs.len() == self.descriptions.count + 2 {
+        let offset = if seqs.len() == self.messages + 2 {
             seqs.start + 1
         } else {
             seqs.start
         };
+        let mut described = Described(Vec::new());
+        assemble(self.plan, &self.how, &mut described);
         seq.checked_sub(offset)
-            .and_then(|i| self.descriptions.text.get(i as usize))
+            .and_then(|i| described.0.get(i as usize))
             .cloned()
             .unwrap_or_else(|| "the nftables batch".into())
     }
@@ -86,60 +108,56 @@ fn chain_type(kind: &str) -> ChainType {
 }
 
 /// The batch for `plan`: delete `existing` (ours) first, then create every table of the plan.
-/// `with_text` describes every message (for error messages and `--check`).
-pub fn build(plan: &Plan, existing: &[Table], poison: bool, with_text: bool) -> Built {
-    let specs = model::tables(plan, with_text);
-    let mut batch = Batch::new();
-    let mut descriptions = Notes {
-        with_text,
-        count: 0,
-        text: Vec::new(),
-    };
-    for t in existing {
-        let table = nftnl::Table::new(cstr(t.nft_name()), ProtoFamily::Inet);
-        batch.add(&table, MsgType::Del);
-        descriptions.note(|| format!("deleting table inet {}", t.nft_name()));
-    }
-    for spec in &specs {
-        add_table(&mut batch, &mut descriptions, spec, false);
-    }
-    if poison {
-        // A jump to a chain that does not exist: refused at the end of the batch.
-        let table = nftnl::Table::new(cstr(Table::Nat.nft_name()), ProtoFamily::Inet);
-        let chain = Chain::new(cstr("output"), &table);
-        let mut rule = Rule::new(&chain);
-        rule.add_expr(&crate::expr::jump("no-such-chain"));
-        batch.add(&rule, MsgType::Add);
-        descriptions.note(|| "the poisoned test rule".into());
-    }
-    Built {
-        batch: batch.finalize(),
-        descriptions,
-    }
+pub fn build<'p>(plan: &'p Plan, existing: &[Table]) -> Built<'p> {
+    built(plan, How::Replace(existing.to_vec()))
 }
 
 /// The batch that makes `plan`'s tables exist with exactly its chains and rules while keeping
 /// what else is in them (the elements of named sets): tables, sets and chains are added if
 /// missing, every rule of the tables is removed, and the plan's rules are added. Used for the
 /// ambient host table, whose set elements come and go with pods.
-pub fn ensure(plan: &Plan, with_text: bool) -> Built {
-    let specs = model::tables(plan, with_text);
-    let mut batch = Batch::new();
-    let mut descriptions = Notes {
-        with_text,
-        count: 0,
-        text: Vec::new(),
-    };
-    for spec in &specs {
-        add_table(&mut batch, &mut descriptions, spec, true);
-    }
+pub fn ensure(plan: &Plan) -> Built<'_> {
+    built(plan, How::Ensure)
+}
+
+fn built(plan: &Plan, how: How) -> Built<'_> {
+    let mut count = Count(0);
+    let batch = assemble(plan, &how, &mut count);
     Built {
-        batch: batch.finalize(),
-        descriptions,
+        batch,
+        messages: count.0,
+        plan,
+        how,
     }
 }
 
-fn add_table(batch: &mut Batch, descriptions: &mut Notes, spec: &TableSpec, flush_rules: bool) {
+/// The messages of the batch (the plan's `nft_ir` values serialised), each noted in `notes`.
+fn assemble(plan: &Plan, how: &How, notes: &mut impl Notes) -> FinalizedBatch {
+    let specs = model::tables(plan);
+    let mut batch = Batch::new();
+    let flush_rules = match how {
+        How::Replace(existing) => {
+            for t in existing {
+                let table = nftnl::Table::new(cstr(t.nft_name()), ProtoFamily::Inet);
+                batch.add(&table, MsgType::Del);
+                notes.note(|| format!("deleting table inet {}", t.nft_name()));
+            }
+            false
+        }
+        How::Ensure => true,
+    };
+    for spec in &specs {
+        add_table(&mut batch, notes, spec, flush_rules);
+    }
+    batch.finalize()
+}
+
+fn add_table(
+    batch: &mut Batch,
+    descriptions: &mut impl Notes,
+    spec: &TableSpec,
+    flush_rules: bool,
+) {
     let tname = spec.table.nft_name();
     let table = nftnl::Table::new(cstr(tname), ProtoFamily::Inet);
     batch.add(&table, MsgType::Add);
@@ -177,19 +195,21 @@ fn add_table(batch: &mut Batch, descriptions: &mut Notes, spec: &TableSpec, flus
     for (c, chain) in spec.chains.iter().zip(&chains) {
         for r in &c.rules {
             for s in &r.sets {
-                add_set(batch, descriptions, &table, s, &r.text);
+                add_set(batch, descriptions, &table, s, || r.text(tname));
             }
             let mut rule = Rule::new(chain);
-            for e in &r.exprs {
-                rule.add_expr(e);
+            for e in &r.rule.exprs {
+                rule.add_expr(&crate::expr::of_ir(e));
             }
             // Comments are at most 128 bytes; ours are short constants, never user input.
-            let _ = rule.set_comment(cstr(&r.comment));
+            if let Some(comment) = &r.rule.comment {
+                let _ = rule.set_comment(cstr(comment));
+            }
             batch.add(&rule, MsgType::Add);
             descriptions.note(|| {
                 format!(
                     "rule `{}` in chain {} of table inet {tname}",
-                    r.text,
+                    r.text(tname),
                     c.chain.nft_name()
                 )
             });
@@ -197,45 +217,41 @@ fn add_table(batch: &mut Batch, descriptions: &mut Notes, spec: &TableSpec, flus
     }
 }
 
+/// An anonymous set of a rule (`__setN`: created as `__set%d` with id N); its key type is its
+/// elements' length (2: a port, 4: an IPv4 address, 16: an IPv6 address).
 fn add_set(
     batch: &mut Batch,
-    descriptions: &mut Notes,
+    descriptions: &mut impl Notes,
     table: &nftnl::Table,
-    s: &model::SetSpec,
-    rule_text: &str,
+    s: &nft_ir::Set,
+    rule_text: impl Fn() -> String,
 ) {
     let name = c"__set%d";
-    match s.key {
-        SetKeyKind::Port => emit_set(
-            batch,
-            descriptions,
-            Set::<PortKey>::new(name, s.id, table, ProtoFamily::Inet),
-            s,
-            rule_text,
-        ),
-        SetKeyKind::V4 => emit_set(
-            batch,
-            descriptions,
-            Set::<V4Key>::new(name, s.id, table, ProtoFamily::Inet),
-            s,
-            rule_text,
-        ),
-        SetKeyKind::V6 => emit_set(
-            batch,
-            descriptions,
-            Set::<V6Key>::new(name, s.id, table, ProtoFamily::Inet),
-            s,
-            rule_text,
-        ),
+    let id = s
+        .anonymous_id()
+        .expect("the lowering names its sets __setN");
+    match s.elements.first().map(|(k, _)| k.len()) {
+        Some(2) => {
+            let set = Set::<PortKey>::new(name, id, table, ProtoFamily::Inet);
+            emit_set(batch, descriptions, set, s, rule_text)
+        }
+        Some(16) => {
+            let set = Set::<V6Key>::new(name, id, table, ProtoFamily::Inet);
+            emit_set(batch, descriptions, set, s, rule_text)
+        }
+        _ => {
+            let set = Set::<V4Key>::new(name, id, table, ProtoFamily::Inet);
+            emit_set(batch, descriptions, set, s, rule_text)
+        }
     }
 }
 
 fn emit_set<K>(
     batch: &mut Batch,
-    descriptions: &mut Notes,
+    descriptions: &mut impl Notes,
     set: Set<'_, K>,
-    s: &model::SetSpec,
-    rule_text: &str,
+    s: &nft_ir::Set,
+    rule_text: impl Fn() -> String,
 ) {
     // SAFETY: `set` owns a valid nftnl_set; libnftnl takes ownership of each element added.
     unsafe {
@@ -258,10 +274,10 @@ fn emit_set<K>(
         }
     }
     batch.add(&set, MsgType::Add);
-    descriptions.note(|| format!("the set of rule `{rule_text}`"));
+    descriptions.note(|| format!("the set of rule `{}`", rule_text()));
     for msg in set.elems_iter() {
         batch.add(&msg, MsgType::Add);
-        descriptions.note(|| format!("the elements of the set of rule `{rule_text}`"));
+        descriptions.note(|| format!("the elements of the set of rule `{}`", rule_text()));
     }
 }
 
@@ -445,12 +461,14 @@ unsafe impl nftnl::NlMsg for SetElements<'_> {
     }
 }
 
-/// One batch adding or removing set elements.
-pub fn set_elements(msg: &SetElements<'_>, add: bool) -> FinalizedBatch {
-    set_elements_sync(
-        if add { std::slice::from_ref(msg) } else { &[] },
-        if add { &[] } else { std::slice::from_ref(msg) },
-    )
+/// One batch adding set elements (adding one that is there already is not an error).
+pub fn add_elements(msg: &SetElements<'_>) -> FinalizedBatch {
+    set_elements_sync(std::slice::from_ref(msg), &[])
+}
+
+/// One batch removing set elements (all of them must be there).
+pub fn remove_elements(msg: &SetElements<'_>) -> FinalizedBatch {
+    set_elements_sync(&[], std::slice::from_ref(msg))
 }
 
 /// One atomic batch adding the elements of `add` and removing those of `del` (any sets).

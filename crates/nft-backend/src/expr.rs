@@ -226,6 +226,135 @@ pub fn tproxy(nfproto: u32) -> Expr {
         .u32(sys::NFTNL_EXPR_TPROXY_REG_PORT, REG1)
 }
 
+/// An `nft_ir` expression as libnftnl's: the one serialisation of the IR into a batch. Every
+/// variant is named; the two the kernel has no expression for are never in a plan's lowering
+/// (`Unknown` is what a reader could not read; a tproxy that drops on a miss is iptables').
+pub fn of_ir(e: &nft_ir::Expr) -> Expr {
+    use nft_ir::{Expr as I, Verdict};
+    match e {
+        I::Meta { key, dreg } => Expr::new(c"meta")
+            .u32(sys::NFTNL_EXPR_META_KEY, *key)
+            .u32(sys::NFTNL_EXPR_META_DREG, *dreg),
+        I::MetaSet { key, sreg } => Expr::new(c"meta")
+            .u32(sys::NFTNL_EXPR_META_KEY, *key)
+            .u32(sys::NFTNL_EXPR_META_SREG, *sreg),
+        I::Ct { key, dreg } => Expr::new(c"ct")
+            .u32(sys::NFTNL_EXPR_CT_KEY, *key)
+            .u32(sys::NFTNL_EXPR_CT_DREG, *dreg),
+        I::CtSet { key, sreg } => Expr::new(c"ct")
+            .u32(sys::NFTNL_EXPR_CT_KEY, *key)
+            .u32(sys::NFTNL_EXPR_CT_SREG, *sreg),
+        I::Payload {
+            base,
+            offset,
+            len,
+            dreg,
+        } => Expr::new(c"payload")
+            .u32(sys::NFTNL_EXPR_PAYLOAD_DREG, *dreg)
+            .u32(sys::NFTNL_EXPR_PAYLOAD_BASE, *base)
+            .u32(sys::NFTNL_EXPR_PAYLOAD_OFFSET, *offset)
+            .u32(sys::NFTNL_EXPR_PAYLOAD_LEN, *len),
+        I::Cmp { sreg, op, data } => Expr::new(c"cmp")
+            .u32(sys::NFTNL_EXPR_CMP_SREG, *sreg)
+            .u32(sys::NFTNL_EXPR_CMP_OP, *op)
+            .data(sys::NFTNL_EXPR_CMP_DATA, data),
+        I::Bitwise {
+            sreg,
+            dreg,
+            mask,
+            xor,
+        } => Expr::new(c"bitwise")
+            .u32(sys::NFTNL_EXPR_BITWISE_SREG, *sreg)
+            .u32(sys::NFTNL_EXPR_BITWISE_DREG, *dreg)
+            .u32(sys::NFTNL_EXPR_BITWISE_LEN, mask.len() as u32)
+            .data(sys::NFTNL_EXPR_BITWISE_MASK, mask)
+            .data(sys::NFTNL_EXPR_BITWISE_XOR, xor),
+        I::Lookup { sreg, set, invert } => lookup_of_ir(*sreg, set, *invert),
+        I::Immediate { dreg, data } => Expr::new(c"immediate")
+            .u32(sys::NFTNL_EXPR_IMM_DREG, *dreg)
+            .data(sys::NFTNL_EXPR_IMM_DATA, data),
+        I::Verdict(Verdict::Accept) => verdict(libc::NF_ACCEPT),
+        I::Verdict(Verdict::Drop) => verdict(libc::NF_DROP),
+        I::Verdict(Verdict::Return) => verdict(libc::NFT_RETURN),
+        I::Verdict(Verdict::Continue) => verdict(libc::NFT_CONTINUE),
+        I::Verdict(Verdict::Jump(chain)) => jump(chain),
+        I::Verdict(Verdict::Goto(chain)) => Expr::new(c"immediate")
+            .u32(sys::NFTNL_EXPR_IMM_DREG, REG_VERDICT)
+            .u32(sys::NFTNL_EXPR_IMM_VERDICT, libc::NFT_GOTO as u32)
+            .str(sys::NFTNL_EXPR_IMM_CHAIN, chain),
+        I::Counter => counter(),
+        I::Redir { port_reg: None } => Expr::new(c"redir"),
+        I::Redir {
+            port_reg: Some(reg),
+        } => Expr::new(c"redir")
+            .u32(sys::NFTNL_EXPR_REDIR_REG_PROTO_MIN, *reg)
+            .u32(sys::NFTNL_EXPR_REDIR_REG_PROTO_MAX, *reg)
+            .u32(sys::NFTNL_EXPR_REDIR_FLAGS, NF_NAT_RANGE_PROTO_SPECIFIED),
+        I::Tproxy {
+            family,
+            port_reg,
+            miss_drops: false,
+        } => {
+            let mut e = Expr::new(c"tproxy");
+            if *family != 0 {
+                e = e.u32(sys::NFTNL_EXPR_TPROXY_FAMILY, *family);
+            }
+            match port_reg {
+                Some(reg) => e.u32(sys::NFTNL_EXPR_TPROXY_REG_PORT, *reg),
+                None => e,
+            }
+        }
+        I::Nat {
+            snat,
+            family,
+            addr_reg,
+            port_reg,
+        } => nat_of_ir(*snat, *family, *addr_reg, *port_reg),
+        I::Tproxy {
+            miss_drops: true, ..
+        }
+        | I::Unknown(_) => unreachable!("not an nftables expression: {e:?}"),
+    }
+}
+
+/// `lookup reg SREG set NAME [0x1]`: an anonymous set is created in the same batch as
+/// `__set%d` with its number as id; a named set is found by its name.
+fn lookup_of_ir(sreg: u32, set: &str, invert: bool) -> Expr {
+    let e = match nft_ir::anonymous_id(set) {
+        Some(id) => Expr::new(c"lookup")
+            .u32(sys::NFTNL_EXPR_LOOKUP_SREG, sreg)
+            .str(sys::NFTNL_EXPR_LOOKUP_SET, "__set%d")
+            .u32(sys::NFTNL_EXPR_LOOKUP_SET_ID, id),
+        None => Expr::new(c"lookup")
+            .u32(sys::NFTNL_EXPR_LOOKUP_SREG, sreg)
+            .str(sys::NFTNL_EXPR_LOOKUP_SET, set),
+    };
+    if invert {
+        e.u32(sys::NFTNL_EXPR_LOOKUP_FLAGS, NFT_LOOKUP_F_INV)
+    } else {
+        e
+    }
+}
+
+/// `nat snat|dnat ip|ip6 addr_min reg A proto_min reg P`.
+fn nat_of_ir(snat: bool, family: u32, addr_reg: Option<u32>, port_reg: Option<u32>) -> Expr {
+    let kind = if snat {
+        libc::NFT_NAT_SNAT
+    } else {
+        libc::NFT_NAT_DNAT
+    };
+    let mut e = Expr::new(c"nat")
+        .u32(sys::NFTNL_EXPR_NAT_TYPE, kind as u32)
+        .u32(sys::NFTNL_EXPR_NAT_FAMILY, family);
+    if let Some(reg) = addr_reg {
+        e = e.u32(sys::NFTNL_EXPR_NAT_REG_ADDR_MIN, reg);
+    }
+    if let Some(reg) = port_reg {
+        e = e.u32(sys::NFTNL_EXPR_NAT_REG_PROTO_MIN, reg);
+    }
+    e
+}
+
 /// Interface names are compared as nft does: the full 16-byte, zero-padded IFNAMSIZ buffer.
 pub fn ifname_bytes(name: &str) -> [u8; libc::IFNAMSIZ] {
     let mut b = [0u8; libc::IFNAMSIZ];

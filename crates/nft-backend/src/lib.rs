@@ -11,8 +11,12 @@ pub mod ambient_host;
 mod batch;
 mod check;
 pub mod expr;
+mod ir_exprs;
 mod model;
 pub mod netlink;
+mod read;
+#[doc(hidden)]
+pub mod testing;
 
 use capture::{Plan, Table};
 use mnl_impl as _; // links our Rust libmnl (mnl_* for libnftnl.a and the mnl crate)
@@ -24,8 +28,8 @@ pub use model::{expand_for_nft, render_text};
 /// it (the `explain` crate): a netfilter netlink socket, the table list, and the text and
 /// attributes of dumped objects.
 pub mod live {
-    pub use crate::check::{
-        cstr_to_string, family_name, msg_type, rule_text, set_elements, tables,
+    pub use crate::read::{
+        cstr_to_string, family_name, msg_type, rule_text, ruleset, set_elements, tables,
     };
 
     /// A netfilter netlink socket in the calling thread's namespace.
@@ -65,53 +69,42 @@ pub struct ApplyReport {
 /// Programs `plan` into the current network namespace in one atomic batch, then TPROXY's
 /// policy routes. If the routes fail, the tables are removed again: no half-programmed pod.
 pub fn apply(plan: &Plan) -> Result<ApplyReport, NftError> {
-    apply_inner(plan, false)
-}
-
-/// Test hook: the same batch with one message the kernel rejects appended at the end, to
-/// prove a refused batch leaves the namespace exactly as it was.
-#[doc(hidden)]
-pub fn apply_poisoned(plan: &Plan) -> Result<ApplyReport, NftError> {
-    apply_inner(plan, true)
-}
-
-fn apply_inner(plan: &Plan, poison: bool) -> Result<ApplyReport, NftError> {
     let sock = netlink::Socket::open().map_err(open_err)?;
     // Hot path (CNI ADD into a fresh namespace): create-only, tables exclusive. Only if one of
     // our tables already exists do we look at what is there and replace it.
-    let mut built = batch::build(plan, &[], poison, false);
+    let mut built = batch::build(plan, &[]);
     let mut nacks = sock
         .send_batch(&built.batch, true)
         .map_err(io_err("sending the nftables batch"))?;
     let mut replaced = false;
     if nacks.iter().any(|n| n.errno == libc::EEXIST) {
         let existing = our_tables(&sock, plan.owned_tables())?;
-        built = batch::build(plan, &existing, poison, false);
+        built = batch::build(plan, &existing);
         nacks = sock
             .send_batch(&built.batch, false)
             .map_err(io_err("sending the nftables batch"))?;
         replaced = true;
     }
     if let Some(first) = nacks.first() {
-        // Rare path: rebuild the same batch with descriptions to name the refused object.
-        let existing = if replaced {
-            our_tables(&sock, plan.owned_tables())?
-        } else {
-            Vec::new()
-        };
-        let described = batch::build(plan, &existing, poison, true);
         return Err(NftError::Refused {
-            what: described.describe(first.seq),
+            what: built.describe(first.seq),
             source: io::Error::from_raw_os_error(first.errno),
         });
     }
-    let messages = built.descriptions.count;
+    let messages = built.messages;
     drop(sock);
     if let Err(e) = pod_routes::apply(plan) {
         let _ = cleanup();
         return Err(e.into());
     }
     Ok(ApplyReport { replaced, messages })
+}
+
+/// Test support: `apply` of [`testing::poisoned`], a plan whose batch the kernel refuses at
+/// its end (no test path in the batch builder: the plan is the test's).
+#[doc(hidden)]
+pub fn apply_poisoned(plan: &Plan) -> Result<ApplyReport, NftError> {
+    apply(&testing::poisoned(plan))
 }
 
 fn open_err(e: io::Error) -> NftError {
@@ -182,7 +175,7 @@ pub fn has_our_tables() -> Result<bool, NftError> {
 /// Every nftables table in the current namespace as `(family, name)`.
 pub fn list_tables() -> Result<Vec<(String, String)>, NftError> {
     let sock = netlink::Socket::open().map_err(open_err)?;
-    check::tables(&sock)
+    read::tables(&sock)
 }
 
 /// Whether the kernel speaks nf_tables (a table dump succeeds).
@@ -191,7 +184,7 @@ pub fn kernel_supports_nftables() -> bool {
 }
 
 fn our_tables(sock: &netlink::Socket, ours: &[Table]) -> Result<Vec<Table>, NftError> {
-    let all = check::tables(sock)?;
+    let all = read::tables(sock)?;
     Ok(ours
         .iter()
         .copied()

@@ -1,9 +1,11 @@
-//! Plan → the nftables objects to create: tables, chains (base ones with hook and priority),
-//! rules as expression lists, and the anonymous sets rules look up. Pure; shared by the batch
-//! builder, the read-back check and the text rendering.
+//! Plan → the nftables objects to create, the one lowering of a plan: tables, chains (base
+//! ones with hook and priority), rules as `nft_ir` values (expression lists and the anonymous
+//! sets they look up). Pure; the batch serialises them (`expr::of_ir`), `nft_ir::render` writes
+//! them as text (`--dry-run`, error descriptions, `--check`'s reports).
 
-use crate::expr::{self, Expr};
+use crate::ir_exprs as expr;
 use capture::{Action, ChainId, CtState, Family, IpNet, L4, Match, NamedSet, Plan, Table};
+use nft_ir::{Expr, Verdict};
 use std::net::IpAddr;
 
 /// A base chain's type, hook and priority (Istio's nft mode, istio-reference §2.2).
@@ -15,57 +17,49 @@ pub struct BaseChain {
 }
 
 pub fn base_chain(table: Table, chain: ChainId) -> Option<BaseChain> {
-    let (kind, priority) = match (table.netfilter(), chain) {
-        (Table::Nat, ChainId::Postrouting) => ("nat", 100),
-        (Table::Nat, _) => ("nat", -100),
-        (Table::Mangle, ChainId::Output) => ("route", -150),
-        (Table::Mangle, _) => ("filter", -150),
-        _ => ("filter", -300),
+    let hook = match chain {
+        ChainId::Prerouting => "prerouting",
+        ChainId::Output => "output",
+        ChainId::Postrouting => "postrouting",
+        // Istio's own chains: regular chains, reached by jumps.
+        ChainId::Inbound
+        | ChainId::Redirect
+        | ChainId::InRedirect
+        | ChainId::IstioOutput
+        | ChainId::OutputDns
+        | ChainId::Divert
+        | ChainId::Tproxy
+        | ChainId::Drop
+        | ChainId::IstioPrerouting
+        | ChainId::IstioPostrouting => return None,
     };
-    match chain {
-        ChainId::Postrouting => Some(BaseChain {
-            kind,
-            hook: "postrouting",
-            priority,
-        }),
-        ChainId::Prerouting => Some(BaseChain {
-            kind,
-            hook: "prerouting",
-            priority,
-        }),
-        ChainId::Output => Some(BaseChain {
-            kind,
-            hook: "output",
-            priority,
-        }),
-        _ => None,
-    }
+    let (kind, priority) = match table {
+        Table::Nat | Table::AmbientNat if hook == "postrouting" => ("nat", 100),
+        Table::Nat | Table::AmbientNat => ("nat", -100),
+        Table::Mangle | Table::AmbientMangle if hook == "output" => ("route", -150),
+        Table::Mangle | Table::AmbientMangle => ("filter", -150),
+        Table::Raw | Table::AmbientRaw => ("filter", -300),
+    };
+    Some(BaseChain {
+        kind,
+        hook,
+        priority,
+    })
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SetKeyKind {
-    Port,
-    V4,
-    V6,
-}
-
-/// An anonymous constant set. `elements` are (key, is_interval_end).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SetSpec {
-    pub id: u32,
-    pub key: SetKeyKind,
-    pub interval: bool,
-    pub elements: Vec<(Vec<u8>, bool)>,
-    /// The values as nft writes them, for the text rendering.
-    pub text: Vec<String>,
-}
-
+/// One rule of a chain as the kernel holds it: its expressions and comment (`nft_ir::Rule`),
+/// and the anonymous sets it looks up (`__setN`, N unique in the batch), created before it.
 pub struct RuleSpec {
-    pub exprs: Vec<Expr>,
-    pub sets: Vec<SetSpec>,
-    pub comment: String,
-    /// nft syntax of the rule (for `--dry-run` and error messages).
-    pub text: String,
+    pub rule: nft_ir::Rule,
+    pub sets: Vec<nft_ir::Set>,
+}
+
+impl RuleSpec {
+    /// The rule in nft syntax (`nft_ir`'s renderer: `--dry-run`, error messages, `--check`).
+    pub fn text(&self, table: &str) -> String {
+        nft_ir::render::rule_text(&self.rule, &self.sets, table)
+            .unwrap_or_else(|| format!("{:?}", self.rule.exprs))
+    }
 }
 
 pub struct ChainSpec {
@@ -84,18 +78,32 @@ pub struct TableSpec {
 /// Multi-value matches nft cannot put in an anonymous set cheaply (interface names, owners)
 /// are expanded into one rule per value, exactly as iptables does.
 pub fn expand_for_nft(m: &Match) -> bool {
-    matches!(
-        m,
-        Match::InIface(_)
-            | Match::OutIface(_)
-            | Match::Uid { negate: false, .. }
-            | Match::Gid { negate: false, .. }
-    )
+    match m {
+        Match::InIface(_) | Match::OutIface(_) => true,
+        Match::Uid { negate, .. } | Match::Gid { negate, .. } => !negate,
+        // One anonymous set (ports, addresses) or a single value.
+        Match::Proto(_)
+        | Match::DstPort { .. }
+        | Match::SrcPort(_)
+        | Match::Daddr { .. }
+        | Match::Saddr { .. }
+        | Match::Mark { .. }
+        | Match::ConnMark(_)
+        | Match::CtState(_)
+        | Match::NotOutIface(_)
+        | Match::L4Module(_)
+        | Match::FromAddr(_)
+        | Match::ToAddr(_)
+        | Match::MarkMasked { .. }
+        | Match::ConnMarkMasked { .. }
+        | Match::DaddrInSet(_)
+        | Match::SocketExists => false,
+    }
 }
 
-/// Builds every table of the plan. Set ids are unique across the whole batch. `with_text`
-/// also renders each rule in nft syntax (for `--dry-run`, `--check` and error messages).
-pub fn tables(plan: &Plan, with_text: bool) -> Vec<TableSpec> {
+/// Builds every table of the plan: the one lowering of a plan into `nft_ir` values. Set ids
+/// are unique across the whole batch.
+pub fn tables(plan: &Plan) -> Vec<TableSpec> {
     let mut set_ids = 0u32;
     let chains = plan.chains(expand_for_nft);
     plan.tables()
@@ -113,13 +121,17 @@ pub fn tables(plan: &Plan, with_text: bool) -> Vec<TableSpec> {
                 .filter(|c| c.table == table)
                 .map(|c| {
                     let base = base_chain(table, c.chain);
-                    let rules = c
+                    let mut rules: Vec<RuleSpec> = c
                         .rules
                         .iter()
                         .flat_map(|r| {
-                            rule_specs(r, base.is_some(), plan.ipv6, with_text, &mut set_ids)
+                            let t = table.nft_name();
+                            rule_specs(r, t, base.is_some(), plan.ipv6, &mut set_ids)
                         })
                         .collect();
+                    for (i, r) in rules.iter_mut().enumerate() {
+                        r.rule.position = i + 1;
+                    }
                     ChainSpec {
                         chain: c.chain,
                         base,
@@ -131,22 +143,11 @@ pub fn tables(plan: &Plan, with_text: bool) -> Vec<TableSpec> {
         .collect()
 }
 
-/// Records nft text for a rule, only when text was asked for: formatting is a large part of
-/// building the batch, and the hot path (CNI ADD) never prints it.
-macro_rules! say {
-    ($b:expr, $($t:tt)*) => {
-        if $b.with_text {
-            $b.text.push(String::from($($t)*));
-        }
-    };
-}
-
-/// Accumulates the expressions and the nft text of one rule.
+/// Accumulates the expressions and the anonymous sets of one rule.
 struct RuleBuilder<'a> {
-    with_text: bool,
+    table: &'a str,
     exprs: Vec<Expr>,
-    text: Vec<String>,
-    sets: Vec<SetSpec>,
+    sets: Vec<nft_ir::Set>,
     set_ids: &'a mut u32,
 }
 
@@ -154,23 +155,17 @@ impl RuleBuilder<'_> {
     fn push(&mut self, e: Expr) {
         self.exprs.push(e);
     }
-    fn new_set(
-        &mut self,
-        key: SetKeyKind,
-        interval: bool,
-        elements: Vec<(Vec<u8>, bool)>,
-        text: Vec<String>,
-    ) -> (String, u32) {
-        let id = *self.set_ids;
+    /// A new anonymous set of the rule; its name.
+    fn new_set(&mut self, interval: bool, elements: Vec<(Vec<u8>, bool)>) -> String {
+        let name = format!("{}{}", nft_ir::ANONYMOUS_SET, *self.set_ids);
         *self.set_ids += 1;
-        self.sets.push(SetSpec {
-            id,
-            key,
+        self.sets.push(nft_ir::Set {
+            table: self.table.to_string(),
+            name: name.clone(),
             interval,
             elements,
-            text,
         });
-        ("__set%d".to_string(), id)
+        name
     }
 }
 
@@ -185,10 +180,6 @@ fn cmp_op(negate: bool) -> u32 {
     }
 }
 
-fn neq(negate: bool) -> &'static str {
-    if negate { "!= " } else { "" }
-}
-
 fn addr_bytes(a: IpAddr) -> Vec<u8> {
     match a {
         IpAddr::V4(a) => a.octets().to_vec(),
@@ -199,37 +190,31 @@ fn addr_bytes(a: IpAddr) -> Vec<u8> {
 /// The rules one plan rule becomes (two for TPROXY: the redirect and its fail-closed drop).
 fn rule_specs(
     rule: &capture::Rule,
+    table: &str,
     base: bool,
     ipv6: bool,
-    with_text: bool,
     set_ids: &mut u32,
 ) -> Vec<RuleSpec> {
-    let build = |b: &mut RuleBuilder, action: &Action| {
-        matches_into(b, rule, base, ipv6);
-        b.push(expr::counter());
-        say!(b, "counter");
-        action_into(b, action, rule.family);
-    };
     let mut out = Vec::new();
     let mut one = |action: &Action, comment: String| {
         let mut b = RuleBuilder {
-            with_text,
+            table,
             exprs: Vec::new(),
-            text: Vec::new(),
             sets: Vec::new(),
             set_ids,
         };
-        build(&mut b, action);
-        let text = if with_text {
-            format!("{} comment \"{comment}\"", b.text.join(" "))
-        } else {
-            String::new()
-        };
+        matches_into(&mut b, rule, base, ipv6);
+        b.push(expr::counter());
+        action_into(&mut b, action, rule.family);
         out.push(RuleSpec {
-            exprs: b.exprs,
+            rule: nft_ir::Rule {
+                handle: None,
+                position: 0,
+                comment: Some(comment),
+                text: String::new(),
+                exprs: b.exprs,
+            },
             sets: b.sets,
-            comment,
-            text,
         });
     };
     one(&rule.action, rule.comment.clone());
@@ -244,39 +229,111 @@ fn rule_specs(
     out
 }
 
-/// A rule's matches as expressions, in the order nft itself emits them (interfaces, protocol,
-/// family, addresses, ports, then meta and conntrack keys), so listings read as `nft` writes them.
+/// Where nft writes a match within a rule: interfaces, protocol, (family,) addresses, ports,
+/// then meta and conntrack keys, so listings read as `nft` writes them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Interface,
+    Protocol,
+    Address,
+    Port,
+    Meta,
+    /// Nothing to emit (see `slot`).
+    Nothing,
+}
+
+/// Every match of the plan has its slot: a new `Match` variant does not compile until it is
+/// placed here and lowered in `match_into`.
+fn slot(m: &Match) -> Slot {
+    match m {
+        Match::InIface(_) | Match::OutIface(_) | Match::NotOutIface(_) => Slot::Interface,
+        Match::Proto(_) => Slot::Protocol,
+        Match::Saddr { .. }
+        | Match::Daddr { .. }
+        | Match::FromAddr(_)
+        | Match::ToAddr(_)
+        | Match::DaddrInSet(_) => Slot::Address,
+        Match::DstPort { .. } | Match::SrcPort(_) => Slot::Port,
+        Match::Uid { .. }
+        | Match::Gid { .. }
+        | Match::Mark { .. }
+        | Match::MarkMasked { .. }
+        | Match::ConnMark(_)
+        | Match::ConnMarkMasked { .. }
+        | Match::SocketExists
+        | Match::CtState(_) => Slot::Meta,
+        // iptables' `-m tcp`/`-m udp` module load matches nothing by itself (the `Proto`
+        // match does); nft has no module to load.
+        Match::L4Module(_) => Slot::Nothing,
+    }
+}
+
+/// A rule's matches as expressions, slot by slot (see `Slot`); within a slot in the plan's order.
 fn matches_into(b: &mut RuleBuilder, rule: &capture::Rule, base: bool, ipv6: bool) {
     // With IPv6 off, IPv6 must not enter our chains at all (iptables installs nothing for it);
     // guarding the base-chain rules is enough since other chains are only reached from them.
     if rule.family == Family::Any && base && !ipv6 {
         nfproto(b, false);
     }
-    interface_matches(b, rule);
-    let l4 = proto_match(b, rule);
+    // A named set lookup reads the IPv6 header in an IPv6-only rule.
+    let v6 = rule.family == Family::V6;
+    let in_slot = |s: Slot| rule.matches.iter().filter(move |m| slot(m) == s);
+    for m in in_slot(Slot::Interface).chain(in_slot(Slot::Protocol)) {
+        match_into(b, m, v6);
+    }
     if rule.family != Family::Any {
         nfproto(b, rule.family == Family::V6);
     }
-    for m in &rule.matches {
-        match m {
-            Match::Saddr { nets, negate } => addr_match(b, nets, *negate, true),
-            Match::Daddr { nets, negate } => addr_match(b, nets, *negate, false),
-            Match::FromAddr(a) => addr_match(b, &[IpNet::host(*a)], false, true),
-            Match::ToAddr(a) => addr_match(b, &[IpNet::host(*a)], false, false),
-            Match::DaddrInSet(name) => named_set_match(b, name, rule.family == Family::V6),
-            _ => {}
+    for s in [Slot::Address, Slot::Port, Slot::Meta] {
+        for m in in_slot(s) {
+            match_into(b, m, v6);
         }
     }
-    let l4name = l4.map(L4::name).unwrap_or("th");
-    for m in &rule.matches {
-        match m {
-            Match::DstPort { ports, negate } => port_match(b, l4name, 2, "dport", ports, *negate),
-            Match::SrcPort(p) => port_match(b, l4name, 0, "sport", &[*p], false),
-            _ => {}
+}
+
+/// One match as expressions. Exhaustive: every variant of the plan's `Match` is named.
+fn match_into(b: &mut RuleBuilder, m: &Match, v6: bool) {
+    match m {
+        Match::InIface(v) => iface_match(b, libc::NFT_META_IIFNAME, &v[0], false),
+        Match::OutIface(v) => iface_match(b, libc::NFT_META_OIFNAME, &v[0], false),
+        Match::NotOutIface(name) => iface_match(b, libc::NFT_META_OIFNAME, name, true),
+        Match::Proto(p) => proto_match(b, *p),
+        Match::Saddr { nets, negate } => addr_match(b, nets, *negate, true),
+        Match::Daddr { nets, negate } => addr_match(b, nets, *negate, false),
+        Match::FromAddr(a) => addr_match(b, &[IpNet::host(*a)], false, true),
+        Match::ToAddr(a) => addr_match(b, &[IpNet::host(*a)], false, false),
+        Match::DaddrInSet(name) => named_set_match(b, name, v6),
+        Match::DstPort { ports, negate } => port_match(b, 2, ports, *negate),
+        Match::SrcPort(p) => port_match(b, 0, &[*p], false),
+        Match::Uid { ids, negate } => owner_match(b, libc::NFT_META_SKUID, ids, *negate),
+        Match::Gid { ids, negate } => owner_match(b, libc::NFT_META_SKGID, ids, *negate),
+        Match::Mark { mark, negate } => {
+            b.push(expr::meta_load(libc::NFT_META_MARK as u32));
+            b.push(expr::cmp(cmp_op(*negate), &mark.to_ne_bytes()));
         }
-    }
-    for m in &rule.matches {
-        meta_match(b, m);
+        Match::MarkMasked { mark, mask, negate } => {
+            b.push(expr::meta_load(libc::NFT_META_MARK as u32));
+            b.push(expr::bitwise_and(&mask.to_ne_bytes()));
+            b.push(expr::cmp(cmp_op(*negate), &mark.to_ne_bytes()));
+        }
+        Match::ConnMark(mark) => {
+            b.push(expr::ct_load(libc::NFT_CT_MARK as u32));
+            b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &mark.to_ne_bytes()));
+        }
+        Match::ConnMarkMasked { mark, mask } => {
+            b.push(expr::ct_load(libc::NFT_CT_MARK as u32));
+            b.push(expr::bitwise_and(&mask.to_ne_bytes()));
+            b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &mark.to_ne_bytes()));
+        }
+        Match::SocketExists => {
+            // `meta skuid` only loads for a packet with a full local socket (else the
+            // rule stops), as `-m owner --socket-exists`; every uid is >= 0.
+            b.push(expr::meta_load(libc::NFT_META_SKUID as u32));
+            b.push(expr::cmp(libc::NFT_CMP_GTE as u32, &0u32.to_ne_bytes()));
+        }
+        Match::CtState(states) => ct_state_match(b, states),
+        // Matches nothing by itself (see `slot`): nothing to emit.
+        Match::L4Module(_) => {}
     }
 }
 
@@ -286,127 +343,45 @@ fn nfproto(b: &mut RuleBuilder, v6: bool) {
         libc::NFT_CMP_EQ as u32,
         &[if v6 { NFPROTO_IPV6 } else { NFPROTO_IPV4 }],
     ));
-    say!(
-        b,
-        if v6 {
-            "meta nfproto ipv6"
-        } else {
-            "meta nfproto ipv4"
-        }
-    );
 }
 
-fn interface_matches(b: &mut RuleBuilder, rule: &capture::Rule) {
-    for m in &rule.matches {
-        if let Match::InIface(v) | Match::OutIface(v) = m {
-            let (key, word) = if matches!(m, Match::InIface(_)) {
-                (libc::NFT_META_IIFNAME, "iifname")
-            } else {
-                (libc::NFT_META_OIFNAME, "oifname")
-            };
-            b.push(expr::meta_load(key as u32));
-            b.push(expr::cmp(
-                libc::NFT_CMP_EQ as u32,
-                &expr::ifname_bytes(&v[0]),
-            ));
-            say!(b, format!("{word} \"{}\"", v[0]));
-        }
-        if let Match::NotOutIface(name) = m {
-            b.push(expr::meta_load(libc::NFT_META_OIFNAME as u32));
-            b.push(expr::cmp(
-                libc::NFT_CMP_NEQ as u32,
-                &expr::ifname_bytes(name),
-            ));
-            say!(b, format!("oifname != \"{name}\""));
-        }
-    }
+/// `iifname "X"`, `oifname [!=] "X"`. Positive lists arrive expanded (`expand_for_nft`).
+fn iface_match(b: &mut RuleBuilder, key: libc::c_int, name: &str, negate: bool) {
+    b.push(expr::meta_load(key as u32));
+    b.push(expr::cmp(cmp_op(negate), &crate::expr::ifname_bytes(name)));
 }
 
-/// `meta l4proto`; the protocol, for the port matches that follow.
-fn proto_match(b: &mut RuleBuilder, rule: &capture::Rule) -> Option<L4> {
-    let mut l4 = None;
-    for m in &rule.matches {
-        if let Match::Proto(p) = m {
-            l4 = Some(*p);
-            let n = match p {
-                L4::Tcp => libc::IPPROTO_TCP,
-                L4::Udp => libc::IPPROTO_UDP,
-            } as u8;
-            b.push(expr::meta_load(libc::NFT_META_L4PROTO as u32));
-            b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &[n]));
-            say!(b, format!("meta l4proto {}", p.name()));
-        }
-    }
-    l4
+/// `meta l4proto tcp|udp`.
+fn proto_match(b: &mut RuleBuilder, p: L4) {
+    let n = match p {
+        L4::Tcp => libc::IPPROTO_TCP,
+        L4::Udp => libc::IPPROTO_UDP,
+    } as u8;
+    b.push(expr::meta_load(libc::NFT_META_L4PROTO as u32));
+    b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &[n]));
 }
 
-/// Socket owner, packet mark and conntrack matches.
-fn meta_match(b: &mut RuleBuilder, m: &Match) {
-    match m {
-        Match::Uid { ids, negate } | Match::Gid { ids, negate } => {
-            let (key, word) = if matches!(m, Match::Uid { .. }) {
-                (libc::NFT_META_SKUID, "skuid")
-            } else {
-                (libc::NFT_META_SKGID, "skgid")
-            };
-            // "None of" is one comparison per id (as Istio's nft mode writes it).
-            for id in ids {
-                b.push(expr::meta_load(key as u32));
-                b.push(expr::cmp(cmp_op(*negate), &id.id.to_ne_bytes()));
-                say!(b, format!("meta {word} {}{}", neq(*negate), id.id));
-            }
-        }
-        Match::Mark { mark, negate } => {
-            b.push(expr::meta_load(libc::NFT_META_MARK as u32));
-            b.push(expr::cmp(cmp_op(*negate), &mark.to_ne_bytes()));
-            say!(b, format!("meta mark {}{mark:#010x}", neq(*negate)));
-        }
-        Match::MarkMasked { mark, mask, negate } => {
-            b.push(expr::meta_load(libc::NFT_META_MARK as u32));
-            b.push(expr::bitwise_and(&mask.to_ne_bytes()));
-            b.push(expr::cmp(cmp_op(*negate), &mark.to_ne_bytes()));
-            let op = if *negate { "!=" } else { "==" };
-            say!(b, format!("meta mark & {mask:#010x} {op} {mark:#010x}"));
-        }
-        Match::ConnMarkMasked { mark, mask } => {
-            b.push(expr::ct_load(libc::NFT_CT_MARK as u32));
-            b.push(expr::bitwise_and(&mask.to_ne_bytes()));
-            b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &mark.to_ne_bytes()));
-            say!(b, format!("ct mark & {mask:#010x} == {mark:#010x}"));
-        }
-        Match::SocketExists => {
-            // `meta skuid` only loads for a packet with a full local socket (else the
-            // rule stops), as `-m owner --socket-exists`; every uid is >= 0.
-            b.push(expr::meta_load(libc::NFT_META_SKUID as u32));
-            b.push(expr::cmp(libc::NFT_CMP_GTE as u32, &0u32.to_ne_bytes()));
-            say!(b, "meta skuid >= 0");
-        }
-        Match::ConnMark(mark) => {
-            b.push(expr::ct_load(libc::NFT_CT_MARK as u32));
-            b.push(expr::cmp(libc::NFT_CMP_EQ as u32, &mark.to_ne_bytes()));
-            say!(b, format!("ct mark {mark:#010x}"));
-        }
-        Match::CtState(states) => ct_state_match(b, states),
-        _ => {}
+/// Socket owner: "none of" is one comparison per id (as Istio's nft mode writes it); "any
+/// of" arrives expanded (`expand_for_nft`).
+fn owner_match(b: &mut RuleBuilder, key: libc::c_int, ids: &[capture::Id], negate: bool) {
+    for id in ids {
+        b.push(expr::meta_load(key as u32));
+        b.push(expr::cmp(cmp_op(negate), &id.id.to_ne_bytes()));
     }
 }
 
 fn ct_state_match(b: &mut RuleBuilder, states: &[CtState]) {
     let mut mask = 0u32;
-    let mut words = Vec::new();
     for s in states {
-        let (bit, word) = match s {
-            CtState::Invalid => (1, "invalid"),
-            CtState::Established => (2, "established"),
-            CtState::Related => (4, "related"),
+        mask |= match s {
+            CtState::Invalid => 1,
+            CtState::Established => 2,
+            CtState::Related => 4,
         };
-        mask |= bit;
-        words.push(word);
     }
     b.push(expr::ct_load(libc::NFT_CT_STATE as u32));
     b.push(expr::bitwise_and(&mask.to_ne_bytes()));
     b.push(expr::cmp(libc::NFT_CMP_NEQ as u32, &0u32.to_ne_bytes()));
-    say!(b, format!("ct state {}", words.join(",")));
 }
 
 fn addr_match(b: &mut RuleBuilder, nets: &[IpNet], negate: bool, source: bool) {
@@ -418,11 +393,6 @@ fn addr_match(b: &mut RuleBuilder, nets: &[IpNet], negate: bool, source: bool) {
         (true, false) => 24,
     };
     let len = if v6 { 16 } else { 4 };
-    let word = format!(
-        "{} {}",
-        if v6 { "ip6" } else { "ip" },
-        if source { "saddr" } else { "daddr" }
-    );
     b.push(expr::payload(
         libc::NFT_PAYLOAD_NETWORK_HEADER as u32,
         offset,
@@ -434,37 +404,24 @@ fn addr_match(b: &mut RuleBuilder, nets: &[IpNet], negate: bool, source: bool) {
             b.push(expr::bitwise_and(&prefix_mask(n.prefix, len as usize)));
         }
         b.push(expr::cmp(cmp_op(negate), &addr_bytes(n.network())));
-        let shown = if n.is_host() {
-            capture::DisplayIp(n.addr).to_string()
-        } else {
-            format!("{}/{}", capture::DisplayIp(n.network()), n.prefix)
-        };
-        say!(b, format!("{word} {}{shown}", neq(negate)));
     } else {
-        let (elements, text) = interval_elements(nets);
-        let key = if v6 { SetKeyKind::V6 } else { SetKeyKind::V4 };
-        let (name, id) = b.new_set(key, true, elements, text.clone());
-        b.push(expr::lookup(&name, id, negate));
-        say!(
-            b,
-            format!("{word} {}{{ {} }}", neq(negate), text.join(", "))
-        );
+        let name = b.new_set(true, interval_elements(nets));
+        b.push(expr::lookup(&name, negate));
     }
 }
 
 /// `ip[6] daddr @NAME`: a lookup in one of the plan's named sets.
 fn named_set_match(b: &mut RuleBuilder, name: &str, v6: bool) {
-    let (offset, len, word) = if v6 { (24, 16, "ip6") } else { (16, 4, "ip") };
+    let (offset, len) = if v6 { (24, 16) } else { (16, 4) };
     b.push(expr::payload(
         libc::NFT_PAYLOAD_NETWORK_HEADER as u32,
         offset,
         len,
     ));
-    b.push(expr::lookup_named(name));
-    say!(b, format!("{word} daddr @{name}"));
+    b.push(expr::lookup(name, false));
 }
 
-fn port_match(b: &mut RuleBuilder, l4: &str, offset: u32, word: &str, ports: &[u16], negate: bool) {
+fn port_match(b: &mut RuleBuilder, offset: u32, ports: &[u16], negate: bool) {
     b.push(expr::payload(
         libc::NFT_PAYLOAD_TRANSPORT_HEADER as u32,
         offset,
@@ -472,7 +429,6 @@ fn port_match(b: &mut RuleBuilder, l4: &str, offset: u32, word: &str, ports: &[u
     ));
     if ports.len() == 1 {
         b.push(expr::cmp(cmp_op(negate), &ports[0].to_be_bytes()));
-        say!(b, format!("{l4} {word} {}{}", neq(negate), ports[0]));
     } else {
         let mut sorted = ports.to_vec();
         sorted.sort_unstable();
@@ -481,13 +437,8 @@ fn port_match(b: &mut RuleBuilder, l4: &str, offset: u32, word: &str, ports: &[u
             .iter()
             .map(|p| (p.to_be_bytes().to_vec(), false))
             .collect();
-        let text: Vec<String> = sorted.iter().map(u16::to_string).collect();
-        let (name, id) = b.new_set(SetKeyKind::Port, false, elements, text.clone());
-        b.push(expr::lookup(&name, id, negate));
-        say!(
-            b,
-            format!("{l4} {word} {}{{ {} }}", neq(negate), text.join(", "))
-        );
+        let name = b.new_set(false, elements);
+        b.push(expr::lookup(&name, negate));
     }
 }
 
@@ -503,7 +454,7 @@ fn prefix_mask(prefix: u8, len: usize) -> Vec<u8> {
 /// Interval-set elements for a CIDR list, as nft builds them: ranges merged and sorted, each
 /// `[start, end)` as a start element plus an interval-end element, and a leading end element
 /// at the zero address when the first range does not start there.
-pub fn interval_elements(nets: &[IpNet]) -> (Vec<(Vec<u8>, bool)>, Vec<String>) {
+pub fn interval_elements(nets: &[IpNet]) -> Vec<(Vec<u8>, bool)> {
     let v6 = !nets[0].is_ipv4();
     let to_u128 = |a: IpAddr| match a {
         IpAddr::V4(a) => u32::from(a) as u128,
@@ -549,74 +500,50 @@ pub fn interval_elements(nets: &[IpNet]) -> (Vec<(Vec<u8>, bool)>, Vec<String>) 
             elements.push((to_bytes(*e), true));
         }
     }
-    let mut text_nets: Vec<IpNet> = nets.to_vec();
-    text_nets.sort_by_key(|n| to_u128(n.network()));
-    let text = text_nets
-        .iter()
-        .map(|n| {
-            if n.is_host() {
-                capture::DisplayIp(n.addr).to_string()
-            } else {
-                format!("{}/{}", capture::DisplayIp(n.network()), n.prefix)
-            }
-        })
-        .collect();
-    (elements, text)
+    elements
 }
 
 fn action_into(b: &mut RuleBuilder, action: &Action, family: Family) {
     match action {
         Action::Return => {
-            b.push(expr::verdict(libc::NFT_RETURN));
-            say!(b, "return");
+            b.push(expr::verdict(Verdict::Return));
         }
         Action::Accept => {
-            b.push(expr::verdict(libc::NF_ACCEPT));
-            say!(b, "accept");
+            b.push(expr::verdict(Verdict::Accept));
         }
         Action::Drop => {
-            b.push(expr::verdict(libc::NF_DROP));
-            say!(b, "drop");
+            b.push(expr::verdict(Verdict::Drop));
         }
         Action::Jump(c) => {
-            b.push(expr::jump(c.nft_name()));
-            say!(b, format!("jump {}", c.nft_name()));
+            b.push(expr::verdict(Verdict::Jump(c.nft_name().into())));
         }
         Action::Redirect { port } => {
             b.push(expr::immediate(&port.to_be_bytes()));
             b.push(expr::redir());
-            say!(b, format!("redirect to :{port}"));
         }
         Action::Tproxy { port, mark } => {
-            let (nfproto, word) = if family == Family::V6 {
-                (libc::NFPROTO_IPV6, "ip6")
+            let nfproto = if family == Family::V6 {
+                libc::NFPROTO_IPV6
             } else {
-                (libc::NFPROTO_IPV4, "ip")
+                libc::NFPROTO_IPV4
             };
             b.push(expr::immediate(&port.to_be_bytes()));
             b.push(expr::tproxy(nfproto as u32));
             b.push(expr::immediate(&mark.to_ne_bytes()));
             b.push(expr::meta_set(libc::NFT_META_MARK as u32));
-            b.push(expr::verdict(libc::NF_ACCEPT));
-            say!(
-                b,
-                format!("tproxy {word} to :{port} meta mark set {mark:#010x} accept")
-            );
+            b.push(expr::verdict(Verdict::Accept));
         }
         Action::SetMark(m) => {
             b.push(expr::immediate(&m.to_ne_bytes()));
             b.push(expr::meta_set(libc::NFT_META_MARK as u32));
-            say!(b, format!("meta mark set {m:#010x}"));
         }
         Action::SaveMark => {
             b.push(expr::meta_load(libc::NFT_META_MARK as u32));
             b.push(expr::ct_set(libc::NFT_CT_MARK as u32));
-            say!(b, "ct mark set meta mark");
         }
         Action::RestoreMark => {
             b.push(expr::ct_load(libc::NFT_CT_MARK as u32));
             b.push(expr::meta_set(libc::NFT_META_MARK as u32));
-            say!(b, "meta mark set ct mark");
         }
         Action::SetConnMarkMasked { value, mask } => {
             b.push(expr::ct_load(libc::NFT_CT_MARK as u32));
@@ -625,30 +552,23 @@ fn action_into(b: &mut RuleBuilder, action: &Action, family: Family) {
                 &value.to_ne_bytes(),
             ));
             b.push(expr::ct_set(libc::NFT_CT_MARK as u32));
-            say!(
-                b,
-                format!("ct mark set ct mark & {:#010x} | {value:#010x}", !mask)
-            );
         }
         Action::RestoreMarkFullMasks => {
             b.push(expr::ct_load(libc::NFT_CT_MARK as u32));
             b.push(expr::meta_set(libc::NFT_META_MARK as u32));
-            say!(b, "meta mark set ct mark");
         }
         Action::Snat(ip) => {
-            let (nfproto, word) = if ip.is_ipv6() {
-                (libc::NFPROTO_IPV6, "ip6")
+            let nfproto = if ip.is_ipv6() {
+                libc::NFPROTO_IPV6
             } else {
-                (libc::NFPROTO_IPV4, "ip")
+                libc::NFPROTO_IPV4
             };
             b.push(expr::immediate(&addr_bytes(*ip)));
             b.push(expr::snat(nfproto as u32));
-            say!(b, format!("snat {word} to {}", capture::DisplayIp(*ip)));
         }
         Action::CtZone(z) => {
             b.push(expr::immediate(&z.to_ne_bytes()));
             b.push(expr::ct_set(libc::NFT_CT_ZONE as u32));
-            say!(b, format!("ct zone set {z}"));
         }
     }
 }
@@ -656,7 +576,8 @@ fn action_into(b: &mut RuleBuilder, action: &Action, family: Family) {
 /// The ruleset in `nft -f` syntax (what `--dry-run` prints; `nft -f` accepts it).
 pub fn render_text(plan: &Plan) -> String {
     let mut out = String::new();
-    for t in tables(plan, true) {
+    for t in tables(plan) {
+        let tname = t.table.nft_name();
         out.push_str(&format!("table inet {} {{\n", t.table.nft_name()));
         for s in &t.sets {
             out.push_str(&format!(
@@ -675,7 +596,7 @@ pub fn render_text(plan: &Plan) -> String {
                 ));
             }
             for r in &c.rules {
-                out.push_str(&format!("\t\t{}\n", r.text));
+                out.push_str(&format!("\t\t{}\n", r.text(tname)));
             }
             out.push_str("\t}\n");
         }
@@ -694,7 +615,7 @@ mod tests {
             .iter()
             .map(|s| s.parse().unwrap())
             .collect();
-        let (e, text) = interval_elements(&nets);
+        let e = interval_elements(&nets);
         let shown: Vec<(String, bool)> = e
             .iter()
             .map(|(b, end)| (format!("{}.{}.{}.{}", b[0], b[1], b[2], b[3]), *end))
@@ -709,7 +630,6 @@ mod tests {
                 ("192.168.1.2".into(), true)
             ]
         );
-        assert_eq!(text, vec!["10.0.0.0/8", "10.1.0.0/16", "192.168.1.1"]);
     }
 
     #[test]

@@ -1,13 +1,13 @@
-//! A live rule back in nft syntax, for the expression patterns our plan renderer emits
-//! (nft_backend's `model.rs`), so an explanation shows `oifname "lo" meta skuid 1337 counter return` and not
-//! bytecode. Anything else returns `None` and the caller keeps libnftnl's debug text.
+//! A rule back in nft syntax, for the expression patterns our backend emits (nft_backend's
+//! `model.rs`), so an explanation shows `oifname "lo" meta skuid 1337 counter return` and not
+//! bytecode. Anything else returns `None` (a reader of live rules then keeps libnftnl's debug
+//! text).
 
-use super::ir::{Expr, Rule, Set};
+use crate::{Expr, REG1, Rule, Set};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-const REG1: u32 = nft_backend::expr::REG1;
-
-pub fn nft_text(rule: &Rule, sets: &[Set], table: &str) -> Option<String> {
+/// `rule` in nft syntax, its anonymous sets looked up in `sets` (of `table`).
+pub fn rule_text(rule: &Rule, sets: &[Set], table: &str) -> Option<String> {
     let mut out: Vec<String> = Vec::new();
     let mut l4 = "th";
     let e = &rule.exprs;
@@ -27,6 +27,10 @@ fn neq(op: u32) -> Option<&'static str> {
     match op as i32 {
         libc::NFT_CMP_EQ => Some(""),
         libc::NFT_CMP_NEQ => Some("!= "),
+        libc::NFT_CMP_LT => Some("< "),
+        libc::NFT_CMP_LTE => Some("<= "),
+        libc::NFT_CMP_GT => Some("> "),
+        libc::NFT_CMP_GTE => Some(">= "),
         _ => None,
     }
 }
@@ -80,9 +84,16 @@ fn one(e: &[Expr], sets: &[Set], table: &str, l4: &mut &'static str) -> Option<(
             CtSet { key: ck, .. },
             ..,
         ] if *key as i32 == libc::NFT_CT_MARK && *ck as i32 == libc::NFT_CT_MARK => {
-            // As the plan renderer (`--dry-run`) writes it: the kernel's mask and xor.
+            // As `nft list` writes it: `(x & m) ^ v`, with m and v disjoint, is
+            // `x & (m | v) | v`.
             let (m, x) = (u32_ne(mask)?, u32_ne(xor)?);
-            (format!("ct mark set ct mark & {m:#010x} | {x:#010x}"), 3)
+            if m & x != 0 {
+                return None;
+            }
+            (
+                format!("ct mark set ct mark & {:#010x} | {x:#010x}", m | x),
+                3,
+            )
         }
         [Immediate { data, .. }, Nat { snat, family, .. }, ..] => {
             let f = if *family as i32 == libc::NFPROTO_IPV6 {
