@@ -8,11 +8,13 @@
 //!   renders them in registration order, then the process' latency and failure histograms
 //!   ([`figures`], [`histogram`]);
 //! - the health and metrics listeners ([`http`]);
-//! - the plugin's log lines, printed in the daemon's own log ([`plugin_log`]).
+//! - the plugin's log lines, printed in the daemon's own log ([`plugin_log`]);
+//! - every job's task, supervised, drained in order at shutdown ([`jobs`]).
 
 pub mod figures;
 pub mod histogram;
 pub mod http;
+pub mod jobs;
 pub mod metrics;
 pub mod plugin_log;
 pub mod process;
