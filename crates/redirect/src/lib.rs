@@ -10,7 +10,6 @@
 use backend::RuleBackend;
 use capture::{Facts, Plan};
 use netns::NsLock;
-use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -25,21 +24,8 @@ mod migrate;
 pub mod node;
 pub mod present;
 
-/// The mechanism that programs the rules.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
-    Nft,
-    IptablesLegacy,
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Backend::Nft => "nft",
-            Backend::IptablesLegacy => "iptables-legacy",
-        })
-    }
-}
+/// The mechanism that programs the rules (defined in `capture`, which `explain` shares).
+pub use capture::Backend;
 
 /// `--backend` / `redirect_backend` / `REDIRECT_BACKEND`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
