@@ -43,7 +43,7 @@ fn kinds(ns: &Path) -> Vec<Backend> {
 /// [`kinds`] for the calling thread's namespace.
 fn kinds_here() -> Vec<Backend> {
     let mut k = Vec::new();
-    if iptables_legacy::has_our_chains().expect("legacy state") {
+    if iptables_legacy::has_our_chains(&iptables_legacy::Tools::default()).expect("legacy state") {
         k.push(Backend::IptablesLegacy);
     }
     if nft_backend::has_our_tables().expect("nft state") {
@@ -415,9 +415,11 @@ fn moving_to_nft_leaves_no_legacy_rule_behind() {
         redirect::migrate(&p, Some(w.pod.path()), Backend::Nft, deadline)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_only(&w, &p, Backend::Nft);
-        let any_legacy = netns::run_in(Some(w.pod.path()), iptables_legacy::has_legacy_rules)
-            .expect("enter")
-            .expect("legacy rules");
+        let any_legacy = netns::run_in(Some(w.pod.path()), || {
+            iptables_legacy::has_legacy_rules(&iptables_legacy::Tools::default())
+        })
+        .expect("enter")
+        .expect("legacy rules");
         assert!(!any_legacy, "{name}: legacy rules left behind");
         let auto = redirect::check(&p, Some(w.pod.path()), BackendChoice::Auto).expect("check");
         assert!(auto.is_empty(), "{name}: auto check: {auto:?}");

@@ -46,37 +46,37 @@ impl RuleBackend for LegacyRules {
     }
 
     fn claims(&self) -> Option<String> {
-        iptables_legacy::has_legacy_rules_with(&self.tools())
+        iptables_legacy::has_legacy_rules(&self.tools())
             .unwrap_or(false)
             .then(|| "the namespace already holds iptables-legacy rules".into())
     }
 
     fn apply(&self, plan: &Plan, held: &NsLock) -> Result<(), RedirectError> {
-        Ok(iptables_legacy::apply_with(plan, held, &self.tools())?)
+        Ok(iptables_legacy::apply(plan, held, &self.tools())?)
     }
 
     fn check(&self, plan: &Plan) -> Result<Vec<String>, RedirectError> {
-        Ok(iptables_legacy::check_with(plan, &self.tools())?)
+        Ok(iptables_legacy::check(plan, &self.tools())?)
     }
 
     /// Every chain of ours whatever the scope: `ISTIO_*` chains are ours whichever plan made
     /// them. What cannot be read counts as absent.
     fn cleanup(&self, _scope: Scope, held: &NsLock) -> Result<(), RedirectError> {
         let tools = self.tools();
-        if iptables_legacy::has_our_chains_with(&tools).unwrap_or(false) {
-            iptables_legacy::cleanup_with(held, &tools)?;
+        if iptables_legacy::has_our_chains(&tools).unwrap_or(false) {
+            iptables_legacy::cleanup(held, &tools)?;
         }
         Ok(())
     }
 
     /// Also the plan's rules in built-in chains, verified by reading back.
     fn remove_plan(&self, plan: &Plan, held: &NsLock) -> Result<(), RedirectError> {
-        iptables_legacy::cleanup_plan_with(plan, held, &self.tools())?;
+        iptables_legacy::cleanup_plan(plan, held, &self.tools())?;
         Ok(())
     }
 
     fn has_ours(&self) -> Result<bool, RedirectError> {
-        Ok(iptables_legacy::has_our_chains_with(&self.tools())?)
+        Ok(iptables_legacy::has_our_chains(&self.tools())?)
     }
 
     /// Both families' restore payloads.
@@ -94,7 +94,7 @@ impl RuleBackend for LegacyRules {
     }
 
     fn host_ensure(&self, plan: &Plan) -> Result<(), RedirectError> {
-        Ok(ambient_host::ensure_with(plan, &self.tools())?)
+        Ok(ambient_host::ensure(plan, &self.tools())?)
     }
 
     /// One `ipset restore` for every pod.
@@ -103,11 +103,11 @@ impl RuleBackend for LegacyRules {
         plan: &Plan,
         pods: &[(&str, &[IpAddr])],
     ) -> Result<(), RedirectError> {
-        Ok(ambient_host::add_pods_ips_with(plan, pods, &self.tools())?)
+        Ok(ambient_host::add_pods_ips(plan, pods, &self.tools())?)
     }
 
     fn host_pod_ips(&self, plan: &Plan) -> Result<Vec<IpAddr>, RedirectError> {
-        Ok(ambient_host::pod_ips_with(plan, &self.tools())?)
+        Ok(ambient_host::pod_ips(plan, &self.tools())?)
     }
 
     fn host_sync_pods_ips(
@@ -115,18 +115,18 @@ impl RuleBackend for LegacyRules {
         plan: &Plan,
         pods: &[(&str, &[IpAddr])],
     ) -> Result<Vec<IpAddr>, RedirectError> {
-        Ok(ambient_host::sync_pods_ips_with(plan, pods, &self.tools())?)
+        Ok(ambient_host::sync_pods_ips(plan, pods, &self.tools())?)
     }
 
     fn host_remove_pod_ips(&self, plan: &Plan, ips: &[IpAddr]) -> Result<(), RedirectError> {
-        Ok(ambient_host::remove_pod_ips_with(plan, ips, &self.tools())?)
+        Ok(ambient_host::remove_pod_ips(plan, ips, &self.tools())?)
     }
 
     fn host_check(&self, plan: &Plan) -> Result<Vec<String>, RedirectError> {
-        Ok(ambient_host::check_with(plan, &self.tools())?)
+        Ok(ambient_host::check(plan, &self.tools())?)
     }
 
     fn host_remove_all(&self) -> Result<bool, RedirectError> {
-        Ok(ambient_host::remove_all_with(&self.tools())?)
+        Ok(ambient_host::remove_all(&self.tools())?)
     }
 }
