@@ -8,6 +8,7 @@
 
 use capture::{Config, Ipv6Mode, Plan};
 use integration::*;
+use redirect::backend::{LegacyRules, NftRules};
 use redirect::{Backend, BackendChoice, MigrateOptions, RedirectError};
 use std::net::IpAddr;
 use std::path::Path;
@@ -257,8 +258,7 @@ fn failed_nft_program_leaves_the_legacy_rules() {
     )
     .expect("legacy rules");
     let poisoned = MigrateOptions {
-        poison_nft: true,
-        ..MigrateOptions::default()
+        replace: vec![Box::new(NftRules::poisoned())],
     };
     let err = redirect::migrate_with(
         &p,
@@ -296,8 +296,9 @@ fn missing_legacy_binaries_leave_the_nft_rules() {
     redirect::apply(&p, Some(w.pod.path()), BackendChoice::Fixed(Backend::Nft)).expect("nft");
     let empty = tempfile::tempdir().expect("empty dir");
     let no_binaries = MigrateOptions {
-        legacy_tools: iptables_legacy::Tools::in_dirs([empty.path()]),
-        ..MigrateOptions::default()
+        replace: vec![Box::new(LegacyRules::with_tools(
+            iptables_legacy::Tools::in_dirs([empty.path()]),
+        ))],
     };
     let err = redirect::migrate_with(
         &p,

@@ -31,10 +31,9 @@
 //! forcing, and the only order that matters is ours: new complete and verified first, old
 //! removed after. Removing the other way round would leave a window with no capture at all.
 
-use crate::backend::{self, LegacyRules, NftRules, RuleBackend};
+use crate::backend::{self, RuleBackend};
 use crate::{Backend, RedirectError, locked};
 use capture::Plan;
-use iptables_legacy::Tools;
 use netns::NsLock;
 use std::fmt;
 use std::path::Path;
@@ -78,15 +77,14 @@ fn kinds_text(kinds: &[Backend]) -> String {
     }
 }
 
-/// Where and how [`migrate_with`] works; the default looks the iptables-legacy binaries up as
-/// every other call does (`$PATH`, /usr/sbin, /sbin).
-#[derive(Clone, Debug, Default)]
+/// How [`migrate_with`] works; the default uses the registry's backends ([`backend::all`]),
+/// as every other call does.
+#[derive(Debug, Default)]
 pub struct MigrateOptions {
-    pub legacy_tools: Tools,
-    /// Test hook: the nft program is sent with a message the kernel refuses (see
-    /// `nft_backend::apply_poisoned`), to prove a failed program leaves the old rules.
-    #[doc(hidden)]
-    pub poison_nft: bool,
+    /// Backends used instead of the registry's of the same kind: e.g. a
+    /// `LegacyRules::with_tools` looking its binaries up elsewhere, or (tests) an
+    /// `NftRules::poisoned`, to prove a failed program leaves the old rules.
+    pub replace: Vec<Box<dyn RuleBackend>>,
 }
 
 /// Moves the namespace's rules for `plan` to backend `to` in place: program `to` completely and
@@ -115,16 +113,9 @@ pub fn migrate_with(
     deadline: Instant,
     opts: &MigrateOptions,
 ) -> Result<Migration, RedirectError> {
-    let nft = NftRules::new();
-    let poisoned = NftRules::poisoned();
-    let legacy = LegacyRules::with_tools(opts.legacy_tools.clone());
-    // The registry's backends, the ones these options configure in their place.
-    let backends = backend::all().map(|b| -> &dyn RuleBackend {
-        match b.kind() {
-            Backend::Nft if opts.poison_nft => &poisoned,
-            Backend::Nft => &nft,
-            Backend::IptablesLegacy => &legacy,
-        }
+    let backends = backend::all().map(|b| {
+        let replaced = opts.replace.iter().find(|r| r.kind() == b.kind());
+        replaced.map_or(b, |r| r.as_ref())
     });
     locked(netns, deadline, |held| {
         migrate_among(&backends, plan, to, held)

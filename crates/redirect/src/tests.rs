@@ -230,3 +230,16 @@ fn the_host_rule_of_every_other_backend_goes_first() {
         [Call::HostRemoveAll(Nft), Call::HostRemoveAll(Legacy)]
     );
 }
+
+#[test]
+fn migrate_with_uses_the_backends_it_is_given_in_the_registrys_place() {
+    let (j, nft, legacy) = pair();
+    let opts = crate::MigrateOptions {
+        replace: vec![Box::new(nft), Box::new(legacy.holding_ours())],
+    };
+    let plan = sidecar();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let m = crate::migrate_with(&plan, None, Nft, deadline, &opts).unwrap();
+    assert_eq!((m.found, m.changed), (vec![Legacy], true));
+    assert_eq!(j.take().first(), Some(&Call::Apply(Nft, plan)));
+}
