@@ -99,7 +99,8 @@ fn state(ns: &Path) -> State {
     );
     let (legacy, nft) = netns::run_in(Some(ns), || {
         (
-            iptables_legacy::has_our_chains().expect("legacy state"),
+            iptables_legacy::has_our_chains(&iptables_legacy::Tools::default())
+                .expect("legacy state"),
             nft_backend::has_our_tables().expect("nft state"),
         )
     })

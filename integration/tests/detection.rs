@@ -16,7 +16,8 @@ fn plan() -> Plan {
 fn kinds(ns: &TestNetns) -> (bool, bool) {
     ns.run(|| {
         (
-            iptables_legacy::has_our_chains().expect("legacy state"),
+            iptables_legacy::has_our_chains(&iptables_legacy::Tools::default())
+                .expect("legacy state"),
             nft_backend::has_our_tables().expect("nft state"),
         )
     })

@@ -9,6 +9,7 @@
 use capture::{Config, Ipv6Mode, Plan};
 use integration::cni::percentile;
 use integration::*;
+use redirect::backend::{LegacyRules, NftRules};
 use redirect::{Backend, BackendChoice, MigrateOptions, RedirectError};
 use std::net::IpAddr;
 use std::path::Path;
@@ -44,7 +45,7 @@ fn kinds(ns: &Path) -> Vec<Backend> {
 /// [`kinds`] for the calling thread's namespace.
 fn kinds_here() -> Vec<Backend> {
     let mut k = Vec::new();
-    if iptables_legacy::has_our_chains().expect("legacy state") {
+    if iptables_legacy::has_our_chains(&iptables_legacy::Tools::default()).expect("legacy state") {
         k.push(Backend::IptablesLegacy);
     }
     if nft_backend::has_our_tables().expect("nft state") {
@@ -253,8 +254,7 @@ fn failed_nft_program_leaves_the_legacy_rules() {
     )
     .expect("legacy rules");
     let poisoned = MigrateOptions {
-        poison_nft: true,
-        ..MigrateOptions::default()
+        replace: vec![Box::new(NftRules::poisoned())],
     };
     let err = redirect::migrate_with(
         &p,
@@ -292,8 +292,9 @@ fn missing_legacy_binaries_leave_the_nft_rules() {
     redirect::apply(&p, Some(w.pod.path()), BackendChoice::Fixed(Backend::Nft)).expect("nft");
     let empty = tempfile::tempdir().expect("empty dir");
     let no_binaries = MigrateOptions {
-        legacy_tools: iptables_legacy::Tools::in_dirs([empty.path()]),
-        ..MigrateOptions::default()
+        replace: vec![Box::new(LegacyRules::with_tools(
+            iptables_legacy::Tools::in_dirs([empty.path()]),
+        ))],
     };
     let err = redirect::migrate_with(
         &p,
@@ -411,9 +412,11 @@ fn moving_to_nft_leaves_no_legacy_rule_behind() {
         redirect::migrate(&p, Some(w.pod.path()), Backend::Nft, deadline)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_only(&w, &p, Backend::Nft);
-        let any_legacy = netns::run_in(Some(w.pod.path()), iptables_legacy::has_legacy_rules)
-            .expect("enter")
-            .expect("legacy rules");
+        let any_legacy = netns::run_in(Some(w.pod.path()), || {
+            iptables_legacy::has_legacy_rules(&iptables_legacy::Tools::default())
+        })
+        .expect("enter")
+        .expect("legacy rules");
         assert!(!any_legacy, "{name}: legacy rules left behind");
         let auto = redirect::check(&p, Some(w.pod.path()), BackendChoice::Auto).expect("check");
         assert!(auto.is_empty(), "{name}: auto check: {auto:?}");

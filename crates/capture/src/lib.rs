@@ -5,6 +5,7 @@
 //! rules that every backend renders. Nothing here touches the kernel, files or the network.
 
 mod ambient;
+mod backend;
 mod build;
 mod config;
 mod ids;
@@ -13,6 +14,7 @@ mod parse;
 mod plan;
 
 pub use ambient::*;
+pub use backend::Backend;
 pub use config::*;
 pub use ids::{Id, IdDb, IdKind};
 pub use net::{DisplayIp, IpNet};

@@ -73,8 +73,8 @@ impl Node {
             assert_eq!(o.landed_port(), Some(8080), "{ip}: {o}");
         }
         in_ns(w.world.path(), || {
-            ambient_host::ensure(&host)?;
-            ambient_host::add_pod_ips(&host, &in_set, "uid-a")
+            ambient_host::ensure(&host, &iptables_legacy::Tools::default())?;
+            ambient_host::add_pod_ips(&host, &in_set, "uid-a", &iptables_legacy::Tools::default())
         })
         .unwrap();
         Node {

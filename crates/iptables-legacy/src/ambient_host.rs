@@ -49,13 +49,9 @@ const HOST: Owns = Owns {
 /// removed and the new one written in the same restore, one per family (atomic per table).
 /// Set elements already there stay. A set the plan no longer has (IPv6 turned off) is
 /// destroyed after the rule that used it.
-pub fn ensure(plan: &Plan) -> Result<(), LegacyError> {
-    ensure_with(plan, &Tools::default())
-}
-
-/// [`ensure`] with explicit binary lookup. Every binary is located first: a missing one
-/// (`ipset` included) changes nothing and creates no iptables table.
-pub fn ensure_with(plan: &Plan, tools: &Tools) -> Result<(), LegacyError> {
+/// Every binary is located first: a missing one (`ipset` included) changes nothing and
+/// creates no iptables table.
+pub fn ensure(plan: &Plan, tools: &Tools) -> Result<(), LegacyError> {
     tools.find(IPSET)?;
     let payloads: Vec<(Fam, String)> = [Fam::V4, Fam::V6]
         .into_iter()
@@ -88,27 +84,17 @@ pub fn ensure_with(plan: &Plan, tools: &Tools) -> Result<(), LegacyError> {
 /// Adds a pod's IPs to the plan's sets (IPv4, and IPv4-mapped IPv6, to the v4 set; IPv6 to
 /// the v6 set, skipped when the plan has none), each element commented with `pod_uid`. One
 /// `ipset restore`; an IP already there is not an error (its comment is updated).
-pub fn add_pod_ips(plan: &Plan, ips: &[IpAddr], pod_uid: &str) -> Result<(), LegacyError> {
-    add_pod_ips_with(plan, ips, pod_uid, &Tools::default())
-}
-
-/// [`add_pod_ips`] with explicit binary lookup.
-pub fn add_pod_ips_with(
+pub fn add_pod_ips(
     plan: &Plan,
     ips: &[IpAddr],
     pod_uid: &str,
     tools: &Tools,
 ) -> Result<(), LegacyError> {
-    add_pods_ips_with(plan, &[(pod_uid, ips)], tools)
+    add_pods_ips(plan, &[(pod_uid, ips)], tools)
 }
 
 /// [`add_pod_ips`] of many pods (`(pod UID, its IPs)`) in one `ipset restore`.
-pub fn add_pods_ips(plan: &Plan, pods: &[(&str, &[IpAddr])]) -> Result<(), LegacyError> {
-    add_pods_ips_with(plan, pods, &Tools::default())
-}
-
-/// [`add_pods_ips`] with explicit binary lookup.
-pub fn add_pods_ips_with(
+pub fn add_pods_ips(
     plan: &Plan,
     pods: &[(&str, &[IpAddr])],
     tools: &Tools,
@@ -129,12 +115,7 @@ pub fn add_pods_ips_with(
 }
 
 /// The addresses in the plan's sets (a set that is not there holds none).
-pub fn pod_ips(plan: &Plan) -> Result<Vec<IpAddr>, LegacyError> {
-    pod_ips_with(plan, &Tools::default())
-}
-
-/// [`pod_ips`] with explicit binary lookup.
-pub fn pod_ips_with(plan: &Plan, tools: &Tools) -> Result<Vec<IpAddr>, LegacyError> {
+pub fn pod_ips(plan: &Plan, tools: &Tools) -> Result<Vec<IpAddr>, LegacyError> {
     tools.find(IPSET)?;
     let _held = lock()?;
     Ok(live_members(plan, tools)?
@@ -146,12 +127,7 @@ pub fn pod_ips_with(plan: &Plan, tools: &Tools) -> Result<Vec<IpAddr>, LegacyErr
 /// Makes the plan's sets hold exactly the addresses of `pods` (`(pod UID, its IPs)`): each
 /// added (or its comment updated) with its pod's UID, every other one removed, in one `ipset
 /// restore` (after one `ipset save` per set to read them). Returns the addresses removed.
-pub fn sync_pods_ips(plan: &Plan, pods: &[(&str, &[IpAddr])]) -> Result<Vec<IpAddr>, LegacyError> {
-    sync_pods_ips_with(plan, pods, &Tools::default())
-}
-
-/// [`sync_pods_ips`] with explicit binary lookup.
-pub fn sync_pods_ips_with(
+pub fn sync_pods_ips(
     plan: &Plan,
     pods: &[(&str, &[IpAddr])],
     tools: &Tools,
@@ -193,12 +169,7 @@ fn live_members(plan: &Plan, tools: &Tools) -> Result<Vec<(String, IpAddr)>, Leg
 
 /// Removes IPs from the plan's sets. IPs (or sets) that are not there are ignored (a DEL may
 /// repeat).
-pub fn remove_pod_ips(plan: &Plan, ips: &[IpAddr]) -> Result<(), LegacyError> {
-    remove_pod_ips_with(plan, ips, &Tools::default())
-}
-
-/// [`remove_pod_ips`] with explicit binary lookup.
-pub fn remove_pod_ips_with(plan: &Plan, ips: &[IpAddr], tools: &Tools) -> Result<(), LegacyError> {
+pub fn remove_pod_ips(plan: &Plan, ips: &[IpAddr], tools: &Tools) -> Result<(), LegacyError> {
     let elements = elements(plan, ips);
     if elements.is_empty() {
         return Ok(());
@@ -220,12 +191,7 @@ pub fn remove_pod_ips_with(plan: &Plan, ips: &[IpAddr], tools: &Tools) -> Result
 /// Differences between the node's host rule and `plan` (empty: in sync), as readable lines:
 /// `ISTIO_POSTRT`, the jump to it and the plan's sets (their elements are the agent's to
 /// keep, not compared). Other chains, `ISTIO_*` or not, are not looked at.
-pub fn check(plan: &Plan) -> Result<Vec<String>, LegacyError> {
-    check_with(plan, &Tools::default())
-}
-
-/// [`check`] with explicit binary lookup.
-pub fn check_with(plan: &Plan, tools: &Tools) -> Result<Vec<String>, LegacyError> {
+pub fn check(plan: &Plan, tools: &Tools) -> Result<Vec<String>, LegacyError> {
     tools.find(IPSET)?;
     let _held = lock()?;
     let existing = existing_sets(tools)?;
@@ -245,12 +211,7 @@ pub fn check_with(plan: &Plan, tools: &Tools) -> Result<Vec<String>, LegacyError
 /// Removes the rule and the jump to it (both families), then destroys both sets. Returns
 /// whether any of them existed. Without an `ipset` binary, only a node where a rule of ours
 /// was found is an error (its sets must go too); elsewhere there is nothing to remove.
-pub fn remove_all() -> Result<bool, LegacyError> {
-    remove_all_with(&Tools::default())
-}
-
-/// [`remove_all`] with explicit binary lookup.
-pub fn remove_all_with(tools: &Tools) -> Result<bool, LegacyError> {
+pub fn remove_all(tools: &Tools) -> Result<bool, LegacyError> {
     let held = lock()?;
     let mut any = false;
     for fam in [Fam::V4, Fam::V6] {

@@ -4,8 +4,9 @@
 //! family, atomic per table.
 //!
 //! Every function works on the *calling thread's* network namespace (enter it first, e.g.
-//! with `netns::run_in`). The `*_with` variants take a [`Tools`] to choose where binaries
-//! are looked up; the plain ones use `$PATH`, then /usr/sbin and /sbin.
+//! with `netns::run_in`). Every call that runs a binary takes the [`Tools`] that say where
+//! binaries are looked up (`Tools::default()`: `$PATH`, then /usr/sbin and /sbin); `redirect`'s
+//! legacy backend carries them.
 //!
 //! Re-applying is idempotent: when our `ISTIO_*` chains already exist, the same restore
 //! first deletes the jumps to them and the plan's own rules in built-in chains, flushes and
@@ -99,11 +100,6 @@ pub enum LegacyError {
 
 /// Programs `plan` into the current network namespace with iptables-legacy-restore.
 /// `held` is the caller's hold on this namespace's lock (see the crate docs).
-pub fn apply(plan: &Plan, held: &NsLock) -> Result<(), LegacyError> {
-    apply_with(plan, held, &Tools::default())
-}
-
-/// [`apply`] with explicit binary lookup.
 ///
 /// Order of work, so that failures leave the namespace as it was: every binary is located
 /// first; then each family's complete input (removal of our old rules + the new payload) is
@@ -111,7 +107,7 @@ pub fn apply(plan: &Plan, held: &NsLock) -> Result<(), LegacyError> {
 /// committing (e.g. a missing module) cannot be caught by `--test`: if IPv6 fails after IPv4
 /// was committed, our IPv4 rules are removed again so the pod is never half-programmed.
 /// Finally the plan's routes/addresses are installed (`pod_routes::apply`).
-pub fn apply_with(plan: &Plan, held: &NsLock, tools: &Tools) -> Result<(), LegacyError> {
+pub fn apply(plan: &Plan, held: &NsLock, tools: &Tools) -> Result<(), LegacyError> {
     let mut inputs: Vec<(Fam, String)> = Vec::new();
     for fam in [Fam::V4, Fam::V6] {
         let payload = render_payload(plan, fam == Fam::V6);
@@ -158,7 +154,7 @@ pub fn apply_with(plan: &Plan, held: &NsLock, tools: &Tools) -> Result<(), Legac
     // lo), the same code the nft backend uses. On failure our rules go again, as in nft:
     // TPROXY rules without their routes would black-hole inbound traffic.
     if let Err(e) = pod_routes::apply(plan) {
-        let _ = cleanup_with(held, tools);
+        let _ = cleanup(held, tools);
         return Err(e.into());
     }
     Ok(())
@@ -168,16 +164,11 @@ pub fn apply_with(plan: &Plan, held: &NsLock, tools: &Tools) -> Result<(), Legac
 /// naming the family, table and chain. Our chains must match exactly, in order; in the
 /// built-in chains only the plan's rules and jumps to our chains are compared (foreign rules
 /// are ignored), again in order.
-pub fn check(plan: &Plan) -> Result<Vec<String>, LegacyError> {
-    check_with(plan, &Tools::default())
-}
-
-/// [`check`] with explicit binary lookup.
-pub fn check_with(plan: &Plan, tools: &Tools) -> Result<Vec<String>, LegacyError> {
+pub fn check(plan: &Plan, tools: &Tools) -> Result<Vec<String>, LegacyError> {
     check_owned(plan, tools, Owns::POD, &|| Ok(()))
 }
 
-/// [`check_with`] of what `owns` accepts only; `prepare` runs in the scratch namespace before
+/// [`check`] of what `owns` accepts only; `prepare` runs in the scratch namespace before
 /// the plan is restored there (e.g. creating the ipsets its rules name: iptables refuses a
 /// rule naming a missing set).
 fn check_owned(
@@ -202,12 +193,7 @@ fn check_owned(
 /// Removes our chains, the jumps to them and the rules of the shapes Istio writes straight
 /// into built-in chains (`-c`/`-k` interface RETURNs, TPROXY's mark rules:
 /// see `save::is_builtin_shape`), both families. Returns whether any existed.
-pub fn cleanup(held: &NsLock) -> Result<bool, LegacyError> {
-    cleanup_with(held, &Tools::default())
-}
-
-/// [`cleanup`] with explicit binary lookup.
-pub fn cleanup_with(held: &NsLock, tools: &Tools) -> Result<bool, LegacyError> {
+pub fn cleanup(held: &NsLock, tools: &Tools) -> Result<bool, LegacyError> {
     let mut any = false;
     for fam in [Fam::V4, Fam::V6] {
         any |= cleanup_family(tools, fam, held)?;
@@ -215,13 +201,13 @@ pub fn cleanup_with(held: &NsLock, tools: &Tools) -> Result<bool, LegacyError> {
     Ok(any)
 }
 
-/// [`cleanup_with`] knowing the plan the rules were programmed from: also removes the rules
+/// [`cleanup`] knowing the plan the rules were programmed from: also removes the rules
 /// the plan put directly into built-in chains (interface RETURNs, TPROXY marks), which a
 /// plan-less cleanup cannot recognise. For a backend migration (`redirect::migrate`), where
 /// nothing of ours may stay behind: a leftover would also make `--backend auto` keep choosing
 /// iptables-legacy for the namespace. Verifies by reading the rules back. Returns whether
 /// anything of ours existed.
-pub fn cleanup_plan_with(plan: &Plan, held: &NsLock, tools: &Tools) -> Result<bool, LegacyError> {
+pub fn cleanup_plan(plan: &Plan, held: &NsLock, tools: &Tools) -> Result<bool, LegacyError> {
     let mut any = false;
     for fam in [Fam::V4, Fam::V6] {
         if !tables_instantiated(fam)? {
@@ -272,13 +258,10 @@ fn ours_left(live: &[SavedTable], expected: &[SavedTable]) -> Vec<String> {
 }
 
 /// Whether the current namespace holds any iptables-legacy tables with rules.
-pub fn has_legacy_rules() -> Result<bool, LegacyError> {
-    has_legacy_rules_with(&Tools::default())
-}
-
-/// [`has_legacy_rules`] with explicit binary lookup. Reads the kernel's table list first, so
+///
+/// Reads the kernel's table list first, so
 /// a namespace that never used legacy iptables costs no process.
-pub fn has_legacy_rules_with(tools: &Tools) -> Result<bool, LegacyError> {
+pub fn has_legacy_rules(tools: &Tools) -> Result<bool, LegacyError> {
     for fam in [Fam::V4, Fam::V6] {
         if tables_instantiated(fam)? && live_tables(tools, fam)?.iter().any(|t| !t.rules.is_empty())
         {
@@ -395,12 +378,7 @@ pub mod live {
 }
 
 /// Whether our ISTIO_* chains exist in iptables-legacy in the current namespace.
-pub fn has_our_chains() -> Result<bool, LegacyError> {
-    has_our_chains_with(&Tools::default())
-}
-
-/// [`has_our_chains`] with explicit binary lookup.
-pub fn has_our_chains_with(tools: &Tools) -> Result<bool, LegacyError> {
+pub fn has_our_chains(tools: &Tools) -> Result<bool, LegacyError> {
     for fam in [Fam::V4, Fam::V6] {
         if tables_instantiated(fam)? && live_tables(tools, fam)?.iter().any(SavedTable::has_ours) {
             return Ok(true);

@@ -90,10 +90,13 @@ fn kubelet_probes_are_snatted_in_both_families_and_reach_the_app() {
         ..AmbientConfig::default()
     })
     .unwrap();
-    in_ns(w.pod.path(), || iptables_legacy::apply(&inpod, &held())).unwrap();
+    in_ns(w.pod.path(), || {
+        iptables_legacy::apply(&inpod, &held(), &Tools::default())
+    })
+    .unwrap();
     let ztunnel = Probe::start(w.pod.path(), "pod", &ZTUNNEL).unwrap();
     let host = kubelet_plan(true);
-    in_ns(node, || ambient_host::ensure(&host)).unwrap();
+    in_ns(node, || ambient_host::ensure(&host, &Tools::default())).unwrap();
     no_nft(&w.world);
 
     let node4 = IpAddr::V4(w.world_v4);
@@ -111,7 +114,7 @@ fn kubelet_probes_are_snatted_in_both_families_and_reach_the_app() {
     for _ in 0..2 {
         // Adding twice is harmless.
         in_ns(node, || {
-            ambient_host::add_pod_ips(&host, &[pod4, pod6], "uid-a")
+            ambient_host::add_pod_ips(&host, &[pod4, pod6], "uid-a", &Tools::default())
         })
         .unwrap();
     }
@@ -126,21 +129,24 @@ fn kubelet_probes_are_snatted_in_both_families_and_reach_the_app() {
 
     // Re-ensuring (an agent restart) keeps the members and writes the same rules.
     let before = (nat(&w.world, false), nat(&w.world, true), ipsets(&w.world));
-    in_ns(node, || ambient_host::ensure(&host)).unwrap();
+    in_ns(node, || ambient_host::ensure(&host, &Tools::default())).unwrap();
     let after = (nat(&w.world, false), nat(&w.world, true), ipsets(&w.world));
     assert_eq!(before, after);
     assert_eq!(seen_from(&ztunnel, node, &kubelet(pod6)), (8080, snat6));
 
     for _ in 0..2 {
         // Removing twice (a repeated DEL) is harmless.
-        in_ns(node, || ambient_host::remove_pod_ips(&host, &[pod4, pod6])).unwrap();
+        in_ns(node, || {
+            ambient_host::remove_pod_ips(&host, &[pod4, pod6], &Tools::default())
+        })
+        .unwrap();
     }
     assert_eq!(seen_from(&ztunnel, node, &kubelet(pod4)), (15006, node4));
     assert_eq!(seen_from(&ztunnel, node, &kubelet(pod6)), (15006, node6));
     no_nft(&w.world);
 
-    assert!(in_ns(node, ambient_host::remove_all).unwrap());
-    assert!(!in_ns(node, ambient_host::remove_all).unwrap());
+    assert!(in_ns(node, || ambient_host::remove_all(&Tools::default())).unwrap());
+    assert!(!in_ns(node, || ambient_host::remove_all(&Tools::default())).unwrap());
     for v6 in [false, true] {
         let t = nat(&w.world, v6);
         assert!(!t.contains("ISTIO_POSTRT"), "{t}");
@@ -162,8 +168,8 @@ fn istios_rule_is_fed_byte_for_byte_and_snats_every_local_socket() {
     let tools = recording_tools(&dir);
     let host = istio_plan(true);
     in_ns(node, || {
-        ambient_host::ensure_with(&host, &tools)?;
-        ambient_host::add_pod_ips_with(&host, &[pod], "pod-uid", &tools)
+        ambient_host::ensure(&host, &tools)?;
+        ambient_host::add_pod_ips(&host, &[pod], "pod-uid", &tools)
     })
     .unwrap();
     let fed = |bin: &str| std::fs::read_to_string(dir.join(format!("{bin}.in"))).unwrap();
@@ -214,11 +220,21 @@ fn set_members_follow_pods_in_both_families_with_their_uids() {
     let host = istio_plan(true);
     let ips = |s: &[&str]| -> Vec<IpAddr> { s.iter().map(|i| i.parse().unwrap()).collect() };
     in_ns(node.path(), || {
-        ambient_host::ensure(&host)?;
-        ambient_host::add_pod_ips(&host, &ips(&["10.1.0.5", "fd00::5"]), "uid-a")?;
-        ambient_host::add_pod_ips(&host, &ips(&["10.1.0.6"]), "uid-b")?;
+        ambient_host::ensure(&host, &Tools::default())?;
+        ambient_host::add_pod_ips(
+            &host,
+            &ips(&["10.1.0.5", "fd00::5"]),
+            "uid-a",
+            &Tools::default(),
+        )?;
+        ambient_host::add_pod_ips(&host, &ips(&["10.1.0.6"]), "uid-b", &Tools::default())?;
         // An IPv4-mapped IPv6 address is the IPv4 address (Istio's `Unmap`).
-        ambient_host::add_pod_ips(&host, &ips(&["::ffff:10.1.0.7"]), "uid-c")
+        ambient_host::add_pod_ips(
+            &host,
+            &ips(&["::ffff:10.1.0.7"]),
+            "uid-c",
+            &Tools::default(),
+        )
     })
     .unwrap();
     assert_eq!(
@@ -238,7 +254,10 @@ fn set_members_follow_pods_in_both_families_with_their_uids() {
     );
     // Pod a goes (a mix of present and absent IPs): b and c stay.
     let gone = ips(&["10.1.0.5", "fd00::5", "10.9.9.9"]);
-    in_ns(node.path(), || ambient_host::remove_pod_ips(&host, &gone)).unwrap();
+    in_ns(node.path(), || {
+        ambient_host::remove_pod_ips(&host, &gone, &Tools::default())
+    })
+    .unwrap();
     assert_eq!(
         members(&node, V4),
         ["10.1.0.6 comment \"uid-b\"", "10.1.0.7 comment \"uid-c\""]
@@ -248,7 +267,7 @@ fn set_members_follow_pods_in_both_families_with_their_uids() {
     // A UID that would break out of the comment is refused, nothing added.
     for bad in ["x\" -exist\nflush istio-inpod-probes-v4 \"", "a\u{1}b"] {
         let err = in_ns(node.path(), || {
-            ambient_host::add_pod_ips(&host, &ips(&["10.1.0.8"]), bad)
+            ambient_host::add_pod_ips(&host, &ips(&["10.1.0.8"]), bad, &Tools::default())
         })
         .unwrap_err();
         assert!(err.to_string().contains("ipset comment"), "{err}");
@@ -258,8 +277,13 @@ fn set_members_follow_pods_in_both_families_with_their_uids() {
     // IPv6 off: no v6 set (the one of before is destroyed with its rule), v6 IPs skipped.
     let v4_only = istio_plan(false);
     in_ns(node.path(), || {
-        ambient_host::ensure(&v4_only)?;
-        ambient_host::add_pod_ips(&v4_only, &ips(&["10.1.0.9", "fd00::9"]), "uid-d")
+        ambient_host::ensure(&v4_only, &Tools::default())?;
+        ambient_host::add_pod_ips(
+            &v4_only,
+            &ips(&["10.1.0.9", "fd00::9"]),
+            "uid-d",
+            &Tools::default(),
+        )
     })
     .unwrap();
     let sets = ipsets(&node);
@@ -287,9 +311,14 @@ fn foreign_chains_on_the_node_are_never_touched() {
     let before = (theirs(false), theirs(true));
     let host = istio_plan(true);
     in_ns(node.path(), || {
-        ambient_host::ensure(&host)?;
-        ambient_host::ensure(&host)?;
-        ambient_host::add_pod_ips(&host, &["10.1.0.5".parse().unwrap()], "uid-a")
+        ambient_host::ensure(&host, &Tools::default())?;
+        ambient_host::ensure(&host, &Tools::default())?;
+        ambient_host::add_pod_ips(
+            &host,
+            &["10.1.0.5".parse().unwrap()],
+            "uid-a",
+            &Tools::default(),
+        )
     })
     .unwrap();
     let with_ours = nat(&node, false);
@@ -297,7 +326,7 @@ fn foreign_chains_on_the_node_are_never_touched() {
     let first = with_ours.lines().find(|l| l.starts_with("-A POSTROUTING"));
     assert_eq!(first, Some("-A POSTROUTING -j ISTIO_POSTRT"), "{with_ours}");
     assert_eq!((theirs(false), theirs(true)), before);
-    assert!(in_ns(node.path(), ambient_host::remove_all).unwrap());
+    assert!(in_ns(node.path(), || ambient_host::remove_all(&Tools::default())).unwrap());
     assert_eq!((theirs(false), theirs(true)), before);
     assert!(!nat(&node, false).contains("ISTIO_POSTRT"));
     no_nft(&node);
@@ -325,7 +354,10 @@ fn concurrent_pods_end_with_exactly_the_expected_members() {
     require_root();
     let node = TestNetns::with_prefix("lhost-conc").unwrap();
     let host = istio_plan(true);
-    in_ns(node.path(), || ambient_host::ensure(&host)).unwrap();
+    in_ns(node.path(), || {
+        ambient_host::ensure(&host, &Tools::default())
+    })
+    .unwrap();
     const THREADS: u8 = 4;
     const ROUNDS: u8 = 6;
     std::thread::scope(|s| {
@@ -338,10 +370,16 @@ fn concurrent_pods_end_with_exactly_the_expected_members() {
                         format!("fd00::{t}:{r}").parse().unwrap(),
                     ];
                     let uid = format!("uid-{t}-{r}");
-                    in_ns(path, || ambient_host::add_pod_ips(host, &ips, &uid)).unwrap();
+                    in_ns(path, || {
+                        ambient_host::add_pod_ips(host, &ips, &uid, &Tools::default())
+                    })
+                    .unwrap();
                     // Every other pod leaves again.
                     if r % 2 == 1 {
-                        in_ns(path, || ambient_host::remove_pod_ips(host, &ips)).unwrap();
+                        in_ns(path, || {
+                            ambient_host::remove_pod_ips(host, &ips, &Tools::default())
+                        })
+                        .unwrap();
                     }
                 }
             });
@@ -389,7 +427,10 @@ fn the_host_rule_waits_for_the_nodes_xtables_lock() {
         drop(file);
         releasing
     });
-    in_ns(node.path(), || ambient_host::ensure(&istio_plan(false))).unwrap();
+    in_ns(node.path(), || {
+        ambient_host::ensure(&istio_plan(false), &Tools::default())
+    })
+    .unwrap();
     let done = Instant::now();
     let releasing = held.join().unwrap();
     assert!(
@@ -398,7 +439,7 @@ fn the_host_rule_waits_for_the_nodes_xtables_lock() {
         releasing - done
     );
     assert!(nat(&node, false).contains("-A POSTROUTING -j ISTIO_POSTRT"));
-    in_ns(node.path(), ambient_host::remove_all).unwrap();
+    in_ns(node.path(), || ambient_host::remove_all(&Tools::default())).unwrap();
     no_nft(&node);
 }
 
@@ -421,7 +462,7 @@ fn a_missing_ipset_is_named_and_creates_nothing() {
     }
     let tools = Tools::in_dirs([&dir]);
     let err = in_ns(node.path(), || {
-        ambient_host::ensure_with(&istio_plan(true), &tools)
+        ambient_host::ensure(&istio_plan(true), &tools)
     })
     .unwrap_err()
     .to_string();
@@ -432,7 +473,7 @@ fn a_missing_ipset_is_named_and_creates_nothing() {
     let tables = node.run(iptables_legacy::instantiated_ipv4_tables).unwrap();
     assert!(tables.is_empty(), "{tables:?}");
     // Nothing of ours there: removing without ipset is not an error.
-    assert!(!in_ns(node.path(), || ambient_host::remove_all_with(&tools)).unwrap());
+    assert!(!in_ns(node.path(), || ambient_host::remove_all(&tools)).unwrap());
     no_nft(&node);
     let _ = std::fs::remove_dir_all(dir);
 }

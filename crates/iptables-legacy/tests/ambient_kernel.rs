@@ -15,7 +15,7 @@ fn held() -> NsLock {
 }
 
 fn apply(ns: &TestNetns, plan: &Plan) {
-    ns.run(|| iptables_legacy::apply(plan, &held()))
+    ns.run(|| iptables_legacy::apply(plan, &held(), &iptables_legacy::Tools::default()))
         .expect("enter namespace")
         .expect("apply");
 }
@@ -43,7 +43,7 @@ fn ambient_rules_through_iptables_legacy() {
     assert_eq!(saved(&w.pod), first, "re-apply changed the rules");
     let drift = w
         .pod
-        .run(|| iptables_legacy::check(&plan))
+        .run(|| iptables_legacy::check(&plan, &iptables_legacy::Tools::default()))
         .unwrap()
         .unwrap();
     assert!(drift.is_empty(), "{drift:?}");
@@ -76,7 +76,7 @@ fn ambient_rules_through_iptables_legacy() {
 
     assert!(
         w.pod
-            .run(|| iptables_legacy::cleanup(&held()))
+            .run(|| iptables_legacy::cleanup(&held(), &iptables_legacy::Tools::default()))
             .unwrap()
             .unwrap()
     );

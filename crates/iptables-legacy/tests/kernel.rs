@@ -25,7 +25,7 @@ fn held() -> NsLock {
 }
 
 fn apply(ns: &TestNetns, plan: &Plan) -> Result<(), LegacyError> {
-    ns.run(|| iptables_legacy::apply(plan, &held()))
+    ns.run(|| iptables_legacy::apply(plan, &held(), &Tools::default()))
         .expect("enter namespace")
 }
 
@@ -205,7 +205,9 @@ fn reapplying_gives_identical_rules_and_check_is_clean() {
     let first = saved(&ns);
     assert!(first.contains("-A ISTIO_OUTPUT"), "{first}");
     assert_eq!(
-        ns.run(|| iptables_legacy::check(&p)).unwrap().unwrap(),
+        ns.run(|| iptables_legacy::check(&p, &Tools::default()))
+            .unwrap()
+            .unwrap(),
         Vec::<String>::new()
     );
     apply(&ns, &p).unwrap();
@@ -213,7 +215,9 @@ fn reapplying_gives_identical_rules_and_check_is_clean() {
     apply(&ns, &p).unwrap();
     assert_eq!(saved(&ns), first);
     assert_eq!(
-        ns.run(|| iptables_legacy::check(&p)).unwrap().unwrap(),
+        ns.run(|| iptables_legacy::check(&p, &Tools::default()))
+            .unwrap()
+            .unwrap(),
         Vec::<String>::new()
     );
 }
@@ -237,7 +241,9 @@ fn reapplying_with_built_in_chain_rules_does_not_duplicate_them() {
     apply(&ns, &p).unwrap();
     assert_eq!(saved(&ns), first);
     assert_eq!(
-        ns.run(|| iptables_legacy::check(&p)).unwrap().unwrap(),
+        ns.run(|| iptables_legacy::check(&p, &Tools::default()))
+            .unwrap()
+            .unwrap(),
         Vec::<String>::new()
     );
 }
@@ -250,7 +256,7 @@ fn reapplying_a_different_plan_replaces_ours() {
     let v4_only = cni_default(Ipv6Mode::Off);
     apply(&ns, &v4_only).unwrap();
     assert_eq!(
-        ns.run(|| iptables_legacy::check(&v4_only))
+        ns.run(|| iptables_legacy::check(&v4_only, &Tools::default()))
             .unwrap()
             .unwrap(),
         Vec::<String>::new()
@@ -264,7 +270,10 @@ fn check_reports_drift_readably() {
     require_root();
     let ns = TestNetns::new().unwrap();
     let p = cni_default(Ipv6Mode::Off);
-    let before = ns.run(|| iptables_legacy::check(&p)).unwrap().unwrap();
+    let before = ns
+        .run(|| iptables_legacy::check(&p, &Tools::default()))
+        .unwrap()
+        .unwrap();
     assert!(
         before
             .iter()
@@ -303,7 +312,10 @@ fn check_reports_drift_readably() {
         ],
     )
     .unwrap();
-    let drift = ns.run(|| iptables_legacy::check(&p)).unwrap().unwrap();
+    let drift = ns
+        .run(|| iptables_legacy::check(&p, &Tools::default()))
+        .unwrap()
+        .unwrap();
     assert_eq!(
         drift,
         [
@@ -324,11 +336,19 @@ fn cleanup_removes_only_ours() {
     )
     .unwrap();
     let foreign = rule_lines(&ns);
-    assert!(!ns.run(iptables_legacy::has_our_chains).unwrap().unwrap());
-    apply(&ns, &cni_default(Ipv6Mode::On)).unwrap();
-    assert!(ns.run(iptables_legacy::has_our_chains).unwrap().unwrap());
     assert!(
-        ns.run(|| iptables_legacy::cleanup(&held()))
+        !ns.run(|| iptables_legacy::has_our_chains(&Tools::default()))
+            .unwrap()
+            .unwrap()
+    );
+    apply(&ns, &cni_default(Ipv6Mode::On)).unwrap();
+    assert!(
+        ns.run(|| iptables_legacy::has_our_chains(&Tools::default()))
+            .unwrap()
+            .unwrap()
+    );
+    assert!(
+        ns.run(|| iptables_legacy::cleanup(&held(), &Tools::default()))
             .unwrap()
             .unwrap()
     );
@@ -339,10 +359,14 @@ fn cleanup_removes_only_ours() {
         after.contains(":FOREIGN -") && after.contains(":FOREIGN6 -"),
         "{after}"
     );
-    assert!(!ns.run(iptables_legacy::has_our_chains).unwrap().unwrap());
+    assert!(
+        !ns.run(|| iptables_legacy::has_our_chains(&Tools::default()))
+            .unwrap()
+            .unwrap()
+    );
     // Nothing left: a second cleanup is a no-op.
     assert!(
-        !ns.run(|| iptables_legacy::cleanup(&held()))
+        !ns.run(|| iptables_legacy::cleanup(&held(), &Tools::default()))
             .unwrap()
             .unwrap()
     );
@@ -352,15 +376,31 @@ fn cleanup_removes_only_ours() {
 fn detects_legacy_rules() {
     require_root();
     let ns = TestNetns::new().unwrap();
-    assert!(!ns.run(iptables_legacy::has_legacy_rules).unwrap().unwrap());
+    assert!(
+        !ns.run(|| iptables_legacy::has_legacy_rules(&Tools::default()))
+            .unwrap()
+            .unwrap()
+    );
     // A table without rules (e.g. after `iptables-legacy -w -t nat -L`) is not "rules".
     ns.exec_ok("iptables-legacy", &["-w", "-t", "nat", "-L", "-n"])
         .unwrap();
-    assert!(!ns.run(iptables_legacy::has_legacy_rules).unwrap().unwrap());
+    assert!(
+        !ns.run(|| iptables_legacy::has_legacy_rules(&Tools::default()))
+            .unwrap()
+            .unwrap()
+    );
     ns.exec_ok("ip6tables-legacy", &["-w", "-A", "INPUT", "-j", "ACCEPT"])
         .unwrap();
-    assert!(ns.run(iptables_legacy::has_legacy_rules).unwrap().unwrap());
-    assert!(!ns.run(iptables_legacy::has_our_chains).unwrap().unwrap());
+    assert!(
+        ns.run(|| iptables_legacy::has_legacy_rules(&Tools::default()))
+            .unwrap()
+            .unwrap()
+    );
+    assert!(
+        !ns.run(|| iptables_legacy::has_our_chains(&Tools::default()))
+            .unwrap()
+            .unwrap()
+    );
 }
 
 #[test]
@@ -371,7 +411,7 @@ fn missing_binary_is_a_clear_error_and_touches_nothing() {
     std::fs::create_dir_all(&empty).unwrap();
     let tools = Tools::in_dirs([&empty]);
     let err = ns
-        .run(|| iptables_legacy::apply_with(&cni_default(Ipv6Mode::On), &held(), &tools))
+        .run(|| iptables_legacy::apply(&cni_default(Ipv6Mode::On), &held(), &tools))
         .unwrap()
         .unwrap_err();
     let msg = err.to_string();
@@ -397,7 +437,7 @@ fn missing_binary_is_a_clear_error_and_touches_nothing() {
     }
     let tools = Tools::in_dirs([&only_v4]);
     let err = ns
-        .run(|| iptables_legacy::apply_with(&cni_default(Ipv6Mode::On), &held(), &tools))
+        .run(|| iptables_legacy::apply(&cni_default(Ipv6Mode::On), &held(), &tools))
         .unwrap()
         .unwrap_err();
     assert!(
@@ -406,7 +446,7 @@ fn missing_binary_is_a_clear_error_and_touches_nothing() {
     );
     assert!(rule_lines(&ns).is_empty(), "{:?}", rule_lines(&ns));
     // With IPv6 off the v4-only toolset is enough.
-    ns.run(|| iptables_legacy::apply_with(&cni_default(Ipv6Mode::Off), &held(), &tools))
+    ns.run(|| iptables_legacy::apply(&cni_default(Ipv6Mode::Off), &held(), &tools))
         .unwrap()
         .unwrap();
     let _ = std::fs::remove_dir_all(&empty);
@@ -501,7 +541,11 @@ fn no_built_in_chain_rule_outlives_the_plan_that_wrote_it() {
     w.pod
         .sh("iptables-legacy -w -t nat -I PREROUTING 1 -i eth0 -j RETURN")
         .unwrap();
-    let drift = w.pod.run(|| iptables_legacy::check(&now)).unwrap().unwrap();
+    let drift = w
+        .pod
+        .run(|| iptables_legacy::check(&now, &Tools::default()))
+        .unwrap()
+        .unwrap();
     assert!(
         drift
             .iter()
@@ -513,10 +557,15 @@ fn no_built_in_chain_rule_outlives_the_plan_that_wrote_it() {
     apply(&w.pod, &earlier).unwrap();
     assert!(
         w.pod
-            .run(|| iptables_legacy::cleanup(&held()))
+            .run(|| iptables_legacy::cleanup(&held(), &Tools::default()))
             .unwrap()
             .unwrap()
     );
     assert_eq!(rule_lines(&w.pod), [foreign]);
-    assert!(!w.pod.run(iptables_legacy::has_our_chains).unwrap().unwrap());
+    assert!(
+        !w.pod
+            .run(|| iptables_legacy::has_our_chains(&Tools::default()))
+            .unwrap()
+            .unwrap()
+    );
 }

@@ -47,7 +47,7 @@ fn plain(ns: &TestNetns, backend: &str, extra: &[&str]) -> Output {
 fn kinds(ns: &Path) -> Vec<Backend> {
     netns::run_in(Some(ns), || {
         let mut k = Vec::new();
-        if iptables_legacy::has_our_chains().unwrap() {
+        if iptables_legacy::has_our_chains(&iptables_legacy::Tools::default()).unwrap() {
             k.push(Backend::IptablesLegacy);
         }
         if nft_backend::has_our_tables().unwrap() {

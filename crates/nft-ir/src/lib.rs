@@ -211,22 +211,8 @@ impl std::fmt::Display for Verdict {
     }
 }
 
-/// Which rules a ruleset came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Backend {
-    Nft,
-    IptablesLegacy,
-}
-
-impl Backend {
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Nft => "nft",
-            Backend::IptablesLegacy => "iptables-legacy",
-        }
-    }
-}
+/// Which rules a ruleset came from: the backend kind, defined once in `capture`.
+pub use capture::Backend;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ruleset {

@@ -7,6 +7,7 @@
 //! Every call works in the node's network namespace: the calling thread's own, or the one
 //! [`crate::host_netns`] switches to (Istio's chart runs the daemon in a pod network).
 
+use crate::backend::{self, RuleBackend};
 use crate::{Backend, RedirectError};
 use capture::{Plan, ProbeSource};
 use std::net::IpAddr;
@@ -26,52 +27,27 @@ impl HostProbeRule {
         self.backend
     }
 
+    fn rules(&self) -> &'static dyn RuleBackend {
+        backend::of(self.backend)
+    }
+
     /// Which local traffic is a probe, as Istio has it per backend: with nft kubelet's sockets
     /// when its uid is known (else any local socket); with iptables-legacy any local socket
     /// (`-m owner --socket-exists`), so the payload is Istio's own, byte for byte.
     pub fn probe_source(&self, kubelet_uid: Option<u32>) -> ProbeSource {
-        match (self.backend, kubelet_uid) {
-            (Backend::Nft, Some(uid)) => ProbeSource::KubeletUid(uid),
-            _ => ProbeSource::AnyLocalSocket,
-        }
+        self.rules().probe_source(kubelet_uid)
     }
 
     /// Where the rule lives, for logs.
     pub fn describe(&self) -> &'static str {
-        match self.backend {
-            Backend::Nft => "nftables inet istio-ambient-nat",
-            Backend::IptablesLegacy => {
-                "iptables-legacy nat ISTIO_POSTRT, ipsets istio-inpod-probes-v4/v6"
-            }
-        }
+        self.rules().host_describe()
     }
 
-    /// Writes the rule and its sets (elements already there stay). A host rule of the other
+    /// Writes the rule and its sets (elements already there stay). A host rule of another
     /// backend (the node's backend changed since it was written) is removed first; failing to
     /// remove it is logged, not fatal: this backend's rule works either way.
     pub fn ensure(&self, plan: &Plan) -> Result<(), RedirectError> {
-        crate::host_netns::run(|| {
-            let other = match self.backend {
-                Backend::Nft => Backend::IptablesLegacy,
-                Backend::IptablesLegacy => Backend::Nft,
-            };
-            match HostProbeRule::new(other).remove_all() {
-                Ok(true) => tracing::info!(
-                    removed = HostProbeRule::new(other).describe(),
-                    "host probe rule of the other backend removed"
-                ),
-                Ok(false) => {}
-                Err(e) => tracing::warn!(
-                    error = %e,
-                    "removing the host probe rule of the other backend failed"
-                ),
-            }
-            match self.backend {
-                Backend::Nft => nft_backend::ambient_host::ensure(plan)?,
-                Backend::IptablesLegacy => iptables_legacy::ambient_host::ensure(plan)?,
-            }
-            Ok(())
-        })
+        crate::host_netns::run(|| ensure_among(&backend::all(), self.backend, plan))
     }
 
     /// Adds a pod's IPs to the sets, commented with its UID (IPv6 skipped without IPv6 sets).
@@ -81,15 +57,7 @@ impl HostProbeRule {
         ips: &[IpAddr],
         pod_uid: &str,
     ) -> Result<(), RedirectError> {
-        crate::host_netns::run(|| {
-            match self.backend {
-                Backend::Nft => nft_backend::ambient_host::add_pod_ips(plan, ips, pod_uid)?,
-                Backend::IptablesLegacy => {
-                    iptables_legacy::ambient_host::add_pod_ips(plan, ips, pod_uid)?
-                }
-            }
-            Ok(())
-        })
+        self.add_pods_ips(plan, &[(pod_uid, ips)])
     }
 
     /// [`HostProbeRule::add_pod_ips`] of many pods (`(pod UID, its IPs)`), e.g. to re-assert
@@ -99,27 +67,12 @@ impl HostProbeRule {
         plan: &Plan,
         pods: &[(&str, &[IpAddr])],
     ) -> Result<(), RedirectError> {
-        crate::host_netns::run(|| {
-            match self.backend {
-                Backend::Nft => {
-                    for (uid, ips) in pods {
-                        nft_backend::ambient_host::add_pod_ips(plan, ips, uid)?;
-                    }
-                }
-                Backend::IptablesLegacy => iptables_legacy::ambient_host::add_pods_ips(plan, pods)?,
-            }
-            Ok(())
-        })
+        crate::host_netns::run(|| self.rules().host_add_pods_ips(plan, pods))
     }
 
     /// The addresses in the sets now.
     pub fn pod_ips(&self, plan: &Plan) -> Result<Vec<IpAddr>, RedirectError> {
-        crate::host_netns::run(|| {
-            Ok(match self.backend {
-                Backend::Nft => nft_backend::ambient_host::pod_ips(plan)?,
-                Backend::IptablesLegacy => iptables_legacy::ambient_host::pod_ips(plan)?,
-            })
-        })
+        crate::host_netns::run(|| self.rules().host_pod_ips(plan))
     }
 
     /// Makes the sets hold exactly the addresses of `pods` (`(pod UID, its IPs)`): missing ones
@@ -131,63 +84,60 @@ impl HostProbeRule {
         plan: &Plan,
         pods: &[(&str, &[IpAddr])],
     ) -> Result<Vec<IpAddr>, RedirectError> {
-        crate::host_netns::run(|| {
-            Ok(match self.backend {
-                Backend::Nft => nft_backend::ambient_host::sync_pods_ips(plan, pods)?,
-                Backend::IptablesLegacy => {
-                    iptables_legacy::ambient_host::sync_pods_ips(plan, pods)?
-                }
-            })
-        })
+        crate::host_netns::run(|| self.rules().host_sync_pods_ips(plan, pods))
     }
 
     /// Removes IPs from the sets; IPs that are not there are ignored.
     pub fn remove_pod_ips(&self, plan: &Plan, ips: &[IpAddr]) -> Result<(), RedirectError> {
-        crate::host_netns::run(|| {
-            match self.backend {
-                Backend::Nft => nft_backend::ambient_host::remove_pod_ips(plan, ips)?,
-                Backend::IptablesLegacy => {
-                    iptables_legacy::ambient_host::remove_pod_ips(plan, ips)?
-                }
-            }
-            Ok(())
-        })
+        crate::host_netns::run(|| self.rules().host_remove_pod_ips(plan, ips))
     }
 
     /// Differences between the node's host rule and `plan` (empty: in sync): the rule, the
     /// jump to it and the sets; their elements are not compared (the agent re-adds its pods'
     /// addresses, which is idempotent).
     pub fn check(&self, plan: &Plan) -> Result<Vec<String>, RedirectError> {
-        crate::host_netns::run(|| {
-            Ok(match self.backend {
-                Backend::Nft => nft_backend::check(plan)?,
-                Backend::IptablesLegacy => iptables_legacy::ambient_host::check(plan)?,
-            })
-        })
+        crate::host_netns::run(|| self.rules().host_check(plan))
     }
 
     /// Removes the rule and its sets. Returns whether they existed.
     pub fn remove_all(&self) -> Result<bool, RedirectError> {
-        crate::host_netns::run(|| {
-            Ok(match self.backend {
-                Backend::Nft => nft_backend::ambient_host::remove_all()?,
-                Backend::IptablesLegacy => iptables_legacy::ambient_host::remove_all()?,
-            })
-        })
+        crate::host_netns::run(|| self.rules().host_remove_all())
     }
 }
 
-/// Removes the host rule of both backends (uninstall: the node's backend may have changed
-/// between runs). Both are tried; the first error is returned. Returns whether any existed.
-pub fn remove_all_backends() -> Result<bool, RedirectError> {
-    crate::host_netns::run(remove_all_backends_here)
+/// [`HostProbeRule::ensure`] in the node's namespace, over `backends`.
+pub(crate) fn ensure_among(
+    backends: &[&dyn RuleBackend],
+    chosen: Backend,
+    plan: &Plan,
+) -> Result<(), RedirectError> {
+    for other in backends.iter().filter(|b| b.kind() != chosen) {
+        match other.host_remove_all() {
+            Ok(true) => tracing::info!(
+                removed = other.host_describe(),
+                "host probe rule of the other backend removed"
+            ),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(
+                error = %e,
+                "removing the host probe rule of the other backend failed"
+            ),
+        }
+    }
+    backend::among(backends, chosen).host_ensure(plan)
 }
 
-fn remove_all_backends_here() -> Result<bool, RedirectError> {
+/// Removes the host rule of every backend (uninstall: the node's backend may have changed
+/// between runs). All are tried; the first error is returned. Returns whether any existed.
+pub fn remove_all_backends() -> Result<bool, RedirectError> {
+    crate::host_netns::run(|| remove_all_among(&backend::all()))
+}
+
+pub(crate) fn remove_all_among(backends: &[&dyn RuleBackend]) -> Result<bool, RedirectError> {
     let mut any = false;
     let mut first_err = None;
-    for backend in [Backend::Nft, Backend::IptablesLegacy] {
-        match HostProbeRule::new(backend).remove_all() {
+    for b in backends {
+        match b.host_remove_all() {
             Ok(existed) => any |= existed,
             Err(e) => {
                 first_err.get_or_insert(e);

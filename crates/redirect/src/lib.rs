@@ -4,17 +4,19 @@
 //! [`apply`], [`check`] and [`cleanup`] hold the namespace's lock ([`netns::NsLock`]) for
 //! their whole work, so calls on one namespace never interleave (see `locked`). [`migrate()`]
 //! moves a running pod's rules from one backend to the other without a capture gap.
-//! [`node`] decides, once per node, which backend its pods get.
+//! [`node`] decides, once per node, which backend its pods get. Each backend is a
+//! [`backend::RuleBackend`]; [`backend::all`] is the one list of them.
 
+use backend::RuleBackend;
 use capture::{Facts, Plan};
 use netns::NsLock;
-use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 pub use migrate::{MigrateOptions, Migration, migrate, migrate_with};
 
+pub mod backend;
 pub mod branch_eni;
 pub mod host_netns;
 pub mod host_probe;
@@ -22,21 +24,8 @@ mod migrate;
 pub mod node;
 pub mod present;
 
-/// The mechanism that programs the rules.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
-    Nft,
-    IptablesLegacy,
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Backend::Nft => "nft",
-            Backend::IptablesLegacy => "iptables-legacy",
-        })
-    }
-}
+/// The mechanism that programs the rules (defined in `capture`, which `explain` shares).
+pub use capture::Backend;
 
 /// `--backend` / `redirect_backend` / `REDIRECT_BACKEND`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -149,36 +138,37 @@ fn read_resolv_conf(path: &Path) -> Vec<std::net::IpAddr> {
 /// iptables-legacy rules (then mixing would make rule order depend on hook registration).
 /// A snapshot for logs and `--dry-run`: [`apply`] decides again under the namespace's lock.
 pub fn detect(netns: Option<&Path>) -> Result<Detection, RedirectError> {
-    netns::run_in(netns, detect_here)?
+    netns::run_in(netns, || Ok(detect_among(&backend::all())))?
 }
 
-/// [`detect`] for the calling thread's namespace.
-fn detect_here() -> Result<Detection, RedirectError> {
-    if !nft_backend::kernel_supports_nftables() {
-        return Ok(Detection {
-            backend: Backend::IptablesLegacy,
-            reason: "the kernel has no nf_tables support".into(),
-        });
+/// [`detect`] for the calling thread's namespace, over `backends` (preferred first): the
+/// preferred one, unless the kernel cannot run it (then the first it can) or another one
+/// claims the namespace (it already holds rules of that kind).
+fn detect_among(backends: &[&dyn RuleBackend]) -> Detection {
+    let found = |b: &dyn RuleBackend, reason: String| Detection {
+        backend: b.kind(),
+        reason,
+    };
+    let (preferred, others) = backends.split_first().expect("a backend is registered");
+    if let Some(reason) = preferred.unsupported() {
+        let fallback = others.iter().find(|b| b.unsupported().is_none());
+        return found(*fallback.unwrap_or(preferred), reason);
     }
-    if iptables_legacy::has_legacy_rules().unwrap_or(false) {
-        return Ok(Detection {
-            backend: Backend::IptablesLegacy,
-            reason: "the namespace already holds iptables-legacy rules".into(),
-        });
+    for b in others {
+        if let Some(reason) = b.claims() {
+            return found(*b, reason);
+        }
     }
-    Ok(Detection {
-        backend: Backend::Nft,
-        reason: "default".into(),
-    })
+    found(*preferred, "default".into())
 }
 
-fn resolve_here(choice: BackendChoice) -> Result<Detection, RedirectError> {
+fn resolve_among(backends: &[&dyn RuleBackend], choice: BackendChoice) -> Detection {
     match choice {
-        BackendChoice::Fixed(backend) => Ok(Detection {
+        BackendChoice::Fixed(backend) => Detection {
             backend,
             reason: "configured".into(),
-        }),
-        BackendChoice::Auto => detect_here(),
+        },
+        BackendChoice::Auto => detect_among(backends),
     }
 }
 
@@ -227,27 +217,28 @@ pub fn apply_until(
     deadline: Instant,
 ) -> Result<Detection, RedirectError> {
     locked(netns, deadline, |held| {
-        let detection = resolve_here(choice)?;
-        // Never both kinds in one namespace: the other backend's rules of ours go first.
-        match detection.backend {
-            Backend::Nft => {
-                if iptables_legacy::has_our_chains().unwrap_or(false) {
-                    iptables_legacy::cleanup(held)?;
-                }
-                nft_backend::apply(plan)?;
-            }
-            Backend::IptablesLegacy => {
-                let scope = if is_ambient(plan) {
-                    Scope::ALL
-                } else {
-                    Scope::SIDECAR
-                };
-                remove_nft(scope)?;
-                iptables_legacy::apply(plan, held)?;
-            }
-        }
-        Ok(detection)
+        apply_among(&backend::all(), plan, choice, held)
     })
+}
+
+/// [`apply_until`]'s work in the calling thread's namespace, its lock `held`, over `backends`.
+fn apply_among(
+    backends: &[&dyn RuleBackend],
+    plan: &Plan,
+    choice: BackendChoice,
+    held: &NsLock,
+) -> Result<Detection, RedirectError> {
+    let detection = resolve_among(backends, choice);
+    let scope = match is_ambient(plan) {
+        true => Scope::ALL,
+        false => Scope::SIDECAR,
+    };
+    // Never two kinds in one namespace: every other backend's rules of ours go first.
+    for other in backends.iter().filter(|b| b.kind() != detection.backend) {
+        other.cleanup(scope, held)?;
+    }
+    backend::among(backends, detection.backend).apply(plan, held)?;
+    Ok(detection)
 }
 
 /// Differences between the live rules (and the routes/addresses they need) and `plan`;
@@ -268,32 +259,40 @@ pub fn check_until(
     deadline: Instant,
 ) -> Result<Vec<String>, RedirectError> {
     locked(netns, deadline, |_held| {
-        let backend = resolve_here(choice)?.backend;
-        let mut drift = match backend {
-            Backend::Nft => nft_backend::check(plan)?,
-            Backend::IptablesLegacy => iptables_legacy::check(plan)?,
-        };
-        drift.extend(other_kind_here(backend));
+        let backends = backend::all();
+        let mut drift = check_among(&backends, plan, choice)?;
         drift.extend(pod_routes::drift(plan).map_err(nft_backend::NftError::from)?);
         Ok(drift)
     })
 }
 
-/// A drift line when the calling thread's namespace also holds the other backend's rules of
-/// ours (a migration killed between its program and the removal, a node that switched
-/// backends): never both kinds in one namespace, even when `backend`'s alone match the plan.
+/// [`check_until`]'s work but the routes, in the calling thread's namespace, over `backends`.
+fn check_among(
+    backends: &[&dyn RuleBackend],
+    plan: &Plan,
+    choice: BackendChoice,
+) -> Result<Vec<String>, RedirectError> {
+    let chosen = resolve_among(backends, choice).backend;
+    let mut drift = backend::among(backends, chosen).check(plan)?;
+    drift.extend(other_kinds_here(backends, chosen));
+    Ok(drift)
+}
+
+/// A drift line for each other backend whose rules of ours the calling thread's namespace
+/// also holds (a migration killed between its program and the removal, a node that switched
+/// backends): never two kinds in one namespace, even when `chosen`'s alone match the plan.
 /// What cannot be read counts as absent, as in [`apply_until`]'s cleanup.
-fn other_kind_here(backend: Backend) -> Option<String> {
-    let other = migrate::other(backend);
-    let present = match other {
-        Backend::IptablesLegacy => iptables_legacy::has_our_chains().unwrap_or(false),
-        Backend::Nft => nft_backend::has_our_tables().unwrap_or(false),
-    };
-    present.then(|| format!("rules of ours on the other backend ({other}) too"))
+fn other_kinds_here(backends: &[&dyn RuleBackend], chosen: Backend) -> Vec<String> {
+    backends
+        .iter()
+        .filter(|b| b.kind() != chosen && b.has_ours().unwrap_or(false))
+        .map(|b| format!("rules of ours on the other backend ({}) too", b.kind()))
+        .collect()
 }
 
 /// Which of our rule sets a cleanup removes. Our iptables-legacy chains go in every scope: a
-/// namespace holds either kind, and `ISTIO_*` chains are ours whichever plan made them.
+/// namespace holds either kind, and `ISTIO_*` chains are ours whichever plan made them
+/// ([`RuleBackend::cleanup`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Scope {
     /// The sidecar tables (`Table::ALL`) and TPROXY's routes.
@@ -317,18 +316,7 @@ impl Scope {
     };
 }
 
-/// Our nftables tables (and their routes) in `scope`, in the current namespace.
-fn remove_nft(scope: Scope) -> Result<(), RedirectError> {
-    if scope.sidecar {
-        nft_backend::cleanup()?;
-    }
-    if scope.ambient {
-        nft_backend::cleanup_ambient()?;
-    }
-    Ok(())
-}
-
-/// Removes our sidecar rules of both kinds from the namespace. Waits up to
+/// Removes our sidecar rules of every kind from the namespace. Waits up to
 /// [`DEFAULT_LOCK_WAIT`] for other calls on the namespace.
 pub fn cleanup(netns: Option<&Path>) -> Result<(), RedirectError> {
     cleanup_until(netns, Instant::now() + DEFAULT_LOCK_WAIT)
@@ -348,11 +336,9 @@ pub fn cleanup_scope_until(
     deadline: Instant,
 ) -> Result<(), RedirectError> {
     locked(netns, deadline, |held| {
-        remove_nft(scope)?;
-        if iptables_legacy::has_our_chains().unwrap_or(false) {
-            iptables_legacy::cleanup(held)?;
-        }
-        Ok(())
+        backend::all()
+            .iter()
+            .try_for_each(|b| b.cleanup(scope, held))
     })
 }
 
@@ -364,11 +350,8 @@ fn is_ambient(plan: &Plan) -> bool {
 
 /// The rules as text for `--dry-run`: nft syntax, or iptables-restore payloads.
 pub fn dry_run(plan: &Plan, backend: Backend) -> String {
-    match backend {
-        Backend::Nft => nft_backend::render_text(plan),
-        Backend::IptablesLegacy => {
-            iptables_legacy::render_payload(plan, false)
-                + &iptables_legacy::render_payload(plan, true)
-        }
-    }
+    backend::of(backend).dry_run(plan)
 }
+
+#[cfg(test)]
+mod tests;

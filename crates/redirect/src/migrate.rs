@@ -1,7 +1,7 @@
-//! Live migration of a running pod's rules from one backend to the other (issue 13, item 2).
+//! Live migration of a running pod's rules from one backend to another (issue 13, item 2).
 //!
-//! Everywhere else the rule is "never both kinds in one namespace" ([`crate::apply_until`]
-//! removes the other kind before programming). Migration relaxes it on purpose for a moment:
+//! Everywhere else the rule is "never two kinds in one namespace" ([`crate::apply_until`]
+//! removes every other kind before programming). Migration relaxes it on purpose for a moment:
 //! the new backend is programmed completely and verified *before* the old one is removed, so
 //! at every instant one complete capture is in place. The whole step runs under one hold of
 //! the namespace's lock, so no other caller (ADD, CHECK, DEL, the CLI, the daemon) ever
@@ -31,9 +31,9 @@
 //! forcing, and the only order that matters is ours: new complete and verified first, old
 //! removed after. Removing the other way round would leave a window with no capture at all.
 
+use crate::backend::{self, RuleBackend};
 use crate::{Backend, RedirectError, locked};
 use capture::Plan;
-use iptables_legacy::Tools;
 use netns::NsLock;
 use std::fmt;
 use std::path::Path;
@@ -77,15 +77,14 @@ fn kinds_text(kinds: &[Backend]) -> String {
     }
 }
 
-/// Where and how [`migrate_with`] works; the default looks the iptables-legacy binaries up as
-/// every other call does (`$PATH`, /usr/sbin, /sbin).
-#[derive(Clone, Debug, Default)]
+/// How [`migrate_with`] works; the default uses the registry's backends ([`backend::all`]),
+/// as every other call does.
+#[derive(Debug, Default)]
 pub struct MigrateOptions {
-    pub legacy_tools: Tools,
-    /// Test hook: the nft program is sent with a message the kernel refuses (see
-    /// `nft_backend::apply_poisoned`), to prove a failed program leaves the old rules.
-    #[doc(hidden)]
-    pub poison_nft: bool,
+    /// Backends used instead of the registry's of the same kind: e.g. a
+    /// `LegacyRules::with_tools` looking its binaries up elsewhere, or (tests) an
+    /// `NftRules::poisoned`, to prove a failed program leaves the old rules.
+    pub replace: Vec<Box<dyn RuleBackend>>,
 }
 
 /// Moves the namespace's rules for `plan` to backend `to` in place: program `to` completely and
@@ -114,52 +113,59 @@ pub fn migrate_with(
     deadline: Instant,
     opts: &MigrateOptions,
 ) -> Result<Migration, RedirectError> {
+    let backends = backend::all().map(|b| {
+        let replaced = opts.replace.iter().find(|r| r.kind() == b.kind());
+        replaced.map_or(b, |r| r.as_ref())
+    });
     locked(netns, deadline, |held| {
-        let found = kinds_here(opts)?;
-        if found == [to] {
-            return Ok(Migration {
-                found,
-                to,
-                changed: false,
-            });
-        }
-        let step = Step { to, opts, held };
-        step.program_and_verify(plan, &found)?;
-        step.remove_old(plan, &found)?;
-        step.verify_end(plan)?;
-        tracing::info!(from = %kinds_text(&found), %to, "migrated");
-        Ok(Migration {
-            found,
-            to,
-            changed: true,
-        })
+        migrate_among(&backends, plan, to, held)
     })
 }
 
-/// Which backends' rules of ours the calling thread's namespace holds.
-fn kinds_here(opts: &MigrateOptions) -> Result<Vec<Backend>, RedirectError> {
-    let mut kinds = Vec::new();
-    if iptables_legacy::has_our_chains_with(&opts.legacy_tools)? {
-        kinds.push(Backend::IptablesLegacy);
+/// [`migrate_with`]'s work in the calling thread's namespace, its lock `held`, over `backends`.
+pub(crate) fn migrate_among(
+    backends: &[&dyn RuleBackend],
+    plan: &Plan,
+    to: Backend,
+    held: &NsLock,
+) -> Result<Migration, RedirectError> {
+    let found = kinds_here(backends)?;
+    if found == [to] {
+        return Ok(Migration {
+            found,
+            to,
+            changed: false,
+        });
     }
-    if nft_backend::has_our_tables()? {
-        kinds.push(Backend::Nft);
-    }
-    Ok(kinds)
+    let step = Step { to, backends, held };
+    step.program_and_verify(plan, &found)?;
+    step.remove_old(plan, &found)?;
+    step.verify_end(plan)?;
+    tracing::info!(from = %kinds_text(&found), %to, "migrated");
+    Ok(Migration {
+        found,
+        to,
+        changed: true,
+    })
 }
 
-/// The other backend.
-pub(crate) fn other(b: Backend) -> Backend {
-    match b {
-        Backend::Nft => Backend::IptablesLegacy,
-        Backend::IptablesLegacy => Backend::Nft,
+/// Which backends' rules of ours the calling thread's namespace holds, the registry's order
+/// reversed (the fallbacks before the preferred one, as [`Migration::found`] has always
+/// listed them: `iptables-legacy + nft`).
+fn kinds_here(backends: &[&dyn RuleBackend]) -> Result<Vec<Backend>, RedirectError> {
+    let mut kinds = Vec::new();
+    for b in backends.iter().rev() {
+        if b.has_ours()? {
+            kinds.push(b.kind());
+        }
     }
+    Ok(kinds)
 }
 
 /// One migration's steps, inside the namespace with its lock held.
 struct Step<'a> {
     to: Backend,
-    opts: &'a MigrateOptions,
+    backends: &'a [&'a dyn RuleBackend],
     held: &'a NsLock,
 }
 
@@ -199,24 +205,23 @@ impl Step<'_> {
         Err(self.fail("verifying", RedirectError::Drift(drift), state))
     }
 
-    /// Removes the other backend's rules if there were any.
+    /// Removes every other backend's rules that were there.
     fn remove_old(&self, plan: &Plan, found: &[Backend]) -> Result<(), RedirectError> {
-        let old = other(self.to);
-        if !found.contains(&old) {
-            return Ok(());
+        for &old in found.iter().filter(|&&b| b != self.to) {
+            self.remove(old, plan).map_err(|e| {
+                self.fail(
+                    "removing the old rules",
+                    e,
+                    format!("{} (complete) + what is left of {old}", self.to),
+                )
+            })?;
         }
-        self.remove(old, plan).map_err(|e| {
-            self.fail(
-                "removing the old rules",
-                e,
-                format!("{} (complete) + what is left of {old}", self.to),
-            )
-        })
+        Ok(())
     }
 
     /// Only `to`'s rules, in sync with the plan.
     fn verify_end(&self, plan: &Plan) -> Result<(), RedirectError> {
-        let kinds = kinds_here(self.opts)?;
+        let kinds = kinds_here(self.backends)?;
         let drift = self.drift(plan)?;
         if kinds == [self.to] && drift.is_empty() {
             return Ok(());
@@ -230,26 +235,12 @@ impl Step<'_> {
     }
 
     fn program(&self, plan: &Plan) -> Result<(), RedirectError> {
-        match self.to {
-            Backend::Nft if self.opts.poison_nft => {
-                nft_backend::apply_poisoned(plan)?;
-            }
-            Backend::Nft => {
-                nft_backend::apply(plan)?;
-            }
-            Backend::IptablesLegacy => {
-                iptables_legacy::apply_with(plan, self.held, &self.opts.legacy_tools)?;
-            }
-        }
-        Ok(())
+        backend::among(self.backends, self.to).apply(plan, self.held)
     }
 
     /// `to`'s drift against the plan, routes included (what `check` reports).
     fn drift(&self, plan: &Plan) -> Result<Vec<String>, RedirectError> {
-        let mut drift = match self.to {
-            Backend::Nft => nft_backend::check(plan)?,
-            Backend::IptablesLegacy => iptables_legacy::check_with(plan, &self.opts.legacy_tools)?,
-        };
+        let mut drift = backend::among(self.backends, self.to).check(plan)?;
         drift.extend(pod_routes::drift(plan).map_err(nft_backend::NftError::from)?);
         Ok(drift)
     }
@@ -257,14 +248,6 @@ impl Step<'_> {
     /// Removes one backend's rules only, the plan's rules in legacy's built-in chains included
     /// (verified by reading back). The shared routes stay: the remaining backend needs them.
     fn remove(&self, backend: Backend, plan: &Plan) -> Result<(), RedirectError> {
-        match backend {
-            Backend::Nft => {
-                nft_backend::cleanup()?;
-            }
-            Backend::IptablesLegacy => {
-                iptables_legacy::cleanup_plan_with(plan, self.held, &self.opts.legacy_tools)?;
-            }
-        }
-        Ok(())
+        backend::among(self.backends, backend).remove_plan(plan, self.held)
     }
 }

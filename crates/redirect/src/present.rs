@@ -49,7 +49,7 @@ pub fn present(netns: Option<&Path>) -> Result<Present, RedirectError> {
         Ok(Present {
             nft_sidecar: has(&Table::ALL),
             nft_ambient: has(&Table::AMBIENT),
-            legacy: iptables_legacy::has_our_chains()?,
+            legacy: iptables_legacy::has_our_chains(&iptables_legacy::Tools::default())?,
         })
     })?
 }

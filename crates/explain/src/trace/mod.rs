@@ -468,10 +468,11 @@ fn backend(ns: &Netns, wanted: Option<crate::ir::Backend>) -> Result<Host, Trace
         Err(e @ TraceError::NoIstioRules { .. }) if wanted.is_some() => Err(e),
         Ok(t) => Ok(Host::Nft(t)),
         Err(TraceError::NoIstioRules { netns }) => {
-            let legacy = iptables_legacy::has_our_chains().map_err(|e| TraceError::Legacy {
-                what: "looking for iptables-legacy rules".into(),
-                source: e,
-            })?;
+            let legacy = iptables_legacy::has_our_chains(&iptables_legacy::Tools::default())
+                .map_err(|e| TraceError::Legacy {
+                    what: "looking for iptables-legacy rules".into(),
+                    source: e,
+                })?;
             if legacy {
                 Ok(Host::Legacy)
             } else {

@@ -140,7 +140,8 @@ fn main() {
                 let deadline = Instant::now() + Duration::from_secs(10);
                 let held = netns::NsLock::current(&"bench namespace", deadline).expect("lock");
                 let start = Instant::now();
-                iptables_legacy::apply(&plan, &held).expect("legacy apply");
+                iptables_legacy::apply(&plan, &held, &iptables_legacy::Tools::default())
+                    .expect("legacy apply");
                 start.elapsed()
             })
             .unwrap()
