@@ -20,6 +20,7 @@ use agent::{Agent, AgentSettings, AmbientPodRef};
 use capture::{HostProbeConfig, Plan, ProbeSnat};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use node_status::State;
+use node_status::jobs::{Jobs, Stage};
 use node_status::metrics::Counters;
 use node_view::cache::{CacheEvent, NamespaceCache, PodCache};
 use pod_policy::ambient::{AnnotationError, pod_settings};
@@ -261,7 +262,9 @@ fn report_ignored_annotations(client: &kube::Client, pod: &Pod) {
 }
 
 /// Subscribes now (so the first lists are seen whole) and starts the agent in the background.
-/// `namespaces`: the daemon's namespace cache (started by the caller).
+/// `namespaces`: the daemon's namespace cache (started by the caller). The agent, its ztunnel
+/// follower and its plugin event socket are jobs in `jobs`.
+#[allow(clippy::too_many_arguments)]
 pub fn start(
     settings: &Settings,
     node: NodeContext,
@@ -270,6 +273,7 @@ pub fn start(
     client: kube::Client,
     pods: &PodCache,
     namespaces: &NamespaceCache,
+    jobs: &Jobs,
 ) {
     let pod_events = pods.subscribe();
     let ns_events = namespaces.subscribe();
@@ -304,8 +308,13 @@ pub fn start(
         events,
         requests,
         seen: Default::default(),
+        jobs: jobs.clone(),
     };
-    tokio::spawn(run.run(pod_events, ns_events));
+    jobs.spawn(
+        "ambient agent",
+        Stage::Consumer,
+        run.run(pod_events, ns_events),
+    );
 }
 
 struct Runner {
@@ -318,6 +327,8 @@ struct Runner {
     backend: redirect::BackendChoice,
     /// The host probe rule on the node's backend.
     host: HostProbeRule,
+    /// Where the agent's own tasks are supervised.
+    jobs: Jobs,
     dns_capture: bool,
     probe_snat: ProbeSnat,
     ipv6: bool,
@@ -373,7 +384,7 @@ impl Runner {
             self.proc_root.clone(),
             self.requests.clone(),
         );
-        if let Err(e) = plugin_server::start(&self.run_dir, handler) {
+        if let Err(e) = plugin_server::start(&self.run_dir, handler, &self.jobs) {
             tracing::error!(error = %e, "plugin event socket not started; ambient pods cannot start on this node");
             return;
         }
@@ -495,7 +506,7 @@ impl Runner {
     fn follow_ztunnel(&self, agent: &Arc<Agent>) {
         let mut ready = agent.zds().ready();
         let state = self.state.clone();
-        tokio::spawn(async move {
+        let follow = async move {
             loop {
                 let connected = *ready.borrow_and_update();
                 state.set_ztunnel_connected(Some(connected));
@@ -504,7 +515,9 @@ impl Runner {
                     return;
                 }
             }
-        });
+        };
+        self.jobs
+            .spawn("ztunnel connection", Stage::Consumer, follow);
     }
 
     async fn follow(self, agent: Arc<Agent>, mut pods: Events<Pod>, mut nss: Events<Namespace>) {

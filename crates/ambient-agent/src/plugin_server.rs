@@ -11,6 +11,7 @@
 use crate::agent::Agent;
 use cni_config::ambient::{AddPodRequest, CMD_ADD_PATH, CMD_DEL_PATH, DelPodRequest, NetnsId};
 use k8s_openapi::api::core::v1::Pod;
+use node_status::jobs::{Jobs, Stage};
 use node_status::metrics::Counters;
 use node_view::cache::PodCache;
 use std::os::fd::OwnedFd;
@@ -258,19 +259,17 @@ pub struct ServerError {
 }
 
 /// Binds the socket (replacing a stale one; never following a planted symlink) and serves.
-pub fn start(run_dir: &Path, handler: Arc<Handler>) -> Result<(), ServerError> {
+pub fn start(run_dir: &Path, handler: Arc<Handler>, jobs: &Jobs) -> Result<(), ServerError> {
     let path = run_dir.join(cni_config::ambient::PLUGIN_EVENT_SOCKET);
     let listener = uds_http::server::bind(&path).map_err(|source| ServerError {
         path: path.clone(),
         source,
     })?;
     tracing::info!(socket = %path.display(), "plugin event socket listening");
-    tokio::spawn(uds_http::server::serve(
-        listener,
-        "plugin events",
-        MAX_BODY,
-        move |req| handler.clone().handle(req),
-    ));
+    let serve = uds_http::server::serve(listener, "plugin events", MAX_BODY, move |req| {
+        handler.clone().handle(req)
+    });
+    jobs.spawn("plugin event socket", Stage::Server, serve);
     Ok(())
 }
 

@@ -8,6 +8,8 @@
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
+use node_status::State;
+use node_status::jobs::{Jobs, Stage};
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -131,10 +133,11 @@ async fn remove_while_ready(
     }
 }
 
-/// Starts the removal task (NODE_TAINT_KEY is set).
-pub fn start(key: String, node: String, client: kube::Client, state: &node_status::State) {
+/// Starts the removal task (NODE_TAINT_KEY is set), a consumer of readiness in `jobs`.
+pub fn start(key: String, node: String, client: kube::Client, state: &State, jobs: &Jobs) {
     tracing::info!(node, key, "will remove the node taint once ready");
-    tokio::spawn(run(Api::all(client), node, key, state.subscribe_ready()));
+    let task = run(Api::all(client), node, key, state.subscribe_ready());
+    jobs.spawn("node taint removal", Stage::Consumer, task);
 }
 
 #[cfg(test)]

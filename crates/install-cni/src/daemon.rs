@@ -1,6 +1,7 @@
 //! The daemon: wires the node's jobs together. Decide the node backend, serve health/metrics,
 //! start the Kubernetes-facing jobs (guardian, ambient agent) on the node's one pod watch, run
-//! the installer's watch-and-repair loop until SIGTERM/SIGINT, then clean up. Runs on a
+//! the installer's watch-and-repair loop until SIGTERM/SIGINT, then stop the jobs in order
+//! (`node_status::jobs`: watches, consumers, servers) and clean up. Runs on a
 //! current-thread runtime: the work is a few file operations per change, and one thread keeps
 //! RSS and CPU small on every node.
 
@@ -10,8 +11,14 @@ use cni_installer::run::StopSignal;
 use cni_installer::upgrade::{self, Shutdown};
 use cni_installer::watch::{Filter, Watch};
 use node_status::State;
+use node_status::jobs::{Jobs, Stage};
 use node_view::cache::{NamespaceCache, PodCache};
 use std::sync::Arc;
+use std::time::Duration;
+
+/// How long the jobs have to stop at shutdown, all stages together: well inside the pod's
+/// grace period, so the uninstall after them always runs.
+pub const DRAIN_WITHIN: Duration = Duration::from_secs(3);
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -62,7 +69,8 @@ pub async fn main(cfg: Config) -> Result<(), DaemonError> {
     let state = Arc::new(State::new());
     // Before the first pass: the plugin's STATUS follows every readiness change from here on.
     state.set_publisher(node_status::readiness::Publisher::start(&i.run_dir));
-    if let Err(e) = node_status::plugin_log::start(&i.run_dir) {
+    let jobs = Jobs::new();
+    if let Err(e) = node_status::plugin_log::start(&i.run_dir, &jobs) {
         tracing::warn!(error = %e, "the plugin's lines stay in its own log file");
     }
     node_status::http::listen(
@@ -80,21 +88,36 @@ pub async fn main(cfg: Config) -> Result<(), DaemonError> {
     let guardian_metrics = guardian::metrics::Metrics::registered(&state);
     // After the listeners (metrics must be up to count repairs), before the install loop (Istio's
     // order); never blocks the install: the watches connect and retry on their own.
-    let _pod_cache = start_kubernetes_jobs(&cfg, backend, &state, &guardian_metrics).await;
+    let _pod_cache = start_kubernetes_jobs(&cfg, backend, &state, &guardian_metrics, &jobs).await;
     let (installer, signal) =
         cni_installer::run::run(installer, state.clone(), watch, shutdown).await;
-    match stop(&cfg, installer, &state, signal).await {
+    match stop(&cfg, installer, &state, &jobs, signal).await {
         0 => Ok(()),
         errors => Err(DaemonError::Uninstall(errors)),
     }
 }
 
-/// Shutdown: readiness goes first; then, unless the safe upgrade keeps the install for the
-/// next daemon (its DaemonSet lives on: a rollout), the install (and the host probe rule) is
-/// removed. Returns how many errors the uninstall logged.
-async fn stop(cfg: &Config, mut installer: Installer, state: &State, signal: &str) -> usize {
+/// Shutdown: readiness goes first; then the jobs stop in order (no job acts on a pod while the
+/// install goes); then, unless the safe upgrade keeps the install for the next daemon (its
+/// DaemonSet lives on: a rollout), the install (and the host probe rule) is removed. Returns
+/// how many errors the uninstall logged.
+async fn stop(
+    cfg: &Config,
+    mut installer: Installer,
+    state: &State,
+    jobs: &Jobs,
+    signal: &str,
+) -> usize {
     state.set_not_ready("shutting down");
     state.release_readiness();
+    let drained = jobs.drain(DRAIN_WITHIN).await;
+    tracing::info!(
+        signal,
+        stopped = drained.stopped.len(),
+        aborted = ?drained.aborted,
+        panics = ?drained.panicked,
+        "shutting down; jobs drained"
+    );
     let client = async {
         node_view::client::client(&cfg.view.api)
             .await
@@ -140,6 +163,7 @@ async fn start_kubernetes_jobs(
     backend: redirect::Backend,
     state: &Arc<State>,
     metrics: &guardian::metrics::Metrics,
+    jobs: &Jobs,
 ) -> Option<PodCache> {
     if !cfg.repair.enabled {
         tracing::info!("repair controller disabled (REPAIR_ENABLED=false)");
@@ -164,9 +188,10 @@ async fn start_kubernetes_jobs(
             cfg.view.node_name.clone(),
             client.clone(),
             state,
+            jobs,
         );
     }
-    watches_pods.then(|| start_pod_consumers(cfg, backend, state, metrics, client))
+    watches_pods.then(|| start_pod_consumers(cfg, backend, state, metrics, client, jobs))
 }
 
 /// The node pod cache and namespace cache, their consumers subscribed before either runs (so
@@ -177,6 +202,7 @@ fn start_pod_consumers(
     state: &Arc<State>,
     metrics: &guardian::metrics::Metrics,
     client: kube::Client,
+    jobs: &Jobs,
 ) -> PodCache {
     let cache = PodCache::new();
     state.register(Arc::new(cache.clone()));
@@ -187,7 +213,7 @@ fn start_pod_consumers(
             node: node.clone(),
         };
         let repaired = metrics.repaired.clone();
-        guardian::repair::start(settings, repaired, client.clone(), cache.subscribe());
+        guardian::repair::start(settings, repaired, client.clone(), cache.subscribe(), jobs);
     }
     // ONE namespace list + watch, for whoever reads namespaces' labels or annotations.
     let controller_mode = cfg.reconcile.enabled && cfg.reconcile.controller_mode;
@@ -196,13 +222,13 @@ fn start_pod_consumers(
         let repair = cfg.repair.enabled.then(|| cfg.repair.clone());
         let settings =
             guardian::reconcile::Settings::new(&cfg.reconcile, node, repair, namespaces.as_ref());
-        guardian::reconcile::start(settings, metrics.reconcile(), client.clone(), &cache);
+        guardian::reconcile::start(settings, metrics.reconcile(), client.clone(), &cache, jobs);
     }
     let caches = node_view::lookup::Caches {
         pods: cache.clone(),
         namespaces: namespaces.clone(),
     };
-    if let Err(e) = node_view::lookup::start(&cfg.installer.run_dir, caches) {
+    if let Err(e) = node_view::lookup::start(&cfg.installer.run_dir, caches, jobs) {
         tracing::warn!(error = %e, "the plugin looks pods up in the API server itself");
     }
     if let (true, Some(ns)) = (cfg.ambient.enabled, &namespaces) {
@@ -222,19 +248,28 @@ fn start_pod_consumers(
             client,
             &cache,
             ns,
+            jobs,
         );
     }
     let ledger = metrics.ledger.clone();
-    crate::status::start_for(cfg, backend, state, ledger, &cache, namespaces.as_ref());
+    crate::status::start_for(
+        cfg,
+        backend,
+        state,
+        ledger,
+        &cache,
+        namespaces.as_ref(),
+        jobs,
+    );
     let timeout = cfg.view.watch_timeout;
     if let Some(ns) = namespaces {
-        tokio::spawn(ns.run(kube::Api::all(client.clone()), timeout));
+        let watch = ns.run(kube::Api::all(client.clone()), timeout);
+        jobs.spawn("namespace watch", Stage::Watch, watch);
     }
     let node_name = cfg.view.node_name.clone();
-    tokio::spawn(
-        cache
-            .clone()
-            .run(kube::Api::all(client), node_name, timeout),
-    );
+    let watch = cache
+        .clone()
+        .run(kube::Api::all(client), node_name, timeout);
+    jobs.spawn("pod watch", Stage::Watch, watch);
     cache
 }

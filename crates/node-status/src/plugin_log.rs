@@ -28,8 +28,8 @@ pub struct RelayError {
 }
 
 /// Binds the socket (root only; a stale one replaced, a planted file refused) and prints
-/// what arrives until the runtime ends.
-pub fn start(run_dir: &Path) -> Result<(), RelayError> {
+/// what arrives, a server in `jobs`.
+pub fn start(run_dir: &Path, jobs: &crate::jobs::Jobs) -> Result<(), RelayError> {
     let path = run_dir.join(cni_config::log::LOG_SOCKET);
     let err = |source| RelayError {
         path: path.clone(),
@@ -39,7 +39,11 @@ pub fn start(run_dir: &Path) -> Result<(), RelayError> {
     let socket = UnixDatagram::bind(&path).map_err(err)?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
     tracing::info!(socket = %path.display(), "plugin log socket listening");
-    tokio::spawn(relay(socket));
+    jobs.spawn(
+        "plugin log relay",
+        crate::jobs::Stage::Server,
+        relay(socket),
+    );
     Ok(())
 }
 

@@ -6,6 +6,7 @@
 use crate::cache::{NamespaceCache, PodCache};
 use cni_config::lookup::{POD_LOOKUP_SOCKET, POD_PATH, PodAnswer, PodQuery};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use node_status::jobs::{Jobs, Stage};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -29,20 +30,18 @@ pub struct Caches {
     pub namespaces: Option<NamespaceCache>,
 }
 
-/// Binds the socket (root only; a planted file is refused) and serves until the runtime ends.
-pub fn start(run_dir: &Path, caches: Caches) -> Result<(), LookupServerError> {
+/// Binds the socket (root only; a planted file is refused) and serves, a server in `jobs`.
+pub fn start(run_dir: &Path, caches: Caches, jobs: &Jobs) -> Result<(), LookupServerError> {
     let path = run_dir.join(POD_LOOKUP_SOCKET);
     let listener = uds_http::server::bind(&path).map_err(|source| LookupServerError {
         path: path.clone(),
         source,
     })?;
     tracing::info!(socket = %path.display(), namespaces = caches.namespaces.is_some(), "pod lookup socket listening");
-    tokio::spawn(uds_http::server::serve(
-        listener,
-        "pod lookup",
-        MAX_BODY,
-        move |req| answer(caches.clone(), req),
-    ));
+    let serve = uds_http::server::serve(listener, "pod lookup", MAX_BODY, move |req| {
+        answer(caches.clone(), req)
+    });
+    jobs.spawn("pods.sock", Stage::Server, serve);
     Ok(())
 }
 

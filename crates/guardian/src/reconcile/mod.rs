@@ -22,6 +22,7 @@ use crate::settings::{Node, ReconcileSettings, RepairSettings};
 use check::{Outcome, Target};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
+use node_status::jobs::{Jobs, Stage};
 use node_status::metrics::{Counters, Gauge};
 use node_view::cache::{CacheEvent, NamespaceCache, PodCache, PodEvent, Subscription};
 use pod_policy::Decision;
@@ -106,8 +107,8 @@ impl Settings {
 }
 
 /// Starts the reconciler on the node pod cache (subscribed now, so the first list is seen
-/// whole); in controller mode also on the namespace cache.
-pub fn start(settings: Settings, metrics: Metrics, client: Client, pods: &PodCache) {
+/// whole); in controller mode also on the namespace cache. A consumer in `jobs`.
+pub fn start(settings: Settings, metrics: Metrics, client: Client, pods: &PodCache, jobs: &Jobs) {
     let settings = Arc::new(settings);
     let metrics = Arc::new(metrics);
     let sources = Sources {
@@ -115,7 +116,8 @@ pub fn start(settings: Settings, metrics: Metrics, client: Client, pods: &PodCac
         pods: pods.clone(),
         namespaces: settings.controller.as_ref().map(|c| c.cache().subscribe()),
     };
-    tokio::spawn(run(settings, metrics, client, sources));
+    let task = run(settings, metrics, client, sources);
+    jobs.spawn("reconcile", Stage::Consumer, task);
 }
 
 /// What the reconciler counts: every check's result (a family shared with the ambient agent)

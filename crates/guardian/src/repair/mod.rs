@@ -20,6 +20,7 @@ use crate::settings::{Node, RepairAction, RepairSettings};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client};
+use node_status::jobs::{Jobs, Stage};
 use node_status::metrics::Counters;
 use node_view::cache::{PodEvent, Subscription};
 use pod_policy::selector_text::Selector;
@@ -410,9 +411,17 @@ async fn sleep_until(due: Option<Instant>) {
 }
 
 /// Starts the controller on the node pod cache's subscription `pods`.
-/// `metrics`: `istio_cni_repair_pods_repaired_total` ([`crate::metrics`]).
-pub fn start(settings: Settings, metrics: Arc<Counters>, client: Client, pods: Subscription) {
-    tokio::spawn(Controller::new(client, settings, metrics).run(pods));
+/// `metrics`: `istio_cni_repair_pods_repaired_total` ([`crate::metrics`]). A consumer in
+/// `jobs`: stops after the watches.
+pub fn start(
+    settings: Settings,
+    metrics: Arc<Counters>,
+    client: Client,
+    pods: Subscription,
+    jobs: &Jobs,
+) {
+    let run = Controller::new(client, settings, metrics).run(pods);
+    jobs.spawn("repair", Stage::Consumer, run);
 }
 
 pub use node_view::events::post_event;

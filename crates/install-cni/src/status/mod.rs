@@ -17,6 +17,7 @@ use cni_config::status::{Report, STATUS_SOCKET, Source, Summary};
 use gather::{Judged, Known};
 use guardian::reconcile::ledger::Ledger;
 use node_status::State;
+use node_status::jobs::{Jobs, Stage};
 use node_view::cache::{NamespaceCache, PodCache};
 use pod_policy::Policy;
 use redirect::Backend;
@@ -42,8 +43,9 @@ pub struct Sources {
     pub interval: Duration,
 }
 
-/// Registers the gauge, serves `status.sock` and starts the status pass.
-pub fn start(run_dir: &Path, sources: Sources, state: &State) -> std::io::Result<()> {
+/// Registers the gauge, serves `status.sock` (a server in `jobs`) and starts the status pass
+/// (a consumer).
+pub fn start(run_dir: &Path, sources: Sources, state: &State, jobs: &Jobs) -> std::io::Result<()> {
     let gauge = Arc::new(metric::PodsGauge::default());
     state.register(gauge.clone());
     let listener = uds_http::server::bind(&run_dir.join(STATUS_SOCKET))?;
@@ -53,8 +55,9 @@ pub fn start(run_dir: &Path, sources: Sources, state: &State) -> std::io::Result
         let (s, g) = (s.clone(), g.clone());
         async move { handle(&s, &g, req).await }
     };
-    tokio::spawn(uds_http::server::serve(listener, "status", 1024, handler));
-    tokio::spawn(pass(sources, gauge));
+    let serve = uds_http::server::serve(listener, "status", 1024, handler);
+    jobs.spawn("status.sock", Stage::Server, serve);
+    jobs.spawn("status pass", Stage::Consumer, pass(sources, gauge));
     Ok(())
 }
 
@@ -188,6 +191,7 @@ pub fn start_for(
     ledger: Ledger,
     pods: &PodCache,
     namespaces: Option<&NamespaceCache>,
+    jobs: &Jobs,
 ) {
     let sources = Sources {
         node: cfg.view.node_name.clone(),
@@ -203,7 +207,7 @@ pub fn start_for(
         ledger,
         interval: cfg.reconcile.interval,
     };
-    if let Err(e) = start(&cfg.installer.run_dir, sources, state) {
+    if let Err(e) = start(&cfg.installer.run_dir, sources, state, jobs) {
         tracing::warn!(error = %e, socket = STATUS_SOCKET, "the enrollment report is not served: `istio-nftables status` reads the kernel alone");
     }
 }
