@@ -116,3 +116,66 @@ fn a_daemonset_that_no_longer_selects_this_node_is_an_uninstall() {
         node_reads(&kube)
     );
 }
+
+/// The line of `log` that says the job `name` stopped (`None`: no such line).
+fn stopped_at(log: &str, name: &str) -> Option<usize> {
+    let field = format!("job={name} stage=");
+    log.lines()
+        .position(|l| l.contains("shutdown: job stopped") && l.contains(&field))
+}
+
+/// SIGTERM with the Kubernetes jobs running: each job is drained (one line each), the watch
+/// before its consumers before the sockets, all within the drain's bound, and then the
+/// install is still removed.
+#[test]
+fn sigterm_drains_every_job_in_order_then_uninstalls() {
+    let env = Env::new();
+    let conflist = env.net.join("10-calico.conflist");
+    fs::write(&conflist, calico()).unwrap();
+    let kube = FakeKube::start();
+    // A DaemonSet that no longer selects this node: the shutdown is an uninstall.
+    kube.put_daemonset_json(daemonset(
+        json!({"containers": [], "nodeSelector": {"mesh": "on"}}),
+    ));
+    kube.put_node_json(node(json!({"mesh": "off"})));
+    let kc = kube.kubeconfig(env.tmp.path());
+    let d = env.start(&[
+        ("KUBECONFIG", kc.to_str().unwrap()),
+        ("POD_NAMESPACE", "istio-system"),
+        ("KUBERNETES_NODE_NAME", NODE),
+    ]);
+    d.wait_ready(T);
+    let sent = std::time::Instant::now();
+    let (st, log) = d.stop().unwrap();
+    let took = sent.elapsed();
+    assert!(st.success(), "{log}");
+    // The drain's 3 s plus the uninstall, with room for a loaded machine.
+    assert!(took < Duration::from_secs(8), "{took:?}\n{log}");
+    let jobs = [
+        "pod watch",
+        "repair",
+        "reconcile",
+        "status pass",
+        "pods.sock",
+        "status.sock",
+        "plugin log relay",
+    ];
+    let at: Vec<usize> = jobs
+        .iter()
+        .map(|j| stopped_at(&log, j).unwrap_or_else(|| panic!("no drain line for {j}:\n{log}")))
+        .collect();
+    let (watch, consumers, servers) = (at[0], &at[1..4], &at[4..]);
+    assert!(consumers.iter().all(|c| *c > watch), "{log}");
+    let last_consumer = consumers.iter().max().unwrap();
+    assert!(servers.iter().all(|s| s > last_consumer), "{log}");
+    assert!(!log.contains("overran"), "{log}");
+    let drained = log.find("jobs drained").expect("the drain's summary");
+    let removing = log.find("removing the install").expect("an uninstall");
+    assert!(drained < removing, "{log}");
+    assert_eq!(fs::read(&conflist).unwrap(), calico(), "{log}");
+    assert!(!env.bin.join("istio-cni").exists());
+    println!(
+        "summary: sigterm-drain: {} jobs drained in order in {took:?}, then uninstalled",
+        jobs.len()
+    );
+}
