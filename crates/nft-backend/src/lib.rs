@@ -100,13 +100,6 @@ pub fn apply(plan: &Plan) -> Result<ApplyReport, NftError> {
     Ok(ApplyReport { replaced, messages })
 }
 
-/// Test support: `apply` of [`testing::poisoned`], a plan whose batch the kernel refuses at
-/// its end (no test path in the batch builder: the plan is the test's).
-#[doc(hidden)]
-pub fn apply_poisoned(plan: &Plan) -> Result<ApplyReport, NftError> {
-    apply(&testing::poisoned(plan))
-}
-
 fn open_err(e: io::Error) -> NftError {
     if e.raw_os_error() == Some(libc::EPROTONOSUPPORT) {
         NftError::Unsupported(e)

@@ -217,14 +217,20 @@ fn a_refused_ambient_batch_leaves_the_namespace_as_it_was() {
     let ns = TestNetns::with_prefix("amb-atomic").unwrap();
     let plan = Plan::ambient(&dns_on()).unwrap();
     // Fresh namespace: nothing at all is left behind.
-    let r = netns::run_in(Some(ns.path()), || nft_backend::apply_poisoned(&plan)).unwrap();
+    let r = netns::run_in(Some(ns.path()), || {
+        nft_backend::apply(&nft_backend::testing::poisoned(&plan))
+    })
+    .unwrap();
     assert!(r.is_err());
     assert_eq!(ns.exec_ok("nft", &["list", "ruleset"]).unwrap(), "");
     // Programmed pod: a refused re-apply (with other settings) keeps the old rules exactly.
     apply(ns.path(), &dns_on());
     let before = ns.exec_ok("nft", &["list", "ruleset"]).unwrap();
     let other = Plan::ambient(&AmbientConfig::default()).unwrap();
-    let r = netns::run_in(Some(ns.path()), || nft_backend::apply_poisoned(&other)).unwrap();
+    let r = netns::run_in(Some(ns.path()), || {
+        nft_backend::apply(&nft_backend::testing::poisoned(&other))
+    })
+    .unwrap();
     assert!(r.is_err());
     assert_eq!(ns.exec_ok("nft", &["list", "ruleset"]).unwrap(), before);
 }

@@ -418,9 +418,11 @@ fn a_refused_batch_leaves_the_namespace_as_it_was() {
     let ns = TestNetns::new().unwrap();
     // Fresh namespace: nothing at all afterwards.
     let plan = Plan::build(&cni_default(Ipv6Mode::Off), &Facts::default()).unwrap();
-    let err = netns::run_in(Some(ns.path()), || nft_backend::apply_poisoned(&plan))
-        .unwrap()
-        .unwrap_err();
+    let err = netns::run_in(Some(ns.path()), || {
+        nft_backend::apply(&nft_backend::testing::poisoned(&plan))
+    })
+    .unwrap()
+    .unwrap_err();
     assert!(
         err.to_string().contains("poisoned"),
         "the error names the refused object: {err}"
@@ -437,9 +439,11 @@ fn a_refused_batch_leaves_the_namespace_as_it_was() {
         &Facts::default(),
     )
     .unwrap();
-    netns::run_in(Some(ns.path()), || nft_backend::apply_poisoned(&other))
-        .unwrap()
-        .unwrap_err();
+    netns::run_in(Some(ns.path()), || {
+        nft_backend::apply(&nft_backend::testing::poisoned(&other))
+    })
+    .unwrap()
+    .unwrap_err();
     assert_eq!(before, listing(&ns));
 }
 

@@ -11,7 +11,7 @@ use std::net::IpAddr;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NftRules {
     /// Test hook: programs are sent with a message the kernel refuses
-    /// (`nft_backend::apply_poisoned`), to prove a failed program leaves the old rules.
+    /// (`nft_backend::testing::poisoned`), to prove a failed program leaves the old rules.
     poison: bool,
 }
 
@@ -44,7 +44,7 @@ impl RuleBackend for NftRules {
 
     fn apply(&self, plan: &Plan, _held: &NsLock) -> Result<(), RedirectError> {
         match self.poison {
-            true => nft_backend::apply_poisoned(plan)?,
+            true => nft_backend::apply(&nft_backend::testing::poisoned(plan))?,
             false => nft_backend::apply(plan)?,
         };
         Ok(())
