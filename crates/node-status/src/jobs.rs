@@ -13,6 +13,10 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+/// A job's stop signal (for [`Jobs::spawn_graceful`]): `cancelled().await` resolves when the
+/// job's stage drains.
+pub type Stop = CancellationToken;
+
 /// When a job stops, in draining order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stage {
@@ -96,7 +100,7 @@ impl Jobs {
         &self,
         name: impl Into<String>,
         stage: Stage,
-        start: impl FnOnce(CancellationToken) -> F,
+        start: impl FnOnce(Stop) -> F,
     ) where
         F: Future<Output = ()> + Send + 'static,
     {

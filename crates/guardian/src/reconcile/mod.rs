@@ -22,7 +22,7 @@ use crate::settings::{Node, ReconcileSettings, RepairSettings};
 use check::{Outcome, Target};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
-use node_status::jobs::{Jobs, Stage};
+use node_status::jobs::{Jobs, Stage, Stop};
 use node_status::metrics::{Counters, Gauge};
 use node_view::cache::{CacheEvent, NamespaceCache, PodCache, PodEvent, Subscription};
 use pod_policy::Decision;
@@ -116,8 +116,8 @@ pub fn start(settings: Settings, metrics: Metrics, client: Client, pods: &PodCac
         pods: pods.clone(),
         namespaces: settings.controller.as_ref().map(|c| c.cache().subscribe()),
     };
-    let task = run(settings, metrics, client, sources);
-    jobs.spawn("reconcile", Stage::Consumer, task);
+    let task = |stop| run(settings, metrics, client, sources, stop);
+    jobs.spawn_graceful("reconcile", Stage::Consumer, task);
 }
 
 /// What the reconciler counts: every check's result (a family shared with the ambient agent)
@@ -140,8 +140,15 @@ pub struct Sources {
     >,
 }
 
-/// Checks pods as they come due until the pod cache is gone.
-pub async fn run(settings: Arc<Settings>, metrics: Arc<Metrics>, client: Client, sources: Sources) {
+/// Checks pods as they come due until the pod cache is gone or `stop` (between two rounds: the
+/// checks due are finished, never cut short).
+pub async fn run(
+    settings: Arc<Settings>,
+    metrics: Arc<Metrics>,
+    client: Client,
+    sources: Sources,
+    stop: Stop,
+) {
     let Sources {
         events: mut pods,
         pods: cache,
@@ -191,6 +198,7 @@ pub async fn run(settings: Arc<Settings>, metrics: Arc<Metrics>, client: Client,
                 }
             }
             _ = sleep_until(wake) => {}
+            _ = stop.cancelled() => return,
         }
         // Whatever is due now, then back to the events (a due pod never waits for a batch).
         while let Some(due) = tracker.next_due(Instant::now()) {

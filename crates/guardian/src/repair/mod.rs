@@ -20,7 +20,7 @@ use crate::settings::{Node, RepairAction, RepairSettings};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client};
-use node_status::jobs::{Jobs, Stage};
+use node_status::jobs::{Jobs, Stage, Stop};
 use node_status::metrics::Counters;
 use node_view::cache::{PodEvent, Subscription};
 use pod_policy::selector_text::Selector;
@@ -371,8 +371,9 @@ impl Controller {
         post_event(&self.client, pod, &ev).await;
     }
 
-    /// Acts on the node pod cache's notifications until the cache is gone.
-    pub async fn run(mut self, mut pods: Subscription) {
+    /// Acts on the node pod cache's notifications until the cache is gone or `stop` (between
+    /// two rounds: a repair under way is finished, never cut short).
+    pub async fn run(mut self, mut pods: Subscription, stop: Stop) {
         let r = &self.settings.repair;
         let node = &self.settings.node.name;
         tracing::info!(
@@ -396,6 +397,7 @@ impl Controller {
                     None => return,
                 },
                 _ = sleep_until(due) => {}
+                _ = stop.cancelled() => return,
             }
             self.promote_due(Instant::now());
             self.drain().await;
@@ -420,8 +422,8 @@ pub fn start(
     pods: Subscription,
     jobs: &Jobs,
 ) {
-    let run = Controller::new(client, settings, metrics).run(pods);
-    jobs.spawn("repair", Stage::Consumer, run);
+    let controller = Controller::new(client, settings, metrics);
+    jobs.spawn_graceful("repair", Stage::Consumer, |stop| controller.run(pods, stop));
 }
 
 pub use node_view::events::post_event;
