@@ -2,7 +2,10 @@
 //! (rtnetlink policy routes in `pod-routes`, nfnetlink_log in `explain`'s legacy tracer,
 //! ctnetlink in its record of the legacy host probe rule): a
 //! request's header, and attributes (type-length-value, each padded to 4 bytes). The nftables
-//! batches go through libnftnl/libmnl instead. Pure.
+//! batches are built by libnftnl instead. And, in [`socket`], the one netlink socket layer
+//! every reader and writer uses (so this crate is not pure: `socket` makes syscalls).
+
+pub mod socket;
 
 /// The size of an attribute's header (`struct nlattr`: length, type).
 pub const NLA_HDR: usize = 4;

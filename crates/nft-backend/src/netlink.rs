@@ -1,12 +1,13 @@
-//! Talking to nf_tables over netlink: one `sendmsg` per batch, ACK collection, dumps.
+//! Talking to nf_tables over netlink: one `sendmsg` per batch, ACK collection, dumps. The
+//! socket is libmnl's (whose `mnl_*` reference also pulls `mnl-impl` in ahead of `libnftnl.a`
+//! for GNU ld); receiving, message iteration and errors are `netlink_wire::socket`'s, as for
+//! every other netlink reader and writer.
 
+use netlink_wire::socket::{self as nl, RECV_WORDS, bytes_of, messages, setsockopt};
 use nftnl::nftnl_sys as sys;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 use std::time::Duration;
-
-/// Netlink messages are 4-byte aligned; receive into u64s so the buffer is aligned for nlmsghdr.
-pub const RECV_WORDS: usize = 64 * 1024;
 
 pub struct Socket {
     sock: mnl::Socket,
@@ -79,21 +80,7 @@ impl Socket {
         }
         rewrite_flags(&mut buf, exclusive_tables);
         self.size_buffers(buf.len())?;
-        let addr = nix::sys::socket::NetlinkAddr::new(0, 0);
-        let sent = nix::sys::socket::sendmsg(
-            self.fd().as_raw_fd(),
-            &[io::IoSlice::new(&buf)],
-            &[],
-            nix::sys::socket::MsgFlags::empty(),
-            Some(&addr),
-        )
-        .map_err(io::Error::from)?;
-        if sent != buf.len() {
-            return Err(io::Error::other(format!(
-                "short netlink send: {sent} of {} bytes",
-                buf.len()
-            )));
-        }
+        nl::send(self.fd(), &buf)?;
         self.drain_replies()
     }
 
@@ -102,7 +89,7 @@ impl Socket {
         let mut buf = vec![0u64; RECV_WORDS];
         let portid = self.sock.portid();
         loop {
-            let n = match recv(self.fd(), &mut buf, libc::MSG_DONTWAIT) {
+            let n = match nl::recv(self.fd(), &mut buf, libc::MSG_DONTWAIT) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(nacks),
                 Err(e) => return Err(e),
@@ -111,17 +98,11 @@ impl Socket {
                 if hdr.nlmsg_pid != portid && hdr.nlmsg_pid != 0 {
                     continue;
                 }
-                if hdr.nlmsg_type as i32 == libc::NLMSG_ERROR {
-                    let errno = payload
-                        .get(..4)
-                        .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
-                        .unwrap_or(0);
-                    if errno != 0 {
-                        nacks.push(Nack {
-                            seq: hdr.nlmsg_seq,
-                            errno: -errno,
-                        });
-                    }
+                if let Some(Err(e)) = nl::outcome(hdr, payload) {
+                    nacks.push(Nack {
+                        seq: hdr.nlmsg_seq,
+                        errno: e.raw_os_error().unwrap_or(libc::EIO),
+                    });
                 }
             }
         }
@@ -133,102 +114,15 @@ impl Socket {
         request: &[u8],
         mut each: impl FnMut(&libc::nlmsghdr, *const libc::nlmsghdr),
     ) -> io::Result<()> {
-        self.sock.send(request)?;
-        let mut buf = vec![0u64; RECV_WORDS];
-        loop {
-            let n = recv(self.fd(), &mut buf, 0)?;
-            for (hdr, payload) in messages(bytes_of(&buf, n)) {
-                match hdr.nlmsg_type as i32 {
-                    libc::NLMSG_DONE => return Ok(()),
-                    libc::NLMSG_ERROR => {
-                        let errno = payload
-                            .get(..4)
-                            .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
-                            .unwrap_or(0);
-                        if errno == 0 {
-                            return Ok(());
-                        }
-                        return Err(io::Error::from_raw_os_error(-errno));
-                    }
-                    _ => each(hdr, hdr as *const libc::nlmsghdr),
-                }
-            }
-        }
+        nl::dump(self.fd(), request, |hdr, _| {
+            each(hdr, hdr as *const libc::nlmsghdr)
+        })
     }
 }
 
 fn mnl_fd(sock: &mnl::Socket) -> i32 {
     // SAFETY: mnl_socket_get_fd only reads the socket struct.
     unsafe { mnl::mnl_sys::mnl_socket_get_fd(sock.as_raw_socket()) }
-}
-
-/// `setsockopt(2)` with `v` as the option's value (`level`: `SOL_SOCKET`, `SOL_NETLINK`, …).
-pub fn setsockopt<T>(
-    fd: BorrowedFd<'_>,
-    level: libc::c_int,
-    opt: libc::c_int,
-    v: &T,
-) -> io::Result<()> {
-    // SAFETY: `v` points to a live value of the size passed.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            opt,
-            (v as *const T).cast(),
-            std::mem::size_of::<T>() as u32,
-        )
-    };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
-pub fn recv(fd: BorrowedFd<'_>, buf: &mut [u64], flags: i32) -> io::Result<usize> {
-    loop {
-        // SAFETY: the buffer is valid for its byte length.
-        let n = unsafe {
-            libc::recv(
-                fd.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                std::mem::size_of_val(buf),
-                flags,
-            )
-        };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-}
-
-pub fn bytes_of(buf: &[u64], n: usize) -> &[u8] {
-    // SAFETY: u64 storage viewed as bytes, within its length.
-    unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n) }
-}
-
-/// Iterates the netlink messages in a receive buffer (header, payload after the header).
-pub fn messages(mut b: &[u8]) -> impl Iterator<Item = (&libc::nlmsghdr, &[u8])> {
-    let hl = std::mem::size_of::<libc::nlmsghdr>();
-    std::iter::from_fn(move || {
-        if b.len() < hl {
-            return None;
-        }
-        // SAFETY: the buffer starts 8-byte aligned and netlink messages are 4-byte aligned.
-        let hdr = unsafe { &*(b.as_ptr().cast::<libc::nlmsghdr>()) };
-        let len = hdr.nlmsg_len as usize;
-        if len < hl || len > b.len() {
-            return None;
-        }
-        let payload = &b[hl..len];
-        b = &b[((len + 3) & !3).min(b.len())..];
-        Some((hdr, payload))
-    })
 }
 
 /// Builds a dump request (`NFT_MSG_GET*` with NLM_F_DUMP) for one family.

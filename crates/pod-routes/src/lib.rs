@@ -5,9 +5,9 @@
 //! so re-applying is harmless.
 
 use capture::Plan;
-use mnl_impl as _;
-use netlink_wire::{NLMSG_HDR, put_attr}; // links our Rust libmnl (mnl_* for the mnl crate)
+use netlink_wire::{put_attr, socket};
 use std::io;
+use std::os::fd::{AsFd, OwnedFd};
 
 pub mod branch_eni;
 
@@ -27,32 +27,24 @@ const FRA_FWMASK: u16 = 16;
 
 /// Sends one rtnetlink request with NLM_F_ACK and returns the kernel's answer ("already
 /// exists" counts as done).
-fn request(sock: &mnl::Socket, msg_type: u16, flags: u16, body: &[u8]) -> io::Result<()> {
+fn request(sock: &OwnedFd, msg_type: u16, flags: u16, body: &[u8]) -> io::Result<()> {
     request_tolerating(sock, msg_type, flags, body, &[libc::EEXIST])
 }
 
 pub(crate) fn request_tolerating(
-    sock: &mnl::Socket,
+    sock: &OwnedFd,
     msg_type: u16,
     flags: u16,
     body: &[u8],
     tolerated: &[i32],
 ) -> io::Result<()> {
-    let hl = NLMSG_HDR;
     let msg = netlink_wire::message(msg_type, flags | libc::NLM_F_ACK as u16, 1, body);
-    sock.send(&msg)?;
-    let mut buf = vec![0u64; 1024];
-    // SAFETY: u64 storage viewed as bytes for recv.
-    let bytes =
-        unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), buf.len() * 8) };
-    let n = sock.recv_raw(bytes)?;
-    if n >= hl + 4 {
-        let errno = i32::from_ne_bytes(bytes[hl..hl + 4].try_into().unwrap());
-        if errno != 0 && !tolerated.contains(&-errno) {
-            return Err(io::Error::from_raw_os_error(-errno));
-        }
-    }
-    Ok(())
+    socket::request(sock.as_fd(), &msg, tolerated)
+}
+
+/// A bound rtnetlink socket.
+pub(crate) fn route_socket() -> io::Result<OwnedFd> {
+    socket::open(libc::NETLINK_ROUTE, 0)
 }
 
 fn lo_index() -> io::Result<u32> {
@@ -68,7 +60,7 @@ pub fn apply(plan: &Plan) -> Result<(), RouteError> {
         let what = what.to_string();
         move |source| RouteError { what, source }
     };
-    let sock = mnl::Socket::new(mnl::Bus::Route).map_err(err("opening an rtnetlink socket"))?;
+    let sock = route_socket().map_err(err("opening an rtnetlink socket"))?;
     let lo = lo_index().map_err(err("finding the loopback interface"))?;
     if plan.ipv6_passthrough_addr {
         add_address_v6(&sock, lo, PASSTHROUGH_V6).map_err(err("adding ::6/128 to lo"))?;
@@ -117,7 +109,7 @@ pub fn drift(plan: &Plan) -> Result<Vec<String>, RouteError> {
             let what = what.to_string();
             move |source| RouteError { what, source }
         };
-        let sock = mnl::Socket::new(mnl::Bus::Route).map_err(err("opening an rtnetlink socket"))?;
+        let sock = route_socket().map_err(err("opening an rtnetlink socket"))?;
         for (family, label) in families(r) {
             let rules = dump(&sock, libc::RTM_GETRULE, family)
                 .map_err(err("listing the policy routing rules"))?;
@@ -149,34 +141,13 @@ fn families(r: &capture::TproxyRoutes) -> Vec<(u8, &'static str)> {
 }
 
 /// The bodies (after `nlmsghdr`) of a `msg_type` dump for `family`.
-pub(crate) fn dump(sock: &mnl::Socket, msg_type: u16, family: u8) -> io::Result<Vec<Vec<u8>>> {
-    let hl = NLMSG_HDR;
+pub(crate) fn dump(sock: &OwnedFd, msg_type: u16, family: u8) -> io::Result<Vec<Vec<u8>>> {
     // rtgenmsg-sized family header, padded to 4 (both fib_rule_hdr and rtmsg start with it).
     let body = [family, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
     let msg = netlink_wire::message(msg_type, libc::NLM_F_DUMP as u16, 2, &body);
-    sock.send(&msg)?;
     let mut out = Vec::new();
-    let mut buf = vec![0u8; 32 * 1024];
-    loop {
-        let n = sock.recv_raw(&mut buf)?;
-        let mut off = 0;
-        while off + hl <= n {
-            let len = u32::from_ne_bytes(buf[off..off + 4].try_into().unwrap()) as usize;
-            let kind = u16::from_ne_bytes(buf[off + 4..off + 6].try_into().unwrap());
-            if len < hl || off + len > n {
-                return Err(io::Error::other("truncated netlink message"));
-            }
-            match kind as i32 {
-                libc::NLMSG_DONE => return Ok(out),
-                libc::NLMSG_ERROR => {
-                    let errno = i32::from_ne_bytes(buf[off + hl..off + hl + 4].try_into().unwrap());
-                    return Err(io::Error::from_raw_os_error(-errno));
-                }
-                _ => out.push(buf[off + hl..off + len].to_vec()),
-            }
-            off += (len + 3) & !3;
-        }
-    }
+    socket::dump(sock.as_fd(), &msg, |_, payload| out.push(payload.to_vec()))?;
+    Ok(out)
 }
 
 /// The attributes after a fixed header of `fixed` bytes: (type, payload).
@@ -222,7 +193,7 @@ fn has_passthrough_address() -> Result<bool, RouteError> {
         .any(|ip| ip == PASSTHROUGH_V6))
 }
 
-fn add_address_v6(sock: &mnl::Socket, ifindex: u32, addr: std::net::Ipv6Addr) -> io::Result<()> {
+fn add_address_v6(sock: &OwnedFd, ifindex: u32, addr: std::net::Ipv6Addr) -> io::Result<()> {
     // struct ifaddrmsg { family, prefixlen, flags, scope, index }
     let mut body = vec![
         libc::AF_INET6 as u8,
@@ -241,7 +212,7 @@ fn add_address_v6(sock: &mnl::Socket, ifindex: u32, addr: std::net::Ipv6Addr) ->
     )
 }
 
-fn add_rule(sock: &mnl::Socket, family: u8, r: &capture::TproxyRoutes) -> io::Result<()> {
+fn add_rule(sock: &OwnedFd, family: u8, r: &capture::TproxyRoutes) -> io::Result<()> {
     // EXCL alone does not prevent duplicates when no priority is given: `apply` looks first.
     request(
         sock,
@@ -266,7 +237,7 @@ fn rule_body(family: u8, r: &capture::TproxyRoutes) -> Vec<u8> {
     body
 }
 
-fn add_local_default(sock: &mnl::Socket, family: u8, ifindex: u32, table: u32) -> io::Result<()> {
+fn add_local_default(sock: &OwnedFd, family: u8, ifindex: u32, table: u32) -> io::Result<()> {
     request(
         sock,
         libc::RTM_NEWROUTE,
@@ -300,7 +271,7 @@ pub fn remove(r: &capture::TproxyRoutes) -> Result<(), RouteError> {
         let what = what.to_string();
         move |source| RouteError { what, source }
     };
-    let sock = mnl::Socket::new(mnl::Bus::Route).map_err(err("opening an rtnetlink socket"))?;
+    let sock = route_socket().map_err(err("opening an rtnetlink socket"))?;
     let lo = lo_index().map_err(err("finding the loopback interface"))?;
     let gone = [libc::ENOENT, libc::ESRCH, libc::EAFNOSUPPORT];
     for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {

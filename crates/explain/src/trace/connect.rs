@@ -189,7 +189,7 @@ fn prepare(conn: &Connection) -> Result<(OwnedFd, u32), TraceError> {
         };
         let one: libc::c_int = 1;
         // Failure only matters for non-local sources, and then bind reports it.
-        let _ = nft_backend::netlink::setsockopt(fd.as_fd(), level, opt, &one);
+        let _ = netlink_wire::socket::setsockopt(fd.as_fd(), level, opt, &one);
     }
     let src = scoped(SocketAddr::new(conn.src.unwrap_or(any), 0), scope);
     bind(fd.as_raw_fd(), &SockaddrStorage::from(src))

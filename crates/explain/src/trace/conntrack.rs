@@ -8,13 +8,13 @@
 
 use super::nfnl::{self, nl_err};
 use super::{Protocol, TraceError};
+use netlink_wire::socket as netlink;
 use netlink_wire::{attrs, error_code, message, put_attr};
-use nft_backend::netlink;
 use nix::sys::socket::SockFlag;
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_NEW: u16 = 0;
@@ -218,12 +218,7 @@ pub fn get(protocol: Protocol, t: &CtTuple) -> Result<Option<CtEntry>, TraceErro
     let what = format!("reading the conntrack entry of {} {t}", protocol.name());
     let fd = open()?;
     let seq = 1;
-    nix::sys::socket::send(
-        fd.as_raw_fd(),
-        &get_request(protocol, t, seq),
-        nix::sys::socket::MsgFlags::empty(),
-    )
-    .map_err(|e| nl_err(&what)(e.into()))?;
+    netlink::send(fd.as_fd(), &get_request(protocol, t, seq)).map_err(nl_err(&what))?;
     let mut buf = vec![0u64; netlink::RECV_WORDS];
     let mut entry = None;
     let new = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW;
@@ -275,16 +270,9 @@ impl Events {
     /// Subscribes in the CURRENT namespace (call inside it).
     pub fn subscribe() -> Result<Events, TraceError> {
         let name = "the conntrack event socket";
-        let fd = nix::sys::socket::socket(
-            nix::sys::socket::AddressFamily::Netlink,
-            nix::sys::socket::SockType::Raw,
-            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
-            nix::sys::socket::SockProtocol::NetlinkNetFilter,
-        )
-        .map_err(|e| nl_err(&format!("opening {name}"))(e.into()))?;
-        let addr = nix::sys::socket::NetlinkAddr::new(0, EVENT_GROUPS);
-        nix::sys::socket::bind(fd.as_raw_fd(), &addr)
-            .map_err(|e| nl_err(&format!("subscribing {name}"))(e.into()))?;
+        let fd =
+            netlink::open_subscribed(libc::NETLINK_NETFILTER, libc::SOCK_NONBLOCK, EVENT_GROUPS)
+                .map_err(|e| nl_err(&format!("subscribing {name}"))(e))?;
         Ok(Events { fd })
     }
 

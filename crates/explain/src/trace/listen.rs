@@ -3,7 +3,7 @@
 
 use super::nfnl::{self, nl_err};
 use super::{EventKind, TraceError, TraceEvent, Verdict};
-use nft_backend::netlink;
+use netlink_wire::socket as netlink;
 use nftnl::nftnl_sys as sys;
 use nix::sys::socket::SockFlag;
 use std::io;

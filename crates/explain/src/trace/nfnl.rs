@@ -2,12 +2,10 @@
 //! nfnetlink_log, ctnetlink), in the current namespace.
 
 use super::TraceError;
-use nft_backend::netlink;
-use nix::sys::socket::{
-    AddressFamily, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, socket,
-};
+use netlink_wire::socket as netlink;
+use nix::sys::socket::SockFlag;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 
 /// A netlink error naming what was being done.
 pub(super) fn nl_err(what: &str) -> impl FnOnce(io::Error) -> TraceError + '_ {
@@ -20,16 +18,8 @@ pub(super) fn nl_err(what: &str) -> impl FnOnce(io::Error) -> TraceError + '_ {
 /// A bound `NETLINK_NETFILTER` socket (close-on-exec, plus `flags`); `name` names it in
 /// errors ("the trace socket").
 pub(super) fn open(name: &str, flags: SockFlag) -> Result<OwnedFd, TraceError> {
-    let fd = socket(
-        AddressFamily::Netlink,
-        SockType::Raw,
-        SockFlag::SOCK_CLOEXEC | flags,
-        SockProtocol::NetlinkNetFilter,
-    )
-    .map_err(|e| nl_err(&format!("opening {name}"))(e.into()))?;
-    bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))
-        .map_err(|e| nl_err(&format!("binding {name}"))(e.into()))?;
-    Ok(fd)
+    netlink::open(libc::NETLINK_NETFILTER, flags.bits())
+        .map_err(|e| nl_err(&format!("opening {name}"))(e))
 }
 
 /// Receives on `fd` block at most `secs` seconds.

@@ -16,8 +16,8 @@ fn err(what: impl Into<String>) -> impl FnOnce(io::Error) -> RouteError {
     move |source| RouteError { what, source }
 }
 
-fn socket() -> Result<mnl::Socket, RouteError> {
-    mnl::Socket::new(mnl::Bus::Route).map_err(err("opening an rtnetlink socket"))
+fn socket() -> Result<std::os::fd::OwnedFd, RouteError> {
+    crate::route_socket().map_err(err("opening an rtnetlink socket"))
 }
 
 /// Whether `net.ipv4.tcp_early_demux` is 0 in this namespace (Istio's gate; an error: the
@@ -57,7 +57,7 @@ pub fn detect(pod: IpAddr) -> Result<Option<BranchEni>, RouteError> {
     Ok(super::detect(pod, &rules, &routes, name))
 }
 
-fn add_rule(sock: &mnl::Socket, rule: &ProbeRule) -> io::Result<bool> {
+fn add_rule(sock: &std::os::fd::OwnedFd, rule: &ProbeRule) -> io::Result<bool> {
     let flags = (libc::NLM_F_CREATE | libc::NLM_F_EXCL) as u16;
     match crate::request_tolerating(sock, libc::RTM_NEWRULE, flags, &rule_body(rule), &[]) {
         Ok(()) => Ok(true),
@@ -66,7 +66,7 @@ fn add_rule(sock: &mnl::Socket, rule: &ProbeRule) -> io::Result<bool> {
     }
 }
 
-fn del_rule(sock: &mnl::Socket, rule: &ProbeRule) -> io::Result<()> {
+fn del_rule(sock: &std::os::fd::OwnedFd, rule: &ProbeRule) -> io::Result<()> {
     let gone = [libc::ENOENT, libc::ESRCH];
     crate::request_tolerating(sock, libc::RTM_DELRULE, 0, &rule_body(rule), &gone)
 }

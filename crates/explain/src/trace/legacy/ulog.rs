@@ -15,7 +15,7 @@
 use super::lines::LogLine;
 use crate::trace::TraceError;
 use crate::trace::nfnl::{self, nl_err};
-use nft_backend::netlink;
+use netlink_wire::socket as netlink;
 use nix::sys::socket::SockFlag;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -124,12 +124,7 @@ impl LogSocket {
         self.seq += 1;
         let msg = config_msg(family, group, self.seq, attrs);
         let group_cmd = attrs.first() == Some(&(NFULA_CFG_CMD, vec![CMD_BIND]));
-        nix::sys::socket::send(
-            self.fd.as_raw_fd(),
-            &msg,
-            nix::sys::socket::MsgFlags::empty(),
-        )
-        .map_err(|e| nl_err(what)(e.into()))?;
+        netlink::send(self.fd.as_fd(), &msg).map_err(nl_err(what))?;
         loop {
             let n = netlink::recv(self.fd.as_fd(), &mut self.buf, 0).map_err(nl_err(what))?;
             for (hdr, payload) in netlink::messages(netlink::bytes_of(&self.buf, n)) {
