@@ -76,6 +76,19 @@ impl Settings {
     }
 }
 
+/// What the agent shares with the daemon's other jobs: the API client, the node's caches (the
+/// caller runs them), the daemon's state, the check counters (a family shared with the
+/// reconciler) and the set the agent's tasks are supervised in.
+#[derive(Clone)]
+pub struct JobContext {
+    pub client: kube::Client,
+    pub pods: PodCache,
+    pub namespaces: NamespaceCache,
+    pub state: Arc<State>,
+    pub checks: Arc<Counters>,
+    pub jobs: Jobs,
+}
+
 /// What the agent knows about the node besides its own settings.
 #[derive(Clone, Debug)]
 pub struct NodeContext {
@@ -262,19 +275,16 @@ fn report_ignored_annotations(client: &kube::Client, pod: &Pod) {
 }
 
 /// Subscribes now (so the first lists are seen whole) and starts the agent in the background.
-/// `namespaces`: the daemon's namespace cache (started by the caller). The agent, its ztunnel
-/// follower and its plugin event socket are jobs in `jobs`.
-#[allow(clippy::too_many_arguments)]
-pub fn start(
-    settings: &Settings,
-    node: NodeContext,
-    state: Arc<State>,
-    checks: Arc<Counters>,
-    client: kube::Client,
-    pods: &PodCache,
-    namespaces: &NamespaceCache,
-    jobs: &Jobs,
-) {
+/// The agent, its ztunnel follower and its plugin event socket are jobs in `ctx.jobs`.
+pub fn start(settings: &Settings, node: NodeContext, ctx: JobContext) {
+    let JobContext {
+        client,
+        pods,
+        namespaces,
+        state,
+        checks,
+        jobs,
+    } = ctx;
     let pod_events = pods.subscribe();
     let ns_events = namespaces.subscribe();
     let events = Arc::new(Counters::by(
@@ -299,8 +309,8 @@ pub fn start(
         probe_snat: settings.probe_snat,
         ipv6: settings.ipv6,
         aws_branch_eni_probe: settings.aws_branch_eni_probe,
-        pods: pods.clone(),
-        namespaces: namespaces.clone(),
+        pods,
+        namespaces,
         state,
         checks,
         client,

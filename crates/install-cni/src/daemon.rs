@@ -239,17 +239,15 @@ fn start_pod_consumers(
             backend,
             reconcile_interval: cfg.reconcile.enabled.then_some(cfg.reconcile.interval),
         };
-        let (checks, client) = (metrics.checks.clone(), client.clone());
-        ambient_agent::start(
-            &cfg.ambient,
-            agent_node,
-            state.clone(),
-            checks,
-            client,
-            &cache,
-            ns,
-            jobs,
-        );
+        let ctx = ambient_agent::JobContext {
+            client: client.clone(),
+            pods: cache.clone(),
+            namespaces: ns.clone(),
+            state: state.clone(),
+            checks: metrics.checks.clone(),
+            jobs: jobs.clone(),
+        };
+        ambient_agent::start(&cfg.ambient, agent_node, ctx);
     }
     let ledger = metrics.ledger.clone();
     crate::status::start_for(
