@@ -171,7 +171,7 @@ pub fn run_hook(
     fx: &mut Effects,
 ) -> HookEnd {
     for base in rs.base_chains(hook, pkt.is_ipv6()) {
-        if skip_nat && base.base.is_some_and(|b: BaseHook| b.nat) {
+        if skip_nat && base.base.is_some_and(BaseHook::nat) {
             continue;
         }
         let mut w = Walker {
@@ -665,7 +665,7 @@ pub fn ipv4_only(rs: &Ruleset) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::{Backend, Chain, Rule};
+    use crate::ir::{Backend, Chain, ChainType, Rule, SetKey};
 
     struct NoWorld;
     impl World for NoWorld {
@@ -681,7 +681,9 @@ mod tests {
         Set {
             table: "t".into(),
             name: "s".into(),
+            key: SetKey::Ipv4Addr,
             interval,
+            comment: None,
             elements: elements.iter().map(|(k, e)| (k.to_vec(), *e)).collect(),
         }
     }
@@ -734,9 +736,9 @@ mod tests {
                 table: "istio-proxy-nat".into(),
                 name: "output".into(),
                 base: Some(BaseHook {
+                    kind: ChainType::Nat,
                     hook: Hook::Output,
                     priority: -100,
-                    nat: true,
                 }),
                 rules: rules
                     .into_iter()

@@ -10,7 +10,10 @@
 //! POSTROUTING` up to its jump to `ISTIO_POSTRT`, the chains those rules jump to, with the
 //! ipsets they match (`-m set --match-set istio-inpod-probes-v4 dst`) as sets.
 
-use crate::ir::{Backend, BaseHook, Chain, Expr, Hook, Rule, Ruleset, Set, TableFamily, Verdict};
+use crate::ir::{
+    Backend, BaseHook, Chain, ChainType, Expr, Hook, Rule, Ruleset, Set, SetKey, TableFamily,
+    Verdict,
+};
 use crate::trace_tag::TRACE_CHAIN_PREFIX;
 use iptables_legacy::live::{our_save, parse};
 use iptables_legacy::trace_rules::comment_of;
@@ -72,11 +75,19 @@ pub fn load_ipsets(rs: &mut Ruleset, members: impl Fn(&str) -> Result<Vec<IpAddr
     }
     for (table, name) in wanted {
         let Ok(addrs) = members(&name) else { continue };
+        // An ipset holds one family; an empty one matches nothing either way.
+        let key = if addrs.iter().any(IpAddr::is_ipv6) {
+            SetKey::Ipv6Addr
+        } else {
+            SetKey::Ipv4Addr
+        };
         rs.sets.push(Set {
             table,
             elements: addrs.iter().map(|a| (ip_bytes(*a), false)).collect(),
             name,
+            key,
             interval: false,
+            comment: None,
         });
     }
 }
@@ -91,12 +102,22 @@ fn ip_bytes(a: IpAddr) -> Vec<u8> {
 /// Names of the sets this reader makes for `--dports`/`--sports` lists.
 const MULTIPORT_SET: &str = "multiport-";
 
-fn priority(table: &str) -> Option<(i32, bool)> {
+fn priority(table: &str) -> Option<i32> {
     match table {
-        "raw" => Some((-300, false)),
-        "mangle" => Some((-150, false)),
-        "nat" => Some((-100, true)),
+        "raw" => Some(-300),
+        "mangle" => Some(-150),
+        "nat" => Some(-100),
         _ => None,
+    }
+}
+
+/// What nft type a built-in chain has: iptables' mangle OUTPUT reroutes a packet whose mark
+/// it changed (nft's `route`), nat's chains see first packets only.
+fn chain_type(table: &str, hook: Hook) -> ChainType {
+    match (table, hook) {
+        ("nat", _) => ChainType::Nat,
+        ("mangle", Hook::Output) => ChainType::Route,
+        _ => ChainType::Filter,
     }
 }
 
@@ -129,7 +150,7 @@ pub fn add_family(rs: &mut Ruleset, save_text: &str, v6: bool) {
         TableFamily::Ip
     };
     for t in parse(save_text) {
-        let Some((prio, nat)) = priority(&t.name) else {
+        let Some(prio) = priority(&t.name) else {
             continue;
         };
         if t.rules.iter().all(|(_, r)| is_trace_rule(r)) {
@@ -160,9 +181,9 @@ pub fn add_family(rs: &mut Ruleset, save_text: &str, v6: bool) {
                 table: t.name.clone(),
                 name: name.clone(),
                 base: hook.map(|hook| BaseHook {
+                    kind: chain_type(&t.name, hook),
                     hook,
                     priority: prio,
-                    nat,
                 }),
                 rules,
             });
@@ -499,7 +520,9 @@ fn matcher(
             sets.push(Set {
                 table: ctx.table.to_string(),
                 name: name.clone(),
+                key: SetKey::InetService,
                 interval: false,
+                comment: None,
                 elements: ports
                     .iter()
                     .map(|p| (p.to_be_bytes().to_vec(), false))
@@ -822,6 +845,13 @@ mod tests {
         }));
         // `! --mark 0x539/0xfff`: (mark & 0xfff) != 0x539.
         assert!(all.contains(&&cmp(true, 0x539u32.to_ne_bytes().to_vec())));
+        // nat's chains are nat type, mangle's OUTPUT route type, its PREROUTING filter.
+        let kind = |table, chain| rs.chain(TableFamily::Ip, table, chain).unwrap().base;
+        let kind = |table, chain| kind(table, chain).map(|b| b.kind);
+        assert_eq!(kind("nat", "OUTPUT"), Some(ChainType::Nat));
+        assert_eq!(kind("mangle", "OUTPUT"), Some(ChainType::Route));
+        assert_eq!(kind("mangle", "PREROUTING"), Some(ChainType::Filter));
+        assert_eq!(kind("mangle", "ISTIO_OUTPUT"), None);
     }
 
     #[test]

@@ -72,38 +72,39 @@ impl Built<'_> {
 /// Key type used only to create sets through nftnl with the right type/length; elements are
 /// added with raw calls so that interval ends can be flagged.
 macro_rules! key_kind {
-    ($name:ident, $ty:expr, $len:expr) => {
+    ($name:ident, $key:expr) => {
         struct $name;
         impl SetKey for $name {
-            const TYPE: u32 = $ty;
-            const LEN: u32 = $len;
+            const TYPE: u32 = $key.id();
+            const LEN: u32 = $key.key_len();
             fn data(&self) -> Box<[u8]> {
                 Box::new([])
             }
         }
     };
 }
-key_kind!(PortKey, 13, 2);
-key_kind!(V4Key, 7, 4);
-key_kind!(V6Key, 8, 16);
+key_kind!(PortKey, nft_ir::SetKey::InetService);
+key_kind!(V4Key, nft_ir::SetKey::Ipv4Addr);
+key_kind!(V6Key, nft_ir::SetKey::Ipv6Addr);
 
 fn cstr(s: &str) -> CString {
     CString::new(s).expect("object names have no NUL")
 }
 
-fn hook(name: &str) -> Hook {
-    match name {
-        "prerouting" => Hook::PreRouting,
-        "postrouting" => Hook::PostRouting,
-        _ => Hook::Out,
+fn hook(h: nft_ir::Hook) -> Hook {
+    match h {
+        nft_ir::Hook::Prerouting => Hook::PreRouting,
+        nft_ir::Hook::Postrouting => Hook::PostRouting,
+        // The lowering only makes the three hooks above and output.
+        nft_ir::Hook::Output | nft_ir::Hook::Other => Hook::Out,
     }
 }
 
-fn chain_type(kind: &str) -> ChainType {
+fn chain_type(kind: nft_ir::ChainType) -> ChainType {
     match kind {
-        "nat" => ChainType::Nat,
-        "route" => ChainType::Route,
-        _ => ChainType::Filter,
+        nft_ir::ChainType::Nat => ChainType::Nat,
+        nft_ir::ChainType::Route => ChainType::Route,
+        nft_ir::ChainType::Filter => ChainType::Filter,
     }
 }
 
@@ -217,8 +218,7 @@ fn add_table(
     }
 }
 
-/// An anonymous set of a rule (`__setN`: created as `__set%d` with id N); its key type is its
-/// elements' length (2: a port, 4: an IPv4 address, 16: an IPv6 address).
+/// An anonymous set of a rule (`__setN`: created as `__set%d` with id N), of its key type.
 fn add_set(
     batch: &mut Batch,
     descriptions: &mut impl Notes,
@@ -230,12 +230,12 @@ fn add_set(
     let id = s
         .anonymous_id()
         .expect("the lowering names its sets __setN");
-    match s.elements.first().map(|(k, _)| k.len()) {
-        Some(2) => {
+    match s.key {
+        nft_ir::SetKey::InetService => {
             let set = Set::<PortKey>::new(name, id, table, ProtoFamily::Inet);
             emit_set(batch, descriptions, set, s, rule_text)
         }
-        Some(16) => {
+        nft_ir::SetKey::Ipv6Addr => {
             let set = Set::<V6Key>::new(name, id, table, ProtoFamily::Inet);
             emit_set(batch, descriptions, set, s, rule_text)
         }
@@ -342,25 +342,34 @@ fn udata_comment(kind: u32, text: &str) -> Vec<u8> {
     out
 }
 
-/// `add set inet T NAME { type ipv4_addr|ipv6_addr; comment "…"; }`: idempotent (no EXCL).
+/// `add set inet T NAME { type KEY; [flags interval;] comment "…"; }`: idempotent (no EXCL).
 struct NamedSetMsg(*mut sys::nftnl_set);
 
 impl NamedSetMsg {
-    fn new(table: &str, s: &capture::NamedSet, id: u32) -> Self {
-        let (kind, len) = if s.v6 { (8, 16) } else { (7, 4) };
-        let comment = udata_comment(sys::NFTNL_UDATA_SET_COMMENT, &s.comment);
+    fn new(table: &str, s: &nft_ir::Set, id: u32) -> Self {
+        let (kind, len) = (s.key.id(), s.key.key_len());
+        let comment = s
+            .comment
+            .as_deref()
+            .map(|c| udata_comment(sys::NFTNL_UDATA_SET_COMMENT, c));
         // SAFETY: a fresh nftnl_set; libnftnl copies every string and buffer set on it.
         unsafe {
             let set = named_set(table, &s.name);
             sys::nftnl_set_set_u32(set, sys::NFTNL_SET_ID as u16, id);
             sys::nftnl_set_set_u32(set, sys::NFTNL_SET_KEY_TYPE as u16, kind);
             sys::nftnl_set_set_u32(set, sys::NFTNL_SET_KEY_LEN as u16, len);
-            sys::nftnl_set_set_data(
-                set,
-                sys::NFTNL_SET_USERDATA as u16,
-                comment.as_ptr().cast(),
-                comment.len() as u32,
-            );
+            if s.interval {
+                let flags = libc::NFT_SET_INTERVAL as u32;
+                sys::nftnl_set_set_u32(set, sys::NFTNL_SET_FLAGS as u16, flags);
+            }
+            if let Some(comment) = comment {
+                sys::nftnl_set_set_data(
+                    set,
+                    sys::NFTNL_SET_USERDATA as u16,
+                    comment.as_ptr().cast(),
+                    comment.len() as u32,
+                );
+            }
             Self(set)
         }
     }

@@ -2,14 +2,15 @@
 //! values. The plan's side is its lowering (`model`, what the batch serialises); the kernel's
 //! is a dump read into the same IR (`read`). Chains compare by their base (type, hook,
 //! priority), rules by their expressions and comment, an anonymous set by its elements (the
-//! kernel picks its name); handles, positions and counters' values are not compared. Reports
+//! kernel picks its name), a named set by its declaration (key type, flags, comment; its
+//! elements follow the pods); handles, positions and counters' values are not compared. Reports
 //! show each rule in nft syntax (`nft_ir::render`).
 
 use crate::NftError;
 use crate::model;
 use crate::netlink::Socket;
 use capture::Plan;
-use nft_ir::{Expr, Rule, Set, TableFamily};
+use nft_ir::{BaseHook, Expr, Rule, Set, TableFamily};
 
 /// A rule as compared: its comment and expressions, each lookup in an anonymous set by the
 /// set's elements.
@@ -58,9 +59,14 @@ fn contents(s: &Set) -> String {
     format!("{{{}}}", items.join(","))
 }
 
-fn header(base: Option<(&str, &str, i32)>) -> String {
+fn header(base: Option<BaseHook>) -> String {
     match base {
-        Some((kind, hook, priority)) => format!("type {kind} hook {hook} priority {priority}"),
+        Some(b) => format!(
+            "type {} hook {} priority {}",
+            b.kind.name(),
+            b.hook.name(),
+            b.priority
+        ),
         None => "regular".into(),
     }
 }
@@ -68,11 +74,12 @@ fn header(base: Option<(&str, &str, i32)>) -> String {
 /// Readable differences between the plan and the live tables.
 pub fn diff(sock: &Socket, plan: &Plan) -> Result<Vec<String>, NftError> {
     let ours: Vec<&str> = plan.owned_tables().iter().map(|t| t.nft_name()).collect();
-    let (have, types) = crate::read::read(sock, |t| ours.contains(&t), |_| true)?;
+    let have = crate::read::ruleset(sock, |t| ours.contains(&t), |_| true)?;
     let mut out = Vec::new();
     let mut wanted = Vec::new();
     for t in model::tables(plan) {
         let table = t.table.nft_name();
+        out.extend(set_differences(&t.sets, &have.sets, table));
         for c in &t.chains {
             let chain = c.chain.nft_name();
             wanted.push((table, chain));
@@ -80,16 +87,11 @@ pub fn diff(sock: &Socket, plan: &Plan) -> Result<Vec<String>, NftError> {
                 out.push(format!("missing chain {chain} in table inet {table}"));
                 continue;
             };
-            let want_header = header(c.base.map(|b| (b.kind, b.hook, b.priority)));
-            let kind = types.get(&(table.to_string(), chain.to_string()));
-            let have_header = header(
-                h.base
-                    .zip(kind)
-                    .map(|(b, k)| (k.as_str(), b.hook.name(), b.priority)),
-            );
-            if have_header != want_header {
+            if h.base != c.base {
                 out.push(format!(
-                    "chain {chain} in table inet {table}: expected {want_header}, found {have_header}"
+                    "chain {chain} in table inet {table}: expected {}, found {}",
+                    header(c.base),
+                    header(h.base)
                 ));
             }
             let w: Vec<(Value, String)> = c
@@ -118,6 +120,31 @@ pub fn diff(sock: &Socket, plan: &Plan) -> Result<Vec<String>, NftError> {
         }
     }
     Ok(out)
+}
+
+/// A named set's declaration as compared: its elements are managed on their own.
+fn declaration(s: &Set) -> String {
+    let interval = if s.interval { "; flags interval" } else { "" };
+    let comment = s.comment.as_deref().unwrap_or("");
+    format!("type {}{interval}; comment \"{comment}\"", s.key.name())
+}
+
+/// The plan's named sets that are missing in `table` or declared otherwise.
+fn set_differences(want: &[Set], have: &[Set], table: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for w in want {
+        match have.iter().find(|h| h.table == table && h.name == w.name) {
+            None => out.push(format!("missing set {} in table inet {table}", w.name)),
+            Some(h) if declaration(h) != declaration(w) => out.push(format!(
+                "set {} in table inet {table}: expected {}, found {}",
+                w.name,
+                declaration(w),
+                declaration(h)
+            )),
+            Some(_) => {}
+        }
+    }
+    out
 }
 
 /// Missing and unexpected rules of one chain (each with its nft text), or that the same rules
@@ -149,6 +176,7 @@ fn rule_differences(want: &[(Value, String)], have: &[(Value, String)], at: &str
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nft_ir::SetKey;
 
     fn rule(set: &str) -> Rule {
         Rule {
@@ -168,7 +196,9 @@ mod tests {
         Set {
             table: "t".into(),
             name: name.into(),
+            key: SetKey::Ipv4Addr,
             interval: true,
+            comment: None,
             elements,
         }
     }

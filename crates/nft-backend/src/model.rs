@@ -5,22 +5,15 @@
 
 use crate::ir_exprs as expr;
 use capture::{Action, ChainId, CtState, Family, IpNet, L4, Match, NamedSet, Plan, Table};
-use nft_ir::{Expr, Verdict};
+use nft_ir::{BaseHook, ChainType, Expr, Hook, SetKey, Verdict};
 use std::net::IpAddr;
 
 /// A base chain's type, hook and priority (Istio's nft mode, istio-reference §2.2).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BaseChain {
-    pub kind: &'static str,
-    pub hook: &'static str,
-    pub priority: i32,
-}
-
-pub fn base_chain(table: Table, chain: ChainId) -> Option<BaseChain> {
+pub fn base_chain(table: Table, chain: ChainId) -> Option<BaseHook> {
     let hook = match chain {
-        ChainId::Prerouting => "prerouting",
-        ChainId::Output => "output",
-        ChainId::Postrouting => "postrouting",
+        ChainId::Prerouting => Hook::Prerouting,
+        ChainId::Output => Hook::Output,
+        ChainId::Postrouting => Hook::Postrouting,
         // Istio's own chains: regular chains, reached by jumps.
         ChainId::Inbound
         | ChainId::Redirect
@@ -34,17 +27,33 @@ pub fn base_chain(table: Table, chain: ChainId) -> Option<BaseChain> {
         | ChainId::IstioPostrouting => return None,
     };
     let (kind, priority) = match table {
-        Table::Nat | Table::AmbientNat if hook == "postrouting" => ("nat", 100),
-        Table::Nat | Table::AmbientNat => ("nat", -100),
-        Table::Mangle | Table::AmbientMangle if hook == "output" => ("route", -150),
-        Table::Mangle | Table::AmbientMangle => ("filter", -150),
-        Table::Raw | Table::AmbientRaw => ("filter", -300),
+        Table::Nat | Table::AmbientNat if hook == Hook::Postrouting => (ChainType::Nat, 100),
+        Table::Nat | Table::AmbientNat => (ChainType::Nat, -100),
+        Table::Mangle | Table::AmbientMangle if hook == Hook::Output => (ChainType::Route, -150),
+        Table::Mangle | Table::AmbientMangle => (ChainType::Filter, -150),
+        Table::Raw | Table::AmbientRaw => (ChainType::Filter, -300),
     };
-    Some(BaseChain {
+    Some(BaseHook {
         kind,
         hook,
         priority,
     })
+}
+
+/// A plan's named set as declared (its elements are managed on their own: pods come and go).
+fn named_set(s: &NamedSet) -> nft_ir::Set {
+    nft_ir::Set {
+        table: s.table.nft_name().to_string(),
+        name: s.name.clone(),
+        key: if s.v6 {
+            SetKey::Ipv6Addr
+        } else {
+            SetKey::Ipv4Addr
+        },
+        interval: false,
+        comment: Some(s.comment.clone()),
+        elements: Vec::new(),
+    }
 }
 
 /// One rule of a chain as the kernel holds it: its expressions and comment (`nft_ir::Rule`),
@@ -64,14 +73,15 @@ impl RuleSpec {
 
 pub struct ChainSpec {
     pub chain: ChainId,
-    pub base: Option<BaseChain>,
+    pub base: Option<BaseHook>,
     pub rules: Vec<RuleSpec>,
 }
 
 pub struct TableSpec {
     pub table: Table,
-    /// Named sets of the table (created before the rules that look them up).
-    pub sets: Vec<NamedSet>,
+    /// Named sets of the table, declared without elements (created before the rules that
+    /// look them up).
+    pub sets: Vec<nft_ir::Set>,
     pub chains: Vec<ChainSpec>,
 }
 
@@ -114,7 +124,7 @@ pub fn tables(plan: &Plan) -> Vec<TableSpec> {
                 .sets
                 .iter()
                 .filter(|s| s.table == table)
-                .cloned()
+                .map(named_set)
                 .collect(),
             chains: chains
                 .iter()
@@ -156,13 +166,15 @@ impl RuleBuilder<'_> {
         self.exprs.push(e);
     }
     /// A new anonymous set of the rule; its name.
-    fn new_set(&mut self, interval: bool, elements: Vec<(Vec<u8>, bool)>) -> String {
+    fn new_set(&mut self, key: SetKey, interval: bool, elements: Vec<(Vec<u8>, bool)>) -> String {
         let name = format!("{}{}", nft_ir::ANONYMOUS_SET, *self.set_ids);
         *self.set_ids += 1;
         self.sets.push(nft_ir::Set {
             table: self.table.to_string(),
             name: name.clone(),
+            key,
             interval,
+            comment: None,
             elements,
         });
         name
@@ -405,7 +417,12 @@ fn addr_match(b: &mut RuleBuilder, nets: &[IpNet], negate: bool, source: bool) {
         }
         b.push(expr::cmp(cmp_op(negate), &addr_bytes(n.network())));
     } else {
-        let name = b.new_set(true, interval_elements(nets));
+        let key = if v6 {
+            SetKey::Ipv6Addr
+        } else {
+            SetKey::Ipv4Addr
+        };
+        let name = b.new_set(key, true, interval_elements(nets));
         b.push(expr::lookup(&name, negate));
     }
 }
@@ -437,7 +454,7 @@ fn port_match(b: &mut RuleBuilder, offset: u32, ports: &[u16], negate: bool) {
             .iter()
             .map(|p| (p.to_be_bytes().to_vec(), false))
             .collect();
-        let name = b.new_set(false, elements);
+        let name = b.new_set(SetKey::InetService, false, elements);
         b.push(expr::lookup(&name, negate));
     }
 }
@@ -580,19 +597,20 @@ pub fn render_text(plan: &Plan) -> String {
         let tname = t.table.nft_name();
         out.push_str(&format!("table inet {} {{\n", t.table.nft_name()));
         for s in &t.sets {
-            out.push_str(&format!(
-                "\tset {} {{\n\t\ttype {}\n\t\tcomment \"{}\"\n\t}}\n",
-                s.name,
-                if s.v6 { "ipv6_addr" } else { "ipv4_addr" },
-                s.comment
-            ));
+            out.push_str(&format!("\tset {} {{\n\t\ttype {}\n", s.name, s.key.name()));
+            if let Some(comment) = &s.comment {
+                out.push_str(&format!("\t\tcomment \"{comment}\"\n"));
+            }
+            out.push_str("\t}\n");
         }
         for c in &t.chains {
             out.push_str(&format!("\tchain {} {{\n", c.chain.nft_name()));
             if let Some(b) = c.base {
                 out.push_str(&format!(
                     "\t\ttype {} hook {} priority {}; policy accept;\n",
-                    b.kind, b.hook, b.priority
+                    b.kind.name(),
+                    b.hook.name(),
+                    b.priority
                 ));
             }
             for r in &c.rules {

@@ -4,9 +4,10 @@
 
 use crate::NftError;
 use crate::netlink::{self, Socket};
-use nft_ir::{BaseHook, Chain, Expr, Hook, Rule, Ruleset, Set, TableFamily, Verdict};
+use nft_ir::{
+    BaseHook, Chain, ChainType, Expr, Hook, Rule, Ruleset, Set, SetKey, TableFamily, Verdict,
+};
 use nftnl::nftnl_sys as sys;
-use std::collections::BTreeMap;
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 
@@ -175,20 +176,7 @@ pub fn ruleset(
     keep_table: impl Fn(&str) -> bool,
     keep_chain: impl Fn(&Chain) -> bool,
 ) -> Result<Ruleset, NftError> {
-    Ok(read(sock, keep_table, keep_chain)?.0)
-}
-
-/// Base chains' types (`nat`, `filter`, `route`) by `(table, chain)`.
-pub type ChainTypes = BTreeMap<(String, String), String>;
-
-/// [`ruleset`], and the base chains' types.
-pub fn read(
-    sock: &Socket,
-    keep_table: impl Fn(&str) -> bool,
-    keep_chain: impl Fn(&Chain) -> bool,
-) -> Result<(Ruleset, ChainTypes), NftError> {
     let mut chains = Vec::new();
-    let mut types = ChainTypes::new();
     let req = netlink::dump_request(
         libc::NFT_MSG_GETCHAIN as u32,
         libc::NFPROTO_INET as u16,
@@ -197,11 +185,8 @@ pub fn read(
     );
     sock.dump(&req, |hdr, raw| {
         if hdr.nlmsg_type == msg_type(libc::NFT_MSG_NEWCHAIN as u32)
-            && let Some((c, kind)) = parse_chain(raw)
+            && let Some(c) = parse_chain(raw)
         {
-            if let Some(kind) = kind {
-                types.insert((c.table.clone(), c.name.clone()), kind);
-            }
             chains.push(c);
         }
     })
@@ -238,41 +223,44 @@ pub fn read(
             c.rules.push(rule);
         }
     }
-    let rs = Ruleset {
+    Ok(Ruleset {
         backend: nft_ir::Backend::Nft,
         chains,
         sets,
-    };
-    Ok((rs, types))
+    })
 }
 
-fn parse_chain(raw: *const libc::nlmsghdr) -> Option<(Chain, Option<String>)> {
+fn parse_chain(raw: *const libc::nlmsghdr) -> Option<Chain> {
     // SAFETY: `raw` is a complete chain message; the chain object is freed below.
     unsafe {
         let c = sys::nftnl_chain_alloc();
         let out = (sys::nftnl_chain_nlmsg_parse(raw, c) >= 0).then(|| {
             let table = cstr_to_string(sys::nftnl_chain_get_str(c, sys::NFTNL_CHAIN_TABLE as u16));
             let name = cstr_to_string(sys::nftnl_chain_get_str(c, sys::NFTNL_CHAIN_NAME as u16));
-            let kind = sys::nftnl_chain_is_set(c, sys::NFTNL_CHAIN_HOOKNUM as u16)
-                .then(|| cstr_to_string(sys::nftnl_chain_get_str(c, sys::NFTNL_CHAIN_TYPE as u16)));
-            let base = kind.as_ref().map(|kind| BaseHook {
-                hook: match sys::nftnl_chain_get_u32(c, sys::NFTNL_CHAIN_HOOKNUM as u16) as i32 {
-                    libc::NF_INET_PRE_ROUTING => Hook::Prerouting,
-                    libc::NF_INET_LOCAL_OUT => Hook::Output,
-                    libc::NF_INET_POST_ROUTING => Hook::Postrouting,
-                    _ => Hook::Other,
-                },
-                priority: sys::nftnl_chain_get_s32(c, sys::NFTNL_CHAIN_PRIO as u16),
-                nat: kind == "nat",
-            });
-            let chain = Chain {
+            let base =
+                sys::nftnl_chain_is_set(c, sys::NFTNL_CHAIN_HOOKNUM as u16).then(|| BaseHook {
+                    // The kernel has no chain types besides these three.
+                    kind: ChainType::from_name(&cstr_to_string(sys::nftnl_chain_get_str(
+                        c,
+                        sys::NFTNL_CHAIN_TYPE as u16,
+                    )))
+                    .unwrap_or(ChainType::Filter),
+                    hook: match sys::nftnl_chain_get_u32(c, sys::NFTNL_CHAIN_HOOKNUM as u16) as i32
+                    {
+                        libc::NF_INET_PRE_ROUTING => Hook::Prerouting,
+                        libc::NF_INET_LOCAL_OUT => Hook::Output,
+                        libc::NF_INET_POST_ROUTING => Hook::Postrouting,
+                        _ => Hook::Other,
+                    },
+                    priority: sys::nftnl_chain_get_s32(c, sys::NFTNL_CHAIN_PRIO as u16),
+                });
+            Chain {
                 family: TableFamily::Inet,
                 table,
                 name,
                 base,
                 rules: Vec::new(),
-            };
-            (chain, kind)
+            }
         });
         sys::nftnl_chain_free(c);
         out
@@ -293,7 +281,7 @@ fn parse_rule(raw: *const libc::nlmsghdr) -> Option<(String, String, Rule)> {
         let comment = if sys::nftnl_rule_is_set(r, sys::NFTNL_RULE_USERDATA as u16) {
             let mut len = 0u32;
             let p = sys::nftnl_rule_get_data(r, sys::NFTNL_RULE_USERDATA as u16, &mut len);
-            comment_of(std::slice::from_raw_parts(p.cast::<u8>(), len as usize))
+            comment_of(std::slice::from_raw_parts(p.cast::<u8>(), len as usize), 0)
         } else {
             None
         };
@@ -329,12 +317,13 @@ fn parse_rule(raw: *const libc::nlmsghdr) -> Option<(String, String, Rule)> {
     }
 }
 
-/// The comment TLV (`NFTNL_UDATA_RULE_COMMENT` = 0) of a rule's userdata.
-fn comment_of(mut ud: &[u8]) -> Option<String> {
+/// The comment TLV of an object's userdata: type `kind` (`NFTNL_UDATA_RULE_COMMENT` = 0 for a
+/// rule, `NFTNL_UDATA_SET_COMMENT` for a set).
+fn comment_of(mut ud: &[u8], kind: u8) -> Option<String> {
     while ud.len() >= 2 {
         let (ty, len) = (ud[0], ud[1] as usize);
         let v = ud.get(2..2 + len)?;
-        if ty == 0 {
+        if ty == kind {
             let v = v.split(|b| *b == 0).next().unwrap_or(v);
             return Some(String::from_utf8_lossy(v).into_owned());
         }
@@ -454,7 +443,7 @@ unsafe fn parse_expr(e: *mut sys::nftnl_expr) -> Expr {
 
 /// Every set of our tables with its elements.
 fn sets(sock: &Socket, ours: &impl Fn(&str) -> bool) -> Result<Vec<Set>, NftError> {
-    let mut found: Vec<(String, String, u32)> = Vec::new();
+    let mut found: Vec<Set> = Vec::new();
     let req = netlink::dump_request(
         libc::NFT_MSG_GETSET as u32,
         libc::NFPROTO_INET as u16,
@@ -471,13 +460,8 @@ fn sets(sock: &Socket, ours: &impl Fn(&str) -> bool) -> Result<Vec<Set>, NftErro
             if sys::nftnl_set_nlmsg_parse(raw, s) >= 0 {
                 let table = cstr_to_string(sys::nftnl_set_get_str(s, sys::NFTNL_SET_TABLE as u16));
                 let name = cstr_to_string(sys::nftnl_set_get_str(s, sys::NFTNL_SET_NAME as u16));
-                let flags = if sys::nftnl_set_is_set(s, sys::NFTNL_SET_FLAGS as u16) {
-                    sys::nftnl_set_get_u32(s, sys::NFTNL_SET_FLAGS as u16)
-                } else {
-                    0
-                };
                 if ours(&table) {
-                    found.push((table, name, flags));
+                    found.push(set_declaration(s, table, name));
                 }
             }
             sys::nftnl_set_free(s);
@@ -486,14 +470,39 @@ fn sets(sock: &Socket, ours: &impl Fn(&str) -> bool) -> Result<Vec<Set>, NftErro
     .map_err(io("dumping our nftables sets"))?;
     found
         .into_iter()
-        .map(|(table, name, flags)| {
-            let elements = set_elements(sock, &table, &name)?;
-            Ok(Set {
-                table,
-                name,
-                interval: flags & libc::NFT_SET_INTERVAL as u32 != 0,
-                elements,
-            })
+        .map(|s| {
+            let elements = set_elements(sock, &s.table, &s.name)?;
+            Ok(Set { elements, ..s })
         })
         .collect()
+}
+
+/// A parsed set's declaration (key type, interval flag, comment), without its elements.
+///
+/// # Safety
+/// `s` is a parsed set.
+unsafe fn set_declaration(s: *mut sys::nftnl_set, table: String, name: String) -> Set {
+    // SAFETY: (caller) `s` is parsed; the userdata pointer is valid for `len`.
+    unsafe {
+        let u32_of = |attr: u32| {
+            sys::nftnl_set_is_set(s, attr as u16).then(|| sys::nftnl_set_get_u32(s, attr as u16))
+        };
+        let flags = u32_of(sys::NFTNL_SET_FLAGS).unwrap_or(0);
+        let comment = if sys::nftnl_set_is_set(s, sys::NFTNL_SET_USERDATA as u16) {
+            let mut len = 0u32;
+            let p = sys::nftnl_set_get_data(s, sys::NFTNL_SET_USERDATA as u16, &mut len);
+            let ud = std::slice::from_raw_parts(p.cast::<u8>(), len as usize);
+            comment_of(ud, sys::NFTNL_UDATA_SET_COMMENT as u8)
+        } else {
+            None
+        };
+        Set {
+            table,
+            name,
+            key: SetKey::from_id(u32_of(sys::NFTNL_SET_KEY_TYPE).unwrap_or(0)),
+            interval: flags & libc::NFT_SET_INTERVAL as u32 != 0,
+            comment,
+            elements: Vec::new(),
+        }
+    }
 }

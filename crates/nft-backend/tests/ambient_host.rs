@@ -117,6 +117,40 @@ fn set_elements_follow_pods_in_both_families() {
     assert!(!listing.contains("istio-inpod-probes-v6"), "{listing}");
 }
 
+/// `--check` reads named sets' declarations back (key type, comment) and compares them, not
+/// their elements, which follow the pods.
+#[test]
+fn check_compares_named_set_declarations_not_elements() {
+    require_root();
+    let node = TestNetns::with_prefix("amb-check").unwrap();
+    let host = host_plan(false);
+    let check = || in_ns(node.path(), || nft_backend::check(&host)).unwrap();
+    in_ns(node.path(), || ambient_host::ensure(&host)).unwrap();
+    let ip: Vec<IpAddr> = vec!["10.1.0.5".parse().unwrap()];
+    in_ns(node.path(), || {
+        ambient_host::add_pod_ips(&host, &ip, "uid-a")
+    })
+    .unwrap();
+    assert_eq!(check(), Vec::<String>::new());
+
+    // A set of the same name declared otherwise before the rule: `add set` keeps it.
+    let other = TestNetns::with_prefix("amb-check2").unwrap();
+    let set = "istio-inpod-probes-v4";
+    let decl = format!(
+        "add table inet istio-ambient-nat; \
+         add set inet istio-ambient-nat {set} {{ type ipv4_addr; comment \"someone else's\"; }}"
+    );
+    other.exec_ok("nft", &[decl.as_str()]).unwrap();
+    in_ns(other.path(), || ambient_host::ensure(&host)).unwrap();
+    let drift = in_ns(other.path(), || nft_backend::check(&host)).unwrap();
+    assert!(
+        drift.iter().any(|d| d.contains(set)
+            && d.contains("expected type ipv4_addr; comment \"IPs of the ambient pods")
+            && d.contains("found type ipv4_addr; comment \"someone else's\"")),
+        "{drift:?}"
+    );
+}
+
 /// Istio's iptables flavour of the host rule (`--socket-exists`), rendered by nft as
 /// `meta skuid >= 0`: the probes of every local process are SNATed, whatever its uid.
 #[test]

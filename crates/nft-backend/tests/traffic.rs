@@ -469,6 +469,25 @@ fn check_reports_drift_and_reapply_repairs_it() {
     );
     apply(ns.path(), &cni_default(Ipv6Mode::Off));
     assert_eq!(check(), Vec::<String>::new());
+    // Same hook and priority, another chain type: a difference too.
+    ns.exec_ok(
+        "nft",
+        &[
+            "flush chain inet istio-proxy-nat output; delete chain inet istio-proxy-nat output; \
+             add chain inet istio-proxy-nat output { type filter hook output priority -100; }",
+        ],
+    )
+    .unwrap();
+    let drift = check();
+    assert!(
+        drift.iter().any(|d| d.contains(
+            "chain output in table inet istio-proxy-nat: expected type nat hook output priority \
+             -100, found type filter hook output priority -100"
+        )),
+        "{drift:?}"
+    );
+    apply(ns.path(), &cni_default(Ipv6Mode::Off));
+    assert_eq!(check(), Vec::<String>::new());
 }
 
 #[test]

@@ -61,12 +61,47 @@ impl Hook {
     }
 }
 
+/// A base chain's type (nft's `type filter|nat|route`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChainType {
+    Filter,
+    Nat,
+    /// `route`: an output chain whose mark/address changes reroute the packet.
+    Route,
+}
+
+impl ChainType {
+    pub fn name(self) -> &'static str {
+        match self {
+            ChainType::Filter => "filter",
+            ChainType::Nat => "nat",
+            ChainType::Route => "route",
+        }
+    }
+    /// The type nft names `name`; `None` for a type we do not know.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "filter" => Some(ChainType::Filter),
+            "nat" => Some(ChainType::Nat),
+            "route" => Some(ChainType::Route),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BaseHook {
+    pub kind: ChainType,
     pub hook: Hook,
     pub priority: i32,
+}
+
+impl BaseHook {
     /// `nat` chains are consulted only for a connection's first packet, once per direction.
-    pub nat: bool,
+    pub fn nat(self) -> bool {
+        self.kind == ChainType::Nat
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,14 +129,66 @@ pub struct Rule {
 /// picks the number).
 pub const ANONYMOUS_SET: &str = "__set";
 
-/// A named set (nft's anonymous sets `__setN`, or a set the legacy reader made for a
-/// multiport/CIDR list). Interval sets hold `(start, false)` and `(end exclusive, true)`
-/// elements, as the kernel does.
+/// A set's key type, with nft's numbers (`NFTNL_SET_KEY_TYPE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SetKey {
+    Ipv4Addr,
+    Ipv6Addr,
+    /// A port (`inet_service`).
+    InetService,
+    /// Any other type, by its number.
+    Other(u32),
+}
+
+impl SetKey {
+    /// nft's number for the type (`TYPE_IPADDR` 7, `TYPE_IP6ADDR` 8, `TYPE_INET_SERVICE` 13).
+    pub const fn id(self) -> u32 {
+        match self {
+            SetKey::Ipv4Addr => 7,
+            SetKey::Ipv6Addr => 8,
+            SetKey::InetService => 13,
+            SetKey::Other(n) => n,
+        }
+    }
+    pub fn from_id(id: u32) -> Self {
+        match id {
+            7 => SetKey::Ipv4Addr,
+            8 => SetKey::Ipv6Addr,
+            13 => SetKey::InetService,
+            n => SetKey::Other(n),
+        }
+    }
+    /// A key's length in bytes (0 for a type we do not know).
+    pub const fn key_len(self) -> u32 {
+        match self {
+            SetKey::Ipv4Addr => 4,
+            SetKey::Ipv6Addr => 16,
+            SetKey::InetService => 2,
+            SetKey::Other(_) => 0,
+        }
+    }
+    /// The type as nft names it (`type ipv4_addr`).
+    pub fn name(self) -> String {
+        match self {
+            SetKey::Ipv4Addr => "ipv4_addr".into(),
+            SetKey::Ipv6Addr => "ipv6_addr".into(),
+            SetKey::InetService => "inet_service".into(),
+            SetKey::Other(n) => format!("type#{n}"),
+        }
+    }
+}
+
+/// A set: nft's anonymous sets `__setN`, a named set (its declaration: key type, flags,
+/// comment; its elements as read), or a set the legacy reader made for a multiport/CIDR list
+/// or an ipset. Interval sets hold `(start, false)` and `(end exclusive, true)` elements, as
+/// the kernel does.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Set {
     pub table: String,
     pub name: String,
+    pub key: SetKey,
     pub interval: bool,
+    pub comment: Option<String>,
     pub elements: Vec<(Vec<u8>, bool)>,
 }
 
@@ -257,5 +344,41 @@ impl Ruleset {
             .filter(|c| c.table == table)
             .flat_map(|c| c.rules.iter().map(move |r| (c, r)))
             .find(|(_, r)| r.handle == Some(handle))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reader turns the kernel's names and numbers into these; the batch turns them back.
+    #[test]
+    fn chain_types_and_set_keys_round_trip() {
+        for t in [ChainType::Filter, ChainType::Nat, ChainType::Route] {
+            assert_eq!(ChainType::from_name(t.name()), Some(t));
+        }
+        assert_eq!(ChainType::from_name("bridge"), None);
+        let keys = [
+            SetKey::Ipv4Addr,
+            SetKey::Ipv6Addr,
+            SetKey::InetService,
+            SetKey::Other(99),
+        ];
+        for k in keys {
+            assert_eq!(SetKey::from_id(k.id()), k);
+        }
+        let nat = BaseHook {
+            kind: ChainType::Nat,
+            hook: Hook::Output,
+            priority: -100,
+        };
+        assert!(nat.nat());
+        assert!(
+            !BaseHook {
+                kind: ChainType::Route,
+                ..nat
+            }
+            .nat()
+        );
     }
 }
