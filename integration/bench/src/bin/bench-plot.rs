@@ -3,7 +3,7 @@
 //! bursts as timelines, and the per-connection cost against the number of excluded CIDRs
 //! (bench-conn). SVG on a white background, so they read the same in light and dark themes.
 //!
-//! Usage: bench-plot <samples dir> <output dir> — writes `bench-*.svg` for every sample file
+//! Usage: `bench-plot <samples dir> <output dir>` — writes `bench-*.svg` for every sample file
 //! present, says which are missing, and fails on a file it cannot read.
 
 use bench::samples::{number, read};
