@@ -29,7 +29,7 @@ pub use model::{expand_for_nft, render_text};
 /// attributes of dumped objects.
 pub mod live {
     pub use crate::read::{
-        cstr_to_string, family_name, msg_type, rule_text, ruleset, set_elements, tables,
+        chains, cstr_to_string, family_name, msg_type, rule_text, ruleset, set_elements, tables,
     };
 
     /// A netfilter netlink socket in the calling thread's namespace.

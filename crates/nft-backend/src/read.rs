@@ -176,21 +176,7 @@ pub fn ruleset(
     keep_table: impl Fn(&str) -> bool,
     keep_chain: impl Fn(&Chain) -> bool,
 ) -> Result<Ruleset, NftError> {
-    let mut chains = Vec::new();
-    let req = netlink::dump_request(
-        libc::NFT_MSG_GETCHAIN as u32,
-        libc::NFPROTO_INET as u16,
-        1,
-        |_| {},
-    );
-    sock.dump(&req, |hdr, raw| {
-        if hdr.nlmsg_type == msg_type(libc::NFT_MSG_NEWCHAIN as u32)
-            && let Some(c) = parse_chain(raw)
-        {
-            chains.push(c);
-        }
-    })
-    .map_err(io("dumping our nftables chains"))?;
+    let mut chains = chains(sock, libc::NFPROTO_INET as u16)?;
     chains.retain(|c| keep_table(&c.table) && keep_chain(c));
 
     let mut rules: Vec<(String, String, Rule)> = Vec::new();
@@ -230,11 +216,35 @@ pub fn ruleset(
     })
 }
 
+/// Every chain of `family` (an `NFPROTO_*`; `NFPROTO_UNSPEC` for all), without its rules.
+/// Chains of the families no rule of ours lives in (arp, bridge, netdev) are left out.
+pub fn chains(sock: &Socket, family: u16) -> Result<Vec<Chain>, NftError> {
+    let mut chains = Vec::new();
+    let req = netlink::dump_request(libc::NFT_MSG_GETCHAIN as u32, family, 1, |_| {});
+    sock.dump(&req, |hdr, raw| {
+        if hdr.nlmsg_type == msg_type(libc::NFT_MSG_NEWCHAIN as u32)
+            && let Some(c) = parse_chain(raw)
+        {
+            chains.push(c);
+        }
+    })
+    .map_err(io("dumping the nftables chains"))?;
+    Ok(chains)
+}
+
 fn parse_chain(raw: *const libc::nlmsghdr) -> Option<Chain> {
     // SAFETY: `raw` is a complete chain message; the chain object is freed below.
     unsafe {
         let c = sys::nftnl_chain_alloc();
-        let out = (sys::nftnl_chain_nlmsg_parse(raw, c) >= 0).then(|| {
+        let parsed = sys::nftnl_chain_nlmsg_parse(raw, c) >= 0;
+        let family = match sys::nftnl_chain_get_u32(c, sys::NFTNL_CHAIN_FAMILY as u16) as i32 {
+            _ if !parsed => None,
+            libc::NFPROTO_INET => Some(TableFamily::Inet),
+            libc::NFPROTO_IPV4 => Some(TableFamily::Ip),
+            libc::NFPROTO_IPV6 => Some(TableFamily::Ip6),
+            _ => None,
+        };
+        let out = family.map(|family| {
             let table = cstr_to_string(sys::nftnl_chain_get_str(c, sys::NFTNL_CHAIN_TABLE as u16));
             let name = cstr_to_string(sys::nftnl_chain_get_str(c, sys::NFTNL_CHAIN_NAME as u16));
             let base =
@@ -255,7 +265,7 @@ fn parse_chain(raw: *const libc::nlmsghdr) -> Option<Chain> {
                     priority: sys::nftnl_chain_get_s32(c, sys::NFTNL_CHAIN_PRIO as u16),
                 });
             Chain {
-                family: TableFamily::Inet,
+                family,
                 table,
                 name,
                 base,
