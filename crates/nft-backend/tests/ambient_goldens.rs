@@ -12,19 +12,13 @@
 mod norm;
 
 use capture::Plan;
-use golden::{AmbientCase, ambient_cases};
+use golden::AmbientCase;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
-fn listings_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../nft/listings")
-}
+#[path = "common/cases.rs"]
+mod cases;
 
-fn cases() -> Vec<AmbientCase> {
-    let cases = ambient_cases("nftables");
-    assert_eq!(cases.len(), 14, "every nftables ambient golden is checked");
-    cases
-}
+use cases::{ambient_goldens, listings_dir};
 
 fn is_host(plan: &Plan) -> bool {
     !plan.sets.is_empty()
@@ -114,7 +108,7 @@ fn inline_sole_jumps(rs: &mut norm::Ruleset) {
 fn istio_ambient_nft_goldens_match_after_documented_normalisation() {
     let gids = BTreeMap::new();
     let mut failures = Vec::new();
-    let cases = cases();
+    let cases = ambient_goldens();
     for case in &cases {
         let ours = our_listing(&case.plan);
         let istio = istio_listing(case);
@@ -143,7 +137,7 @@ fn istio_ambient_nft_goldens_match_after_documented_normalisation() {
 fn our_ambient_listings_are_checked_in() {
     let update = std::env::var_os("UPDATE_LISTINGS").is_some_and(|v| v == "1");
     let dir = listings_dir();
-    let cases = cases();
+    let cases = ambient_goldens();
     let mut failures = Vec::new();
     for case in &cases {
         let live = our_listing(&case.plan);
@@ -183,7 +177,7 @@ fn our_ambient_listings_are_checked_in() {
 #[test]
 fn dry_run_text_of_ambient_plans_loads_to_the_same_ruleset() {
     let mut failures = Vec::new();
-    for case in cases() {
+    for case in ambient_goldens() {
         let text = nft_backend::render_text(&case.plan);
         let file = std::env::temp_dir().join(format!(
             "ours-ambient-{}-{}.nft",

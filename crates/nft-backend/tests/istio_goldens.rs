@@ -19,62 +19,22 @@
 //! 24 shipped kernel listings exactly.
 
 use capture::*;
-use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-const GROUP_NAMES: [(&str, u32); 2] = [("java", 1001), ("ftp", 1002)];
+#[path = "common/cases.rs"]
+mod cases;
+
+use cases::{GROUP_NAMES, SidecarCase, cni_defaults, listings_dir, sidecar_goldens};
 
 fn shared() -> PathBuf {
     golden::golden_dir()
 }
 
-fn listings_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../nft/listings")
-}
-
-/// A case's configuration, through the shared loader.
-fn config_from_effective(e: &Value) -> (Config, Facts) {
-    (golden::config_from_effective(e), Facts::default())
-}
-
-/// One nftables capture case of index.json.
-struct Case {
-    name: String,
-    cfg: Config,
-    facts: Facts,
-}
-
-fn cases() -> Vec<Case> {
-    let index: Value =
-        serde_json::from_str(&std::fs::read_to_string(shared().join("index.json")).unwrap())
-            .unwrap();
-    let out: Vec<Case> = index
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|case| {
-            let golden = case["golden"].as_str().unwrap();
-            let name = golden.strip_prefix("nftables/")?.strip_suffix(".golden")?;
-            if name.contains('/') {
-                return None;
-            }
-            let (cfg, facts) = config_from_effective(&case["effective_config"]);
-            Some(Case {
-                name: name.to_string(),
-                cfg,
-                facts,
-            })
-        })
-        .collect();
-    assert_eq!(out.len(), 28, "every nftables capture golden is checked");
-    out
-}
-
 /// Programs `cfg` through netlink into a fresh namespace and returns `nft list ruleset` there.
-fn our_listing(cfg: &Config, facts: &Facts) -> (Plan, String) {
+fn our_listing(cfg: &Config) -> (Plan, String) {
     testbed::require_root();
-    let plan = Plan::build(cfg, facts).unwrap();
+    let plan = Plan::build(cfg, &Facts::default()).unwrap();
     let ns = testbed::TestNetns::with_prefix("golden").unwrap();
     netns::run_in(Some(ns.path()), || nft_backend::apply(&plan))
         .unwrap()
@@ -146,14 +106,14 @@ fn istio_listing(name: &str) -> String {
 
 #[test]
 fn istio_nft_goldens_match_after_documented_normalisation() {
-    let cases = cases();
+    let cases = sidecar_goldens();
     let gids: BTreeMap<u32, String> = GROUP_NAMES
         .iter()
         .map(|(n, g)| (*g, n.to_string()))
         .collect();
     let mut failures = Vec::new();
     for case in &cases {
-        let (plan, ours) = our_listing(&case.cfg, &case.facts);
+        let (plan, ours) = our_listing(&case.cfg);
         let istio = istio_listing(&case.name);
         let ctx = norm::Ours {
             ipv6: plan.ipv6,
@@ -176,28 +136,18 @@ fn istio_nft_goldens_match_after_documented_normalisation() {
 
 #[test]
 fn our_listings_are_checked_in() {
-    let mut all: Vec<(String, Config, Facts)> = cases()
+    let all: Vec<_> = sidecar_goldens()
         .into_iter()
-        .map(|c| (c.name, c.cfg, c.facts))
+        .chain(cni_defaults())
         .collect();
-    for (name, ipv6) in [
-        ("cni-default-ipv4", Ipv6Mode::Off),
-        ("cni-default-dual-stack", Ipv6Mode::On),
-    ] {
-        let cfg = Config {
-            ipv6,
-            ..Config::cni_default()
-        };
-        all.push((name.to_string(), cfg, Facts::default()));
-    }
     let update = std::env::var_os("UPDATE_LISTINGS").is_some_and(|v| v == "1");
     let dir = listings_dir();
     if update {
         std::fs::create_dir_all(&dir).unwrap();
     }
     let mut failures = Vec::new();
-    for (name, cfg, facts) in &all {
-        let (_, live) = our_listing(cfg, facts);
+    for SidecarCase { name, cfg } in &all {
+        let (_, live) = our_listing(cfg);
         let file = dir.join(format!("{name}.nft"));
         if update {
             std::fs::write(&file, &live).unwrap();
@@ -216,7 +166,7 @@ fn our_listings_are_checked_in() {
         let path = entry.unwrap().path();
         let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
         // `ambient-*` listings belong to tests/ambient_goldens.rs.
-        if !stem.starts_with("ambient-") && !all.iter().any(|(n, _, _)| *n == stem) {
+        if !stem.starts_with("ambient-") && !all.iter().any(|c| c.name == stem) {
             failures.push(format!("{}: no such case", path.display()));
         }
     }
@@ -250,7 +200,7 @@ fn first_difference(expected: &str, live: &str) -> String {
 fn reference_listing_method_reproduces_kernel_listings() {
     testbed::require_root();
     let mut checked = 0;
-    for case in cases() {
+    for case in sidecar_goldens() {
         let file = shared().join(format!("nftables/kernel-listing/{}.nft", case.name));
         let Ok(shipped) = std::fs::read_to_string(&file) else {
             continue;

@@ -16,15 +16,13 @@
 #[path = "common/norm.rs"]
 mod norm;
 
-use capture::{Config, Facts, Ipv6Mode, Plan};
+use capture::{Facts, Plan};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
-const GROUP_NAMES: [(&str, u32); 2] = [("java", 1001), ("ftp", 1002)];
+#[path = "common/cases.rs"]
+mod cases;
 
-fn listings_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../nft/listings")
-}
+use cases::{GROUP_NAMES, listings_dir};
 
 /// One case: its listing's stem, its plan, and what the normalisation needs to know.
 struct Case {
@@ -35,48 +33,26 @@ struct Case {
     istio: Option<String>,
 }
 
+/// The sidecar goldens (with Istio's kernel listing where it ships one) and the CNI defaults.
 fn sidecar_cases() -> Vec<Case> {
-    let mut out: Vec<Case> = golden::index()
-        .iter()
-        .filter_map(|case| {
-            let golden = case["golden"].as_str()?;
-            let name = golden.strip_prefix("nftables/")?.strip_suffix(".golden")?;
-            if name.contains('/') {
-                return None;
-            }
-            let cfg = golden::config_from_effective(&case["effective_config"]);
-            let listing = golden::golden_dir().join(format!("nftables/kernel-listing/{name}.nft"));
-            Some(Case {
-                name: name.to_string(),
-                plan: Plan::build(&cfg, &Facts::default()).unwrap(),
-                drop_invalid: cfg.drop_invalid,
-                istio: std::fs::read_to_string(listing).ok(),
-            })
+    let istio_listing = |name: &str| {
+        let file = golden::golden_dir().join(format!("nftables/kernel-listing/{name}.nft"));
+        std::fs::read_to_string(file).ok()
+    };
+    cases::sidecar_goldens()
+        .into_iter()
+        .chain(cases::cni_defaults())
+        .map(|c| Case {
+            plan: Plan::build(&c.cfg, &Facts::default()).unwrap(),
+            drop_invalid: c.cfg.drop_invalid,
+            istio: istio_listing(&c.name),
+            name: c.name,
         })
-        .collect();
-    assert_eq!(out.len(), 28, "every nftables capture golden is checked");
-    for (name, ipv6) in [
-        ("cni-default-ipv4", Ipv6Mode::Off),
-        ("cni-default-dual-stack", Ipv6Mode::On),
-    ] {
-        let cfg = Config {
-            ipv6,
-            ..Config::cni_default()
-        };
-        out.push(Case {
-            name: name.into(),
-            plan: Plan::build(&cfg, &Facts::default()).unwrap(),
-            drop_invalid: false,
-            istio: None,
-        });
-    }
-    out
+        .collect()
 }
 
 fn ambient_cases() -> Vec<Case> {
-    let cases = golden::ambient_cases("nftables");
-    assert_eq!(cases.len(), 14, "every nftables ambient golden is checked");
-    cases
+    cases::ambient_goldens()
         .into_iter()
         .map(|c| Case {
             name: format!("ambient-{}", c.name),
