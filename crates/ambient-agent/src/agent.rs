@@ -5,11 +5,16 @@
 //! watch and the reconciler never interleave on it); different pods proceed at once: their
 //! rules live in different namespaces (each under its own lock), a probe-set update is one
 //! small atomic write, and ZDS keeps what ztunnel needs in order (one message at a time).
+//!
+//! The agent's state is its `book` (pure, unit-tested); the kernel and ztunnel are behind
+//! the traits of [`io`], so the order of every step and every failure path is unit-tested
+//! without root in `agent/tests.rs`.
 
 use crate::branch_eni::BranchEniProbe;
+use book::{Book, Enrolled, Taken};
 use capture::{AmbientConfig, AmbientPod, Plan, ProbeSnat};
-use redirect::BackendChoice;
 use redirect::host_probe::HostProbeRule;
+use redirect::{BackendChoice, RedirectError};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -17,10 +22,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
-use zds::{WorkloadInfo, ZdsServer};
+use zds::{WorkloadInfo, ZdsError, ZdsServer};
 
+mod book;
 // The step an enroll failed at, for the failure counter.
 mod figures;
+mod host;
+pub mod io;
+#[cfg(test)]
+mod tests;
+
+pub use io::{Kernel, LiveKernel, Ztunnel};
 
 /// The agent bounds each pod operation well inside the plugin's handoff timeout (20 s), so the
 /// plugin gets the agent's reason rather than its own timeout.
@@ -62,26 +74,32 @@ pub struct AgentSettings {
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
-    #[error("pod {pod}: its ambient rules: {reason}")]
-    Plan { pod: String, reason: String },
+    #[error("pod {pod}: its ambient rules: {source}")]
+    Plan {
+        pod: String,
+        source: capture::ConfigError,
+    },
     #[error("pod {pod}: programming its ambient rules: {source}")]
-    Rules {
-        pod: String,
-        source: redirect::RedirectError,
-    },
+    Rules { pod: String, source: RedirectError },
     #[error("pod {pod}: the host probe rule: {source}")]
-    Host {
-        pod: String,
-        source: redirect::RedirectError,
-    },
+    Host { pod: String, source: RedirectError },
     #[error("checking the host probe rule: {0}")]
-    HostCheck(String),
+    HostCheck(#[source] RedirectError),
     #[error("pod {pod}: {source}")]
-    Ztunnel { pod: String, source: zds::ZdsError },
-    #[error("pod {pod}: the agent's worker failed: {reason}")]
-    Worker { pod: String, reason: String },
-    #[error("pod {pod}: removing its leftover ambient rules and probe addresses: {reason}")]
-    Clear { pod: String, reason: String },
+    Ztunnel { pod: String, source: ZdsError },
+    #[error("{what}: the agent's worker failed: {source}")]
+    Worker { what: String, source: WorkerError },
+    #[error("pod {pod}: removing its leftover ambient rules: {source}")]
+    Clear { pod: String, source: RedirectError },
+}
+
+/// Why the agent could not run a step at all (not the step's own failure).
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("its blocking task failed: {0}")]
+    Join(#[from] tokio::task::JoinError),
+    #[error("duplicating the netns fd: {0}")]
+    Dup(#[from] std::io::Error),
 }
 
 impl AgentError {
@@ -91,64 +109,37 @@ impl AgentError {
         matches!(
             self,
             AgentError::Ztunnel {
-                source: zds::ZdsError::NotConnected { .. }
-                    | zds::ZdsError::Link { .. }
-                    | zds::ZdsError::Busy { .. },
+                source: ZdsError::NotConnected { .. }
+                    | ZdsError::Link { .. }
+                    | ZdsError::Busy { .. },
                 ..
             }
         ) || matches!(
             self,
             AgentError::Rules {
-                source: redirect::RedirectError::Lock(_),
+                source: RedirectError::Lock(_),
                 ..
             }
         )
     }
-}
 
-struct Enrolled {
-    pod: AmbientPodRef,
-    /// Our own handle on the pod's namespace (ZDS holds another for snapshots).
-    netns: Arc<OwnedFd>,
-}
-
-#[derive(Default)]
-struct Inner {
-    pods: HashMap<String, Enrolled>,
-    host_installed: bool,
-    /// The last pod went but the host rule's removal failed (e.g. a foreign iptables rule
-    /// still uses a probe set, which the kernel then refuses to destroy): each reconcile pass
-    /// tries again while no pod needs the rule.
-    host_removal_pending: bool,
-    /// Enrolls between their host-rule check and their end, by UID, with the addresses they
-    /// put in the probe sets: the host rule and those addresses stay for them.
-    in_flight: HashMap<String, Vec<IpAddr>>,
-    /// Ambient pods the startup snapshot kept for ztunnel without finding their namespace, by
-    /// UID, with their addresses: these stay in the probe sets until the pod is enrolled or
-    /// released.
-    kept: HashMap<String, Vec<IpAddr>>,
-    /// Startup discovery is over ([`Agent::discovered`]): the probe sets may be pruned to the
-    /// pods above. Before it, a valid pod not yet adopted would lose its address.
-    discovered: bool,
-}
-
-impl Inner {
-    /// Every address a served, enrolling or kept pod holds, with its pod's UID.
-    fn held(&self) -> Vec<(String, Vec<IpAddr>)> {
-        let served = self.pods.iter().map(|(uid, e)| (uid, &e.pod.ips));
-        served
-            .chain(self.in_flight.iter())
-            .chain(self.kept.iter())
-            .map(|(uid, ips)| (uid.clone(), ips.clone()))
-            .collect()
+    fn worker(what: impl Into<String>) -> impl FnOnce(tokio::task::JoinError) -> AgentError {
+        let what = what.into();
+        move |e| AgentError::Worker {
+            what,
+            source: WorkerError::Join(e),
+        }
     }
 }
 
-pub struct Agent {
-    zds: ZdsServer,
+/// The agent: its book of the node, and the world it acts on (ztunnel `Z`, the kernel `K`;
+/// the daemon's are ZDS and the node's kernel).
+pub struct Agent<Z = ZdsServer, K = LiveKernel> {
+    zds: Z,
+    kernel: Arc<K>,
     settings: AgentSettings,
-    /// Held briefly (map and host-rule state), never across a pod's kernel work or ZDS.
-    inner: Mutex<Inner>,
+    /// Held briefly (the book), never across a pod's kernel work or ZDS.
+    book: Mutex<Book>,
     /// One lock per pod UID: one operation on a pod at a time.
     pod_locks: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
     /// With the probe addresses: branch ENI pods' rules (added and removed with them).
@@ -171,13 +162,26 @@ fn same_namespace(fd: &OwnedFd, path: &Path) -> bool {
 }
 
 impl Agent {
-    /// An agent serving no pod yet; pods of the startup snapshot come through [`Agent::adopt`].
+    /// The daemon's agent: ZDS and the node's kernel, serving no pod yet; pods of the startup
+    /// snapshot come through [`Agent::adopt`].
     pub fn new(zds: ZdsServer, settings: AgentSettings) -> Agent {
+        let kernel = LiveKernel {
+            backend: settings.backend,
+            host: settings.host,
+        };
+        Agent::with_io(zds, kernel, settings)
+    }
+}
+
+impl<Z: Ztunnel, K: Kernel> Agent<Z, K> {
+    /// An agent acting through `zds` and `kernel`.
+    pub fn with_io(zds: Z, kernel: K, settings: AgentSettings) -> Agent<Z, K> {
         Agent {
             zds,
+            kernel: Arc::new(kernel),
             branch_eni: Arc::new(BranchEniProbe::new(settings.aws_branch_eni_probe)),
             settings,
-            inner: Mutex::new(Inner::default()),
+            book: Mutex::new(Book::default()),
             pod_locks: std::sync::Mutex::new(HashMap::new()),
         }
     }
@@ -199,7 +203,7 @@ impl Agent {
         }
     }
 
-    pub fn zds(&self) -> &ZdsServer {
+    pub fn zds(&self) -> &Z {
         &self.zds
     }
 
@@ -222,69 +226,39 @@ impl Agent {
             host_probe_snat_v4: self.settings.probe_snat.v4,
             host_probe_snat_v6: self.settings.probe_snat.v6,
         })
-        .map_err(|e| AgentError::Plan {
+        .map_err(|source| AgentError::Plan {
             pod: pod.label(),
-            reason: e.to_string(),
+            source,
         })
     }
 
     pub async fn is_enrolled(&self, uid: &str) -> bool {
-        self.inner.lock().await.pods.contains_key(uid)
+        self.book.lock().await.pods.contains_key(uid)
     }
 
     pub async fn enrolled(&self) -> Vec<(AmbientPodRef, Arc<OwnedFd>)> {
-        let g = self.inner.lock().await;
+        let g = self.book.lock().await;
         g.pods
             .values()
             .map(|e| (e.pod.clone(), e.netns.clone()))
             .collect()
     }
 
-    /// Records a pod the startup snapshot handed to ztunnel (rules already reconciled).
-    pub async fn adopt(&self, pod: AmbientPodRef, netns: OwnedFd) -> Result<(), AgentError> {
-        let mut g = self.inner.lock().await;
-        self.ensure_host(&mut g, &pod).await?;
-        self.add_probe_ips(&pod).await?;
-        g.pods.insert(
-            pod.uid.clone(),
-            Enrolled {
-                pod,
-                netns: Arc::new(netns),
-            },
-        );
-        Ok(())
+    pub async fn uid_of(&self, namespace: &str, name: &str) -> Option<String> {
+        let g = self.book.lock().await;
+        g.pods
+            .values()
+            .find(|e| e.pod.namespace == namespace && e.pod.name == name)
+            .map(|e| e.pod.uid.clone())
     }
 
-    /// Startup discovery is done: every running ambient pod found was adopted; `kept` are those
-    /// whose namespace was not found (`(UID, its addresses)`), which ztunnel keeps serving.
-    /// The probe sets are pruned now to the pods the agent serves or keeps (Istio's startup
-    /// `pruneHostIPset`: a previous agent kept the host rule across its SIGTERM for a rollout,
-    /// and pods DELeted meanwhile left their addresses), and again by each
-    /// [`Agent::reconcile_host`] pass. With no such pod, the leftover host rule goes now, as it
-    /// goes with the last pod.
-    pub async fn discovered(&self, kept: Vec<(String, Vec<IpAddr>)>) {
-        let mut g = self.inner.lock().await;
-        g.kept.extend(kept);
-        g.discovered = true;
-        let (plan, host) = (self.settings.host_plan.clone(), self.settings.host);
-        if g.host_installed {
-            let held = g.held();
-            let prune = move || host.sync_pods_ips(&plan, &pod_ips(&held));
-            match blocking(prune).await {
-                Ok(Ok(pruned)) => self.log_pruned(&pruned),
-                Ok(Err(e)) => tracing::warn!(error = %e, "startup: pruning the probe sets failed"),
-                Err(e) => tracing::warn!(error = %e, "startup: pruning the probe sets failed"),
-            }
-            return;
-        }
-        if !g.held().is_empty() {
-            return;
-        }
-        g.host_removal_pending = !self
-            .remove_host_rule(
-                "no ambient pod on the node: the host probe rule a previous agent left removed",
-            )
-            .await;
+    /// Records a pod the startup snapshot handed to ztunnel (rules already reconciled).
+    pub async fn adopt(&self, pod: AmbientPodRef, netns: OwnedFd) -> Result<(), AgentError> {
+        let mut g = self.book.lock().await;
+        self.ensure_host(&mut g, &pod).await?;
+        self.add_probe_ips(&pod).await?;
+        g.adopt(pod, netns);
+        Ok(())
     }
 
     /// Serves a pod: rules, probe IPs, ztunnel. Enrolling an enrolled pod again re-applies its
@@ -303,7 +277,7 @@ impl Agent {
         if !self.zds.is_ready() {
             return Err(AgentError::Ztunnel {
                 pod: pod.label(),
-                source: zds::ZdsError::NotConnected {
+                source: ZdsError::NotConnected {
                     socket: self.zds.socket_path().to_path_buf(),
                     pod: pod.label(),
                 },
@@ -313,7 +287,7 @@ impl Agent {
         let queued = started.elapsed();
         let plan = self.plan_for(&pod)?;
         let netns = Arc::new(netns);
-        program(&plan, &netns, self.settings.backend, &pod).await?;
+        self.program_plan(&pod, &plan, &netns).await?;
         if let Err(e) = self.begin(&pod).await {
             // No host probe rule: the rules just written would send the pod's traffic to a
             // ztunnel that never gets it, and a pod the agent enrolled itself gets no DEL.
@@ -321,22 +295,13 @@ impl Agent {
             return Err(e);
         }
         let served = self.serve(&pod, &netns).await;
-        let previous = self.finish(&pod, &netns, served.is_ok()).await;
+        let previous = self.book.lock().await.finish(&pod, &netns, served.is_ok());
         if let Err(e) = served {
             self.undo(&pod, &netns).await;
             return Err(e);
         }
-        // A re-created sandbox may have new addresses: the old ones leave the probe sets.
-        if let Some(old) = previous.filter(|old| old.pod.ips != pod.ips) {
-            let stale: Vec<IpAddr> = old
-                .pod
-                .ips
-                .into_iter()
-                .filter(|ip| !pod.ips.contains(ip))
-                .collect();
-            if let Err(e) = self.remove_probe_ips(&pod.uid, &stale).await {
-                tracing::warn!(pod = %pod.label(), error = %e, "removing the old probe IPs failed");
-            }
+        if let Some(old) = previous {
+            self.drop_old_addresses(&pod, old).await;
         }
         tracing::info!(pod = %pod.label(), uid = %pod.uid, ips = ?pod.ips, queued_us = queued.as_micros() as u64, took_us = (started.elapsed() - queued).as_micros() as u64, "ambient pod enrolled: ztunnel serves it");
         Ok(())
@@ -344,41 +309,18 @@ impl Agent {
 
     /// The host rule is in (installed with the first pod) and stays while this enroll runs.
     async fn begin(&self, pod: &AmbientPodRef) -> Result<(), AgentError> {
-        let mut g = self.inner.lock().await;
+        let mut g = self.book.lock().await;
         self.ensure_host(&mut g, pod).await?;
-        g.in_flight.insert(pod.uid.clone(), pod.ips.clone());
+        g.begin(pod);
         Ok(())
-    }
-
-    /// Records the outcome: a served pod enters the map (returning the entry it replaced); a
-    /// failed one leaves it.
-    async fn finish(
-        &self,
-        pod: &AmbientPodRef,
-        netns: &Arc<OwnedFd>,
-        served: bool,
-    ) -> Option<Enrolled> {
-        let mut g = self.inner.lock().await;
-        g.in_flight.remove(&pod.uid);
-        if served {
-            g.kept.remove(&pod.uid);
-        }
-        if !served {
-            return g.pods.remove(&pod.uid);
-        }
-        let entry = Enrolled {
-            pod: pod.clone(),
-            netns: netns.clone(),
-        };
-        g.pods.insert(pod.uid.clone(), entry)
     }
 
     /// The probe IPs, then ztunnel's Ack.
     async fn serve(&self, pod: &AmbientPodRef, netns: &Arc<OwnedFd>) -> Result<(), AgentError> {
         self.add_probe_ips(pod).await?;
         let fd = netns.try_clone().map_err(|e| AgentError::Worker {
-            pod: pod.label(),
-            reason: format!("duplicating the netns fd: {e}"),
+            what: format!("pod {}", pod.label()),
+            source: WorkerError::Dup(e),
         })?;
         let info = WorkloadInfo {
             name: pod.name.clone(),
@@ -394,19 +336,35 @@ impl Agent {
             })
     }
 
+    /// A re-created sandbox may have new addresses: the old ones leave the probe sets.
+    async fn drop_old_addresses(&self, pod: &AmbientPodRef, old: Enrolled) {
+        let stale: Vec<IpAddr> = old
+            .pod
+            .ips
+            .into_iter()
+            .filter(|ip| !pod.ips.contains(ip))
+            .collect();
+        if stale.is_empty() {
+            return;
+        }
+        if let Err(e) = self.remove_probe_ips(&pod.uid, &stale).await {
+            tracing::warn!(pod = %pod.label(), error = %e, "removing the old probe IPs failed");
+        }
+    }
+
     /// Rolls a failed enroll back: no rules, no probe IPs (ZDS withdrew the pod itself).
     async fn undo(&self, pod: &AmbientPodRef, netns: &Arc<OwnedFd>) {
         self.undo_rules(pod, netns).await;
         if let Err(e) = self.remove_probe_ips(&pod.uid, &pod.ips).await {
             tracing::error!(pod = %pod.label(), error = %e, "rolling back: removing the probe IPs failed");
         }
-        let mut g = self.inner.lock().await;
+        let mut g = self.book.lock().await;
         self.drop_host_if_idle(&mut g).await;
     }
 
     /// Rolls back the in-pod rules of an enroll that failed before ztunnel was asked.
     async fn undo_rules(&self, pod: &AmbientPodRef, netns: &Arc<OwnedFd>) {
-        if let Err(e) = unprogram(netns).await {
+        if let Err(e) = self.unprogram(pod, netns).await {
             tracing::error!(pod = %pod.label(), error = %e, "rolling back: removing the ambient rules failed");
         }
     }
@@ -422,40 +380,45 @@ impl Agent {
     }
 
     async fn release_locked(&self, uid: &str, why: &str) -> bool {
-        let (removed, kept) = {
-            let mut g = self.inner.lock().await;
-            let removed = g.pods.remove(uid);
-            let kept = removed.is_none().then(|| g.kept.remove(uid)).flatten();
-            (removed, kept)
-        };
-        let Some(e) = removed else {
-            // A pod kept in the snapshot (its namespace not found at startup) leaves it too,
-            // and its addresses the probe sets.
-            if self.zds.known_workloads().iter().any(|k| k == uid) {
-                let _ = self.zds.del_workload(uid).await;
-            }
-            if let Some(ips) = kept {
+        let taken = self.book.lock().await.take(uid);
+        let e = match taken {
+            Taken::Served(e) => e,
+            Taken::Kept(ips) => {
+                // A pod kept in the snapshot (its namespace not found at startup) leaves it
+                // too, and its addresses the probe sets.
+                self.forget_unserved(uid).await;
                 if let Err(err) = self.remove_probe_ips(uid, &ips).await {
                     tracing::warn!(uid, error = %err, "removing a kept pod's probe IPs failed");
                 }
-                self.drop_host_if_idle(&mut *self.inner.lock().await).await;
+                self.drop_host_if_idle(&mut *self.book.lock().await).await;
+                return false;
             }
-            return false;
+            Taken::Unknown => {
+                self.forget_unserved(uid).await;
+                return false;
+            }
         };
         let pod = e.pod.label();
         match self.zds.del_workload(uid).await {
             Ok(outcome) => tracing::debug!(%pod, ?outcome, "ztunnel told"),
             Err(err) => tracing::warn!(%pod, error = %err, "telling ztunnel failed"),
         }
-        if let Err(err) = unprogram(&e.netns).await {
+        if let Err(err) = self.unprogram(&e.pod, &e.netns).await {
             tracing::warn!(%pod, error = %err, "removing the ambient rules failed");
         }
         if let Err(err) = self.remove_probe_ips(uid, &e.pod.ips).await {
             tracing::warn!(%pod, error = %err, "removing the probe IPs failed");
         }
-        self.drop_host_if_idle(&mut *self.inner.lock().await).await;
+        self.drop_host_if_idle(&mut *self.book.lock().await).await;
         tracing::info!(%pod, uid, reason = why, "ambient pod released");
         true
+    }
+
+    /// A pod ztunnel knows of only from the startup snapshot leaves it.
+    async fn forget_unserved(&self, uid: &str) {
+        if self.zds.known_workloads().iter().any(|k| k == uid) {
+            let _ = self.zds.del_workload(uid).await;
+        }
     }
 
     /// A CNI DEL: releases the pod only when `netns` is the namespace it is served in. A DEL
@@ -465,7 +428,7 @@ impl Agent {
     pub async fn release_sandbox(&self, uid: &str, netns: &Path, why: &str) -> bool {
         let guard = self.lock_pod(uid).await;
         let served_in = {
-            let g = self.inner.lock().await;
+            let g = self.book.lock().await;
             g.pods.get(uid).map(|e| e.netns.clone())
         };
         let released = match served_in {
@@ -484,192 +447,18 @@ impl Agent {
     /// serve (a former ambient pod's leftovers; Istio's `RemovePodFromMesh`).
     pub async fn clear(&self, pod: &AmbientPodRef, netns: OwnedFd) -> Result<(), AgentError> {
         let _guard = self.lock_pod(&pod.uid).await;
-        if self.inner.lock().await.pods.contains_key(&pod.uid) {
+        if self.book.lock().await.pods.contains_key(&pod.uid) {
             return Ok(());
         }
-        let clear = |reason| AgentError::Clear {
-            pod: pod.label(),
-            reason,
-        };
-        let netns = Arc::new(netns);
-        unprogram(&netns).await.map_err(clear)?;
-        self.remove_probe_ips(&pod.uid, &pod.ips)
+        self.unprogram(pod, &Arc::new(netns))
             .await
-            .map_err(clear)?;
-        self.drop_host_if_idle(&mut *self.inner.lock().await).await;
+            .map_err(|e| match e {
+                AgentError::Rules { pod, source } => AgentError::Clear { pod, source },
+                other => other,
+            })?;
+        self.remove_probe_ips(&pod.uid, &pod.ips).await?;
+        self.drop_host_if_idle(&mut *self.book.lock().await).await;
         Ok(())
-    }
-
-    pub async fn uid_of(&self, namespace: &str, name: &str) -> Option<String> {
-        let g = self.inner.lock().await;
-        g.pods
-            .values()
-            .find(|e| e.pod.namespace == namespace && e.pod.name == name)
-            .map(|e| e.pod.uid.clone())
-    }
-
-    async fn ensure_host(&self, g: &mut Inner, pod: &AmbientPodRef) -> Result<(), AgentError> {
-        if g.host_installed {
-            return Ok(());
-        }
-        self.on_host(pod, |host, plan| host.ensure(&plan)).await?;
-        g.host_installed = true;
-        g.host_removal_pending = false;
-        tracing::info!(
-            rule = self.settings.host.describe(),
-            "host probe rule installed"
-        );
-        Ok(())
-    }
-
-    /// The host rule goes with the last ambient pod.
-    async fn drop_host_if_idle(&self, g: &mut Inner) {
-        if !g.held().is_empty() || !g.host_installed {
-            return;
-        }
-        // Either way the rule is no longer ours to keep: a reconcile pass must not write it
-        // back for no pod, only finish its removal.
-        g.host_installed = false;
-        g.host_removal_pending = !self
-            .remove_host_rule("last ambient pod gone: host probe rule removed")
-            .await;
-    }
-
-    /// Removes the host rule and its sets (`removed` is logged if there were any); whether
-    /// that finished. What could not go is said in the log, and the caller retries.
-    async fn remove_host_rule(&self, removed: &'static str) -> bool {
-        let host = self.settings.host;
-        let failed = match blocking(move || host.remove_all()).await {
-            Ok(Ok(any)) => {
-                if any {
-                    tracing::info!(rule = host.describe(), "{removed}");
-                }
-                return true;
-            }
-            Ok(Err(e)) => e.to_string(),
-            Err(e) => e,
-        };
-        tracing::warn!(error = %failed, rule = host.describe(), "removing the host probe rule failed (its sets are emptied first, so no address is SNATed); retried on each reconcile pass");
-        false
-    }
-
-    /// The pod's IPs into the host probe sets, commented with its UID; then, as Istio, the
-    /// branch ENI probe rules of those routed through one (never failing the enroll).
-    async fn add_probe_ips(&self, pod: &AmbientPodRef) -> Result<(), AgentError> {
-        let (ips, uid, label) = (pod.ips.clone(), pod.uid.clone(), pod.label());
-        let branch_eni = self.branch_eni.clone();
-        self.on_host(pod, move |host, plan| {
-            host.add_pod_ips(&plan, &ips, &uid)?;
-            branch_eni.add(&label, &ips);
-            Ok(())
-        })
-        .await
-    }
-
-    /// Host-rule work, off the async thread; its errors name the pod.
-    async fn on_host<T: Send + 'static>(
-        &self,
-        pod: &AmbientPodRef,
-        work: impl FnOnce(HostProbeRule, Plan) -> Result<T, redirect::RedirectError> + Send + 'static,
-    ) -> Result<T, AgentError> {
-        let (plan, host) = (self.settings.host_plan.clone(), self.settings.host);
-        blocking(move || work(host, plan))
-            .await
-            .map_err(|reason| AgentError::Worker {
-                pod: pod.label(),
-                reason,
-            })?
-            .map_err(|source| AgentError::Host {
-                pod: pod.label(),
-                source,
-            })
-    }
-
-    /// Takes `uid`'s addresses out of the probe sets, but not one another pod holds (an address
-    /// reused while the pod it came from was still enrolled: that pod's DEL was missed). Under
-    /// the map's lock, so an enroll that begins meanwhile puts its addresses in after.
-    async fn remove_probe_ips(&self, uid: &str, ips: &[IpAddr]) -> Result<(), String> {
-        let g = self.inner.lock().await;
-        let held: Vec<IpAddr> = g
-            .held()
-            .into_iter()
-            .filter(|(u, _)| u.as_str() != uid)
-            .flat_map(|(_, ips)| ips)
-            .collect();
-        let (kept, ips): (Vec<IpAddr>, Vec<IpAddr>) =
-            ips.iter().copied().partition(|ip| held.contains(ip));
-        if !kept.is_empty() {
-            tracing::info!(
-                uid,
-                ?kept,
-                "probe addresses another pod holds stay in the probe sets"
-            );
-        }
-        if ips.is_empty() {
-            return Ok(());
-        }
-        let (plan, host) = (self.settings.host_plan.clone(), self.settings.host);
-        let branch_eni = self.branch_eni.clone();
-        // The branch ENI rules go with the addresses, also when the sets' update failed.
-        let remove = move || {
-            let removed = host.remove_pod_ips(&plan, &ips);
-            branch_eni.remove(&ips);
-            removed
-        };
-        blocking(remove).await?.map_err(|e| e.to_string())
-    }
-
-    /// Keeps the host probe rule true while it should be there (someone may flush the node's
-    /// nat table or delete our table): checks it, writes it again on drift, then makes the
-    /// probe sets hold exactly the served, enrolling and kept pods' addresses: one taken out
-    /// comes back, and (once startup discovery is over) one no such pod holds goes, e.g. a pod
-    /// DELeted while the agent was down, whose address may go to a pod that is not ambient
-    /// (Istio prunes its sets at startup). Under the map's lock, as probe-set removals are, so
-    /// a released pod is never put back. Returns the differences found (empty: in sync, or no
-    /// host rule is due).
-    pub async fn reconcile_host(&self) -> Result<Vec<String>, AgentError> {
-        let mut g = self.inner.lock().await;
-        if !g.host_installed {
-            if g.host_removal_pending && g.held().is_empty() {
-                g.host_removal_pending = !self
-                    .remove_host_rule("host probe rule removed: the last ambient pod went earlier")
-                    .await;
-            }
-            return Ok(Vec::new());
-        }
-        let (held, prune) = (g.held(), g.discovered);
-        let (plan, host) = (self.settings.host_plan.clone(), self.settings.host);
-        let repair = move || {
-            let drift = host.check(&plan)?;
-            if !drift.is_empty() {
-                host.ensure(&plan)?;
-            }
-            let pods = pod_ips(&held);
-            let pruned = if prune {
-                host.sync_pods_ips(&plan, &pods)?
-            } else {
-                host.add_pods_ips(&plan, &pods)?;
-                Vec::new()
-            };
-            Ok::<_, redirect::RedirectError>((drift, pruned))
-        };
-        let (drift, pruned) = blocking(repair)
-            .await
-            .map_err(AgentError::HostCheck)?
-            .map_err(|e| AgentError::HostCheck(e.to_string()))?;
-        drop(g);
-        self.log_pruned(&pruned);
-        Ok(drift)
-    }
-
-    fn log_pruned(&self, pruned: &[IpAddr]) {
-        if !pruned.is_empty() {
-            tracing::info!(
-                ?pruned,
-                rule = self.settings.host.describe(),
-                "addresses no served pod holds removed from the host probe sets"
-            );
-        }
     }
 
     /// Checks an enrolled pod's rules against its plan; re-applies on drift. Returns the
@@ -677,7 +466,7 @@ impl Agent {
     pub async fn reconcile(&self, uid: &str) -> Result<Vec<String>, AgentError> {
         let _pod = self.lock_pod(uid).await;
         let Some((pod, netns)) = self
-            .inner
+            .book
             .lock()
             .await
             .pods
@@ -687,105 +476,64 @@ impl Agent {
             return Ok(Vec::new());
         };
         let plan = self.plan_for(&pod)?;
-        let backend = self.settings.backend;
-        let path = fd_path(&netns);
-        let check_plan = plan.clone();
-        let drift = blocking(move || {
-            redirect::check_until(
-                &check_plan,
-                Some(&path),
-                backend,
-                Instant::now() + LOCK_WAIT,
-            )
-        })
-        .await
-        .map_err(|reason| AgentError::Worker {
-            pod: pod.label(),
-            reason,
-        })?
-        .map_err(|source| AgentError::Rules {
-            pod: pod.label(),
-            source,
-        })?;
+        let (kernel, path, check_plan) = (self.kernel.clone(), fd_path(&netns), plan.clone());
+        let drift = blocking(move || kernel.check(&check_plan, &path, Instant::now() + LOCK_WAIT))
+            .await
+            .map_err(AgentError::worker(format!("pod {}", pod.label())))?
+            .map_err(|source| AgentError::Rules {
+                pod: pod.label(),
+                source,
+            })?;
         if !drift.is_empty() {
-            program(&plan, &netns, backend, &pod).await?;
+            self.program_plan(&pod, &plan, &netns).await?;
         }
         Ok(drift)
     }
-}
 
-/// `(UID, IPs)` pairs as the host rule takes them.
-fn pod_ips(held: &[(String, Vec<IpAddr>)]) -> Vec<(&str, &[IpAddr])> {
-    held.iter()
-        .map(|(uid, ips)| (uid.as_str(), ips.as_slice()))
-        .collect()
-}
+    /// Programs the pod's in-pod rules as its plan says (the startup reconcile of a pod the
+    /// snapshot has).
+    pub async fn program(
+        &self,
+        pod: &AmbientPodRef,
+        netns: &Arc<OwnedFd>,
+    ) -> Result<(), AgentError> {
+        let plan = self.plan_for(pod)?;
+        self.program_plan(pod, &plan, netns).await
+    }
 
-/// The pod's in-pod rules, one batch under its namespace's lock.
-pub async fn program(
-    plan: &Plan,
-    netns: &Arc<OwnedFd>,
-    backend: BackendChoice,
-    pod: &AmbientPodRef,
-) -> Result<(), AgentError> {
-    let (plan, netns) = (plan.clone(), netns.clone());
-    blocking(move || {
-        let path = fd_path(&netns);
-        redirect::apply_until(&plan, Some(&path), backend, Instant::now() + LOCK_WAIT)
-    })
-    .await
-    .map_err(|reason| AgentError::Worker {
-        pod: pod.label(),
-        reason,
-    })?
-    .map(|_| ())
-    .map_err(|source| AgentError::Rules {
-        pod: pod.label(),
-        source,
-    })
-}
+    /// The pod's in-pod rules, one batch under its namespace's lock.
+    async fn program_plan(
+        &self,
+        pod: &AmbientPodRef,
+        plan: &Plan,
+        netns: &Arc<OwnedFd>,
+    ) -> Result<(), AgentError> {
+        let (kernel, plan, netns) = (self.kernel.clone(), plan.clone(), netns.clone());
+        blocking(move || kernel.program(&plan, &fd_path(&netns), Instant::now() + LOCK_WAIT))
+            .await
+            .map_err(AgentError::worker(format!("pod {}", pod.label())))?
+            .map_err(|source| AgentError::Rules {
+                pod: pod.label(),
+                source,
+            })
+    }
 
-async fn unprogram(netns: &Arc<OwnedFd>) -> Result<(), String> {
-    let netns = netns.clone();
-    blocking(move || {
-        let path = fd_path(&netns);
-        let deadline = Instant::now() + LOCK_WAIT;
-        redirect::cleanup_scope_until(Some(&path), redirect::Scope::AMBIENT, deadline)
-    })
-    .await?
-    .map_err(|e| e.to_string())
+    /// Removes our ambient rules from the pod's namespace.
+    async fn unprogram(&self, pod: &AmbientPodRef, netns: &Arc<OwnedFd>) -> Result<(), AgentError> {
+        let (kernel, netns) = (self.kernel.clone(), netns.clone());
+        blocking(move || kernel.unprogram(&fd_path(&netns), Instant::now() + LOCK_WAIT))
+            .await
+            .map_err(AgentError::worker(format!("pod {}", pod.label())))?
+            .map_err(|source| AgentError::Rules {
+                pod: pod.label(),
+                source,
+            })
+    }
 }
 
 /// Kernel work (netlink, setns) runs off the async thread.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| format!("worker task failed: {e}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A ZDS connection busy past the queue bound (a slow snapshot) is as temporary as no
-    /// ztunnel at all: the plugin reports "try again later", not a hard failure.
-    #[test]
-    fn a_busy_zds_connection_is_unavailable_like_a_missing_one() {
-        let ztunnel = |source| AgentError::Ztunnel {
-            pod: "default/app".into(),
-            source,
-        };
-        let socket = PathBuf::from("/var/run/ztunnel/ztunnel.sock");
-        let busy = ztunnel(zds::ZdsError::Busy {
-            socket: socket.clone(),
-            pod: "default/app".into(),
-            waited: Duration::from_secs(3),
-        });
-        assert!(busy.is_unavailable(), "{busy}");
-        let missing = ztunnel(zds::ZdsError::NotConnected {
-            socket,
-            pod: "default/app".into(),
-        });
-        assert!(missing.is_unavailable(), "{missing}");
-    }
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, tokio::task::JoinError> {
+    tokio::task::spawn_blocking(f).await
 }

@@ -27,11 +27,11 @@ mod tests {
     fn every_reason_is_one_the_daemon_exports() {
         let exported = node_status::figures::failure_reasons();
         let errors = [
-            AgentError::Plan {
+            AgentError::Rules {
                 pod: "p".into(),
-                reason: "r".into(),
+                source: redirect::RedirectError::Drift(vec!["d".into()]),
             },
-            AgentError::HostCheck("h".into()),
+            AgentError::HostCheck(redirect::RedirectError::Drift(vec!["h".into()])),
             AgentError::Ztunnel {
                 pod: "p".into(),
                 source: zds::ZdsError::NotConnected {
@@ -40,8 +40,8 @@ mod tests {
                 },
             },
             AgentError::Worker {
-                pod: "p".into(),
-                reason: "w".into(),
+                what: "p".into(),
+                source: super::super::WorkerError::Dup(std::io::Error::other("w")),
             },
         ];
         let reasons: Vec<_> = errors.iter().map(failure_reason).collect();
