@@ -8,6 +8,7 @@
 //! with `net.ipv4.tcp_early_demux=0`, read once, in the node's namespace. Nothing here fails
 //! an enroll: errors are logged as Istio logs them.
 
+use redirect::RedirectError;
 use redirect::branch_eni::BranchEni;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -16,8 +17,8 @@ use std::sync::{Mutex, OnceLock};
 /// The kernel work, in the node's namespace (`redirect::branch_eni`); a stand-in in tests.
 pub(crate) trait Kernel: Send + Sync {
     fn early_demux_disabled(&self) -> bool;
-    fn detect(&self, ip: IpAddr) -> Result<Option<BranchEni>, String>;
-    fn add(&self, ip: IpAddr, eni: &BranchEni) -> Result<(), String>;
+    fn detect(&self, ip: IpAddr) -> Result<Option<BranchEni>, RedirectError>;
+    fn add(&self, ip: IpAddr, eni: &BranchEni) -> Result<(), RedirectError>;
     /// What failed (a rule already gone is not a failure).
     fn remove(&self, ip: IpAddr, eni: &BranchEni) -> Vec<String>;
 }
@@ -32,12 +33,12 @@ impl Kernel for Node {
         })
     }
 
-    fn detect(&self, ip: IpAddr) -> Result<Option<BranchEni>, String> {
-        redirect::branch_eni::detect(ip).map_err(|e| e.to_string())
+    fn detect(&self, ip: IpAddr) -> Result<Option<BranchEni>, RedirectError> {
+        redirect::branch_eni::detect(ip)
     }
 
-    fn add(&self, ip: IpAddr, eni: &BranchEni) -> Result<(), String> {
-        redirect::branch_eni::add(ip, eni).map_err(|e| e.to_string())
+    fn add(&self, ip: IpAddr, eni: &BranchEni) -> Result<(), RedirectError> {
+        redirect::branch_eni::add(ip, eni)
     }
 
     fn remove(&self, ip: IpAddr, eni: &BranchEni) -> Vec<String> {

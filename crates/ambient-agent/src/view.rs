@@ -5,7 +5,7 @@
 //! stamps a pod when it enrolls (the plugin's ADD or its own enroll: both end in
 //! [`crate::annotate`]) or repairs it, and forgets pods it no longer serves.
 
-use crate::agent::Agent;
+use crate::agent::{Agent, AgentError, WorkerError};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -74,12 +74,17 @@ impl AgentView {
 
     /// The addresses in the host probe set (`None`: no agent yet). Blocking work runs off the
     /// async thread.
-    pub async fn probe_ips(&self) -> Option<Result<Vec<IpAddr>, String>> {
+    pub async fn probe_ips(&self) -> Option<Result<Vec<IpAddr>, AgentError>> {
         let agent = self.agent()?;
         let read = tokio::task::spawn_blocking(move || {
             let s = agent.settings();
-            s.host.pod_ips(&s.host_plan).map_err(|e| e.to_string())
+            s.host.pod_ips(&s.host_plan).map_err(AgentError::HostCheck)
         });
-        Some(read.await.unwrap_or_else(|e| Err(e.to_string())))
+        Some(read.await.unwrap_or_else(|e| {
+            Err(AgentError::Worker {
+                what: "reading the host probe sets".into(),
+                source: WorkerError::Join(e),
+            })
+        }))
     }
 }

@@ -27,15 +27,15 @@ impl Kernel for Arc<Fake> {
         self.early_demux_off
     }
 
-    fn detect(&self, ip: IpAddr) -> Result<Option<BranchEni>, String> {
+    fn detect(&self, ip: IpAddr) -> Result<Option<BranchEni>, RedirectError> {
         self.record(format!("detect {ip}"));
         Ok(self.layouts.lock().unwrap().get(&ip).cloned())
     }
 
-    fn add(&self, ip: IpAddr, eni: &BranchEni) -> Result<(), String> {
+    fn add(&self, ip: IpAddr, eni: &BranchEni) -> Result<(), RedirectError> {
         self.record(format!("add {ip} {} {}", eni.veth, eni.table));
         if self.add_fails {
-            return Err("EPERM".into());
+            return Err(RedirectError::Drift(vec!["EPERM".into()]));
         }
         Ok(())
     }

@@ -25,7 +25,10 @@ use std::net::IpAddr;
 
 /// One mechanism that programs a [`Plan`] into a namespace, and ambient's host probe rule on
 /// the node. Writes take the caller's hold on the namespace's lock (`held`): a backend that
-/// starts processes lets them inherit it; one that writes in-process ignores it.
+/// starts processes lets them inherit it; one that writes in-process ignores it. The lock is
+/// taken once, by the caller, not by each backend: "clean every other backend, then apply this
+/// one" is one critical section, which a lock taken per backend would split (another caller
+/// could write between the clean-up and the apply).
 pub trait RuleBackend: Send + Sync + fmt::Debug {
     /// Which backend this is (how users name it).
     fn kind(&self) -> Backend;
