@@ -395,3 +395,33 @@ fn the_cycle_detector_names_a_cycle_through_a_parent_and_ignores_ancestors() {
             .is_empty()
     );
 }
+
+/// explain's kernel tracer (`trace/`, what the kernel did to a real connection) and its
+/// evaluator (`eval.rs`, where the rules say it goes) never name each other: each can be read,
+/// tested and replaced alone. `compare.rs` is where the two meet.
+#[test]
+fn explains_tracer_and_evaluator_never_name_each_other() {
+    let root = workspace_root(&metadata());
+    let g = ModGraph::of_target(&root.join("crates/explain/src/lib.rs"));
+    let is = |m: &ModPath, top: &str| m.first().is_some_and(|s| s == top);
+    let mut crossing = Vec::new();
+    for (from, tos) in &g.edges {
+        for to in tos {
+            let (tracer_to_eval, eval_to_tracer) = (
+                is(from, "trace") && is(to, "eval"),
+                is(from, "eval") && is(to, "trace"),
+            );
+            if tracer_to_eval || eval_to_tracer {
+                crossing.push(format!("{} -> {}", from.join("::"), to.join("::")));
+            }
+        }
+    }
+    assert!(
+        g.edges.keys().any(|m| is(m, "trace")) && g.edges.contains_key(&vec!["eval".to_string()]),
+        "explain's trace/ and eval.rs not found: update this rail"
+    );
+    assert!(
+        crossing.is_empty(),
+        "tracer and evaluator name each other: {crossing:?}"
+    );
+}
