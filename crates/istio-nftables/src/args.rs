@@ -414,19 +414,18 @@ impl Args {
     /// `--backend`, else `FORCE_IPTABLES_BINARY`, else `--native-nftables`, else auto.
     fn backend_choice(&self) -> Result<BackendChoice, ConfigError> {
         if let Some(b) = &self.backend {
-            return b
-                .parse()
-                .map_err(|e: String| ConfigError::new("--backend", b, e));
+            return b.parse().map_err(|e: redirect::UnknownBackend| {
+                ConfigError::new("--backend", b, e.to_string())
+            });
         }
         if let Some(f) = self
             .force_iptables_binary
             .as_deref()
             .filter(|f| !f.is_empty())
         {
-            return match f {
-                "legacy" => Ok(BackendChoice::Fixed(Backend::IptablesLegacy)),
-                "nft" => Ok(BackendChoice::Fixed(Backend::Nft)),
-                _ => Err(ConfigError::new(
+            return match Backend::from_istio_binary(f) {
+                Some(backend) => Ok(BackendChoice::Fixed(backend)),
+                None => Err(ConfigError::new(
                     "--force-iptables-binary",
                     f,
                     "expected legacy or nft",

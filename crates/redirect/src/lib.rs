@@ -35,14 +35,19 @@ pub enum BackendChoice {
     Fixed(Backend),
 }
 
+/// A backend name no backend has.
+#[derive(Debug, thiserror::Error)]
+#[error("expected auto, {}", Backend::ALL.map(Backend::name).join(" or "))]
+pub struct UnknownBackend;
+
 impl FromStr for BackendChoice {
-    type Err = String;
+    type Err = UnknownBackend;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim() {
             "auto" | "" => Ok(BackendChoice::Auto),
-            "nft" | "nftables" => Ok(BackendChoice::Fixed(Backend::Nft)),
-            "iptables-legacy" | "legacy" => Ok(BackendChoice::Fixed(Backend::IptablesLegacy)),
-            _ => Err("expected auto, nft or iptables-legacy".into()),
+            name => Backend::from_name(name)
+                .map(BackendChoice::Fixed)
+                .ok_or(UnknownBackend),
         }
     }
 }

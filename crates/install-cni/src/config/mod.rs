@@ -162,12 +162,11 @@ fn backend_choice(a: &Args) -> Result<BackendChoice, ConfigError> {
     if a.redirect_backend != BackendChoice::Auto || a.native_nftables || forced.is_empty() {
         return Ok(a.redirect_backend);
     }
-    match forced {
-        "legacy" => Ok(BackendChoice::Fixed(redirect::Backend::IptablesLegacy)),
-        "nft" => Ok(BackendChoice::Fixed(redirect::Backend::Nft)),
-        other => Err(bad(
+    match redirect::Backend::from_istio_binary(forced) {
+        Some(backend) => Ok(BackendChoice::Fixed(backend)),
+        None => Err(bad(
             "FORCE_IPTABLES_BINARY",
-            other,
+            forced,
             "expected legacy or nft (Istio's values)",
         )),
     }
@@ -385,7 +384,7 @@ fn parse_monitoring_port(s: &str) -> Result<MonitoringPort, String> {
         .map_err(|_| format!("{v} is not a port (1..65535; 0 or negative: off)"))
 }
 
-fn parse_backend(s: &str) -> Result<BackendChoice, String> {
+fn parse_backend(s: &str) -> Result<BackendChoice, redirect::UnknownBackend> {
     s.parse::<BackendChoice>()
 }
 

@@ -2,8 +2,11 @@
 //! one list of the mechanisms there are ([`all`]). Everything else in this crate (apply, check,
 //! cleanup, detection, migration, the host probe rule) works over that list, so "never two
 //! kinds in one namespace" is "clean every backend other than the chosen one", and adding a
-//! backend is its crate, an implementation here and one line in [`all`] (plus its
-//! [`Backend`] kind, the name users select it by).
+//! backend is its crate, an implementation here and one line in [`all`], plus its
+//! [`Backend`] kind (`capture::Backend`: its name, which every parser of `--backend`,
+//! `REDIRECT_BACKEND` and Istio's `FORCE_IPTABLES_BINARY` reads from there, and
+//! `Backend::ALL`). The node's detection (`node.rs`) chooses among kinds by their host state,
+//! and explain reads each kind's live rules: those learn about a new kind by design.
 //!
 //! Every method works in the calling thread's network namespace: a pod's (entered by
 //! `crate::locked`, which also holds its lock and passes the hold to the writes) or the
