@@ -31,6 +31,7 @@ use k8s_openapi::api::core::v1::Pod;
 use node_status::State;
 use node_status::jobs::Jobs;
 use node_status::metrics::Counters;
+use node_view::background::BackgroundWrites;
 use node_view::cache::{NamespaceCache, PodCache};
 use pod_policy::ambient::{AnnotationError, pod_settings};
 use pod_policy::bypass::{pod_ips, terminal};
@@ -209,16 +210,24 @@ pub fn annotate(client: &kube::Client, pod: &Pod, enabled: bool) {
     };
     let patch = serde_json::json!({"metadata": {"annotations": {REDIRECTION: value}}});
     let api: kube::Api<Pod> = kube::Api::namespaced(client.clone(), &ns);
-    tokio::spawn(async move {
+    let key = format!("{ns}/{name}");
+    ANNOTATIONS.spawn(&key.clone(), async move {
         let params = kube::api::PatchParams::default();
         if let Err(e) = api
             .patch_status(&name, &params, &kube::api::Patch::Merge(&patch))
             .await
         {
-            tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "annotating the pod failed");
+            tracing::warn!(pod = %key, error = %e, "annotating the pod failed");
         }
     });
 }
+
+/// The agent's annotation PATCHes and Events waiting for the API server: at most 64, each at
+/// most 10 s (a hung API server costs a bounded number of tasks; the next enroll or release
+/// writes the mark again).
+static ANNOTATIONS: BackgroundWrites =
+    BackgroundWrites::new("pod annotation", 64, Duration::from_secs(10));
+static EVENTS: BackgroundWrites = BackgroundWrites::new("event", 16, Duration::from_secs(10));
 
 /// The component the agent's Events name.
 pub const EVENT_COMPONENT: &str = "cni-ambient-agent";
@@ -246,5 +255,8 @@ fn report_ignored_annotations(client: &kube::Client, pod: &Pod) {
         &message,
     );
     let (client, pod) = (client.clone(), pod.clone());
-    tokio::spawn(async move { node_view::events::post_event(&client, &pod, &ev).await });
+    let key = node_view::cache::key(&pod);
+    EVENTS.spawn(&key, async move {
+        node_view::events::post_event(&client, &pod, &ev).await
+    });
 }

@@ -7,8 +7,10 @@
 //! - [`lookup`]: the plugin's pod lookup (`pods.sock`) answered from those caches;
 //! - [`running`]: a running pod's network namespace, found through the host's /proc by its IP
 //!   (and its UID, from [`cgroup`], where kubelet's cgroups name it);
-//! - [`kubelet`]: the kubelet's uid, found through the host's /proc (ambient's host probe rule).
+//! - [`kubelet`]: the kubelet's uid, found through the host's /proc (ambient's host probe rule);
+//! - [`background`]: the API writes made in the background (Events, annotations), bounded.
 
+pub mod background;
 pub mod cache;
 pub mod cgroup;
 pub mod client;

@@ -24,11 +24,11 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use node_status::jobs::{Jobs, Stage, Stop};
 use node_status::metrics::{Counters, Gauge};
+use node_view::background::BackgroundWrites;
 use node_view::cache::{CacheEvent, NamespaceCache, PodCache, PodEvent, Subscription};
 use pod_policy::Decision;
 use redirect::BackendChoice;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 use tracker::Tracker;
@@ -360,29 +360,17 @@ pub fn summary(drift: &[String]) -> String {
     s
 }
 
-/// Event writes waiting for the API server at most; over it an Event is dropped (logged).
-const EVENTS_IN_FLIGHT: usize = 16;
-/// Longest wait for one Event write (the client's read timeout is the watch's, minutes).
-const EVENT_TIMEOUT: Duration = Duration::from_secs(10);
-static EVENTS_PENDING: AtomicUsize = AtomicUsize::new(0);
+/// Events waiting for the API server: at most 16, each at most 10 s (a slow or hung API
+/// server never holds up the checks; `node_view::background`).
+static EVENTS: BackgroundWrites = BackgroundWrites::new("event", 16, Duration::from_secs(10));
 
-/// Writes the Event in the background: a slow or hung API server never holds up the checks,
-/// and at most [`EVENTS_IN_FLIGHT`] writes wait for it, each at most [`EVENT_TIMEOUT`].
+/// Writes the Event in the background, bounded ([`EVENTS`]).
 fn emit(settings: &Settings, client: &Client, pod: &Pod, reason: &str, message: &str) {
-    let key = node_view::cache::key(pod);
-    if EVENTS_PENDING.fetch_add(1, Ordering::SeqCst) >= EVENTS_IN_FLIGHT {
-        EVENTS_PENDING.fetch_sub(1, Ordering::SeqCst);
-        tracing::warn!(pod = %key, reason, pending = EVENTS_IN_FLIGHT, "event not written: the API server has not answered the earlier ones");
-        return;
-    }
     let ev = crate::repair::event_from(COMPONENT, pod, &settings.node.name, true, reason, message);
     let (client, pod) = (client.clone(), pod.clone());
-    tokio::spawn(async move {
-        let post = crate::repair::post_event(&client, &pod, &ev);
-        if tokio::time::timeout(EVENT_TIMEOUT, post).await.is_err() {
-            tracing::warn!(pod = %key, reason = ?ev.reason, timeout_s = EVENT_TIMEOUT.as_secs(), "could not write the event: no answer from the API server");
-        }
-        EVENTS_PENDING.fetch_sub(1, Ordering::SeqCst);
+    let key = node_view::cache::key(&pod);
+    EVENTS.spawn(&key, async move {
+        crate::repair::post_event(&client, &pod, &ev).await
     });
 }
 
