@@ -33,7 +33,11 @@ fn node_level_work_runs_in_the_node_namespace_not_the_daemons() {
     let node = TestNetns::with_prefix("hostsw-node").unwrap();
     let daemon = TestNetns::with_prefix("hostsw-pod").unwrap();
     redirect::host_netns::switch_to(node.path()).unwrap();
-    assert!(redirect::host_netns::switch_to(daemon.path()).is_err());
+    let refused = redirect::host_netns::switch_to(daemon.path()).unwrap_err();
+    assert_eq!(
+        (refused.current.as_path(), refused.requested.as_path()),
+        (node.path(), daemon.path())
+    );
     let pod_ip = "10.1.2.3".parse().unwrap();
     for backend in [Backend::Nft, Backend::IptablesLegacy] {
         let rule = HostProbeRule::new(backend);
