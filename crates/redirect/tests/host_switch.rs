@@ -4,7 +4,7 @@
 //! namespace of its own and the "node" another; nothing lands where the daemon runs. One test
 //! in its own binary: the switch is process-wide, set once.
 
-use capture::{HostProbeConfig, Plan};
+use capture::HostProbeConfig;
 use redirect::host_probe::HostProbeRule;
 use redirect::{Backend, BackendChoice};
 use testbed::host_probe::in_ns;
@@ -41,8 +41,7 @@ fn node_level_work_runs_in_the_node_namespace_not_the_daemons() {
     let pod_ip = "10.1.2.3".parse().unwrap();
     for backend in [Backend::Nft, Backend::IptablesLegacy] {
         let rule = HostProbeRule::new(backend);
-        let config = HostProbeConfig::new(rule.probe_source(None), false);
-        let plan = Plan::ambient_host(&config).unwrap();
+        let plan = HostProbeConfig::default_plan(rule.probe_source(None), false);
         in_ns(daemon.path(), || {
             rule.ensure(&plan).unwrap();
             rule.add_pod_ips(&plan, &[pod_ip], "uid-1").unwrap();
