@@ -89,11 +89,6 @@ pub mod host_probe {
     use testbed::PodWorld;
     pub use testbed::host_probe::*;
 
-    /// The host rule's plan (`Plan::ambient_host`) for `source`.
-    pub fn host_plan(source: ProbeSource, ipv6: bool) -> Plan {
-        Plan::ambient_host(&HostProbeConfig::new(source, ipv6)).expect("a valid host probe config")
-    }
-
     /// An IPv4 ambient pod and its node (the world side): the pod has the default in-pod rules
     /// (nft), the node the nft host probe rule for the kubelet's uid `kubelet_uid` with the pod's
     /// address in its set. Returns the two and the host rule's plan.
@@ -115,7 +110,7 @@ pub mod host_probe {
         let inpod = Plan::ambient(&capture::AmbientConfig::default()).expect("the in-pod plan");
         let fixed = redirect::BackendChoice::Fixed(backend);
         redirect::apply(&inpod, Some(w.pod.path()), fixed).expect("the in-pod rules");
-        let host = host_plan(source, false);
+        let host = HostProbeConfig::default_plan(source, false);
         let pod = IpAddr::V4(w.pod_v4);
         let rule = redirect::host_probe::HostProbeRule::new(backend);
         in_ns(w.world.path(), || {

@@ -141,6 +141,7 @@ pub struct HostProbeConfig {
 }
 
 impl HostProbeConfig {
+    /// Istio's SNAT addresses ([`HOST_PROBE_SNAT_V4`], [`HOST_PROBE_SNAT_V6`]).
     pub fn new(source: ProbeSource, ipv6: bool) -> Self {
         Self {
             ipv6,
@@ -148,6 +149,15 @@ impl HostProbeConfig {
             host_probe_snat_v6: HOST_PROBE_SNAT_V6,
             source,
         }
+    }
+
+    /// The host rule ([`Plan::ambient_host`]) for `source` with Istio's SNAT addresses
+    /// (`HOST_PROBE_SNAT_IP` and `HOST_PROBE_SNAT_IPV6` left unset): those are unicast, so this
+    /// one cannot fail.
+    pub fn default_plan(source: ProbeSource, ipv6: bool) -> Plan {
+        let cfg = Self::new(source, ipv6);
+        debug_assert!(cfg.validate().is_ok(), "Istio's SNAT addresses are unicast");
+        Plan::host_rules(&cfg)
     }
 }
 
@@ -345,6 +355,11 @@ impl Plan {
     /// `CreateHostRulesForHealthChecks`) and the named sets of ambient pod IPs it looks up.
     pub fn ambient_host(cfg: &HostProbeConfig) -> Result<Plan, ConfigError> {
         cfg.validate()?;
+        Ok(Plan::host_rules(cfg))
+    }
+
+    /// [`Plan::ambient_host`] for a config already validated.
+    fn host_rules(cfg: &HostProbeConfig) -> Plan {
         let mut s = Steps {
             steps: Vec::new(),
             ipv6: cfg.ipv6,
@@ -389,14 +404,14 @@ impl Plan {
                 comment: "IPs of the ambient pods on this node".into(),
             });
         }
-        Ok(Plan {
+        Plan {
             steps: s.steps,
             ipv6: cfg.ipv6,
             tproxy_routes: None,
             ipv6_passthrough_addr: false,
             warnings: Vec::new(),
             sets,
-        })
+        }
     }
 }
 
@@ -663,6 +678,18 @@ fn outbound_to_ztunnel(s: &mut Steps) {
 mod tests {
     use super::*;
 
+    /// Istio's SNAT addresses are valid: the plan needs no error, and is the checked one.
+    #[test]
+    fn the_default_host_plan_is_the_validated_one() {
+        for source in [ProbeSource::KubeletUid(0), ProbeSource::AnyLocalSocket] {
+            for ipv6 in [false, true] {
+                let checked = Plan::ambient_host(&HostProbeConfig::new(source.clone(), ipv6));
+                let default = HostProbeConfig::default_plan(source.clone(), ipv6);
+                assert_eq!(default, checked.unwrap());
+            }
+        }
+    }
+
     #[test]
     fn bad_values_name_the_field() {
         let mut cfg = AmbientConfig::default();
@@ -709,8 +736,7 @@ mod tests {
         assert_eq!(plan.owned_tables(), Table::AMBIENT);
         let routes = plan.tproxy_routes.unwrap();
         assert_eq!((routes.mark, routes.mask), (0x111, Some(0xfff)));
-        let host =
-            Plan::ambient_host(&HostProbeConfig::new(ProbeSource::KubeletUid(7), true)).unwrap();
+        let host = HostProbeConfig::default_plan(ProbeSource::KubeletUid(7), true);
         assert_eq!(host.sets.len(), 2);
         assert_eq!(host.tables(), [AmbientNat]);
     }

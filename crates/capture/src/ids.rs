@@ -83,44 +83,65 @@ impl IdDb {
     }
 
     /// A number passes through; a name must exist in the database.
-    pub fn resolve(&self, kind: IdKind, given: &str) -> Result<Id, String> {
+    pub fn resolve(&self, kind: IdKind, given: &str) -> Result<Id, IdError> {
+        let given = given.to_string();
         if let Ok(id) = given.parse::<u32>() {
             if id == u32::MAX {
                 // (uid_t)-1 / (gid_t)-1: no socket has it, and iptables' owner match refuses
                 // it (the nft backend would accept it): refused up front for both backends.
-                return Err(format!("{given} is (uid_t)-1, which no process can have"));
+                return Err(IdError::Unassignable { kind, given });
             }
-            return Ok(Id {
-                given: given.to_string(),
-                id,
-            });
+            return Ok(Id { given, id });
         }
         let valid_name = !given.is_empty()
             && given
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"._-$".contains(&b));
         if !valid_name {
-            return Err(format!("{given:?} is neither a number nor a valid name"));
+            return Err(IdError::InvalidName { given });
         }
-        let file = match kind {
+        match self.lookup(kind, &given) {
+            Some(id) => Ok(Id { given, id }),
+            None => Err(IdError::Unknown { kind, given }),
+        }
+    }
+}
+
+/// A user or group that cannot be matched on; each names the value as written.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IdError {
+    #[error("{given} is ({})-1, which no process can have", kind.c_type())]
+    Unassignable { kind: IdKind, given: String },
+    #[error("{given:?} is neither a number nor a valid name")]
+    InvalidName { given: String },
+    #[error("no {kind} named {given:?} in {}", kind.database())]
+    Unknown { kind: IdKind, given: String },
+}
+
+impl IdKind {
+    /// The C type of the number (`uid_t`, `gid_t`).
+    fn c_type(self) -> &'static str {
+        match self {
+            IdKind::User => "uid_t",
+            IdKind::Group => "gid_t",
+        }
+    }
+
+    /// The database names are looked up in.
+    fn database(self) -> &'static str {
+        match self {
             IdKind::User => "/etc/passwd",
             IdKind::Group => "/etc/group",
-        };
-        self.lookup(kind, given)
-            .map(|id| Id {
-                given: given.to_string(),
-                id,
-            })
-            .ok_or_else(|| {
-                format!(
-                    "no {} named {given:?} in {file}",
-                    if kind == IdKind::User {
-                        "user"
-                    } else {
-                        "group"
-                    }
-                )
-            })
+        }
+    }
+}
+
+impl fmt::Display for IdKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IdKind::User => "user",
+            IdKind::Group => "group",
+        })
     }
 }
 
@@ -159,13 +180,23 @@ mod tests {
         assert_eq!(db.resolve(IdKind::User, "istio-proxy").unwrap().id, 1337);
         assert_eq!(db.resolve(IdKind::User, "42").unwrap(), Id::numeric(42));
         assert_eq!(db.resolve(IdKind::Group, "java").unwrap().id, 901);
-        assert!(
-            db.resolve(IdKind::Group, "nope")
-                .unwrap_err()
-                .contains("/etc/group")
+        let refused = |kind, given| db.resolve(kind, given).unwrap_err().to_string();
+        assert_eq!(
+            refused(IdKind::Group, "nope"),
+            "no group named \"nope\" in /etc/group"
         );
-        assert!(db.resolve(IdKind::User, "a b").is_err());
-        assert!(db.resolve(IdKind::User, "4294967295").is_err());
+        assert_eq!(
+            refused(IdKind::User, "a b"),
+            "\"a b\" is neither a number nor a valid name"
+        );
+        assert_eq!(
+            refused(IdKind::User, "4294967295"),
+            "4294967295 is (uid_t)-1, which no process can have"
+        );
+        assert_eq!(
+            refused(IdKind::Group, "4294967295"),
+            "4294967295 is (gid_t)-1, which no process can have"
+        );
         assert_eq!(
             db.resolve(IdKind::Group, "4294967294").unwrap().id,
             4294967294

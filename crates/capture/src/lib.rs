@@ -16,7 +16,7 @@ mod plan;
 pub use ambient::*;
 pub use backend::Backend;
 pub use config::*;
-pub use ids::{Id, IdDb, IdKind};
+pub use ids::{Id, IdDb, IdError, IdKind};
 pub use net::{DisplayIp, IpNet};
 pub use parse::*;
 pub use plan::*;

@@ -204,7 +204,7 @@ pub fn parse_id_list(
     for item in split_list(value) {
         let id = db
             .resolve(kind, item)
-            .map_err(|e| ConfigError::new(field, value, e))?;
+            .map_err(|e| ConfigError::new(field, value, e.to_string()))?;
         if !ids.contains(&id) {
             ids.push(id);
         }

@@ -47,7 +47,7 @@ impl PodQuery {
 
     /// Parses a query string; the error names the field and value. The wait is capped at
     /// [`MAX_WAIT`].
-    pub fn from_query(query: &str) -> Result<PodQuery, String> {
+    pub fn from_query(query: &str) -> Result<PodQuery, QueryError> {
         let mut q = PodQuery {
             namespace: String::new(),
             name: String::new(),
@@ -62,26 +62,47 @@ impl PodQuery {
                 "uid" if !v.is_empty() => q.uid = Some(v.into_owned()),
                 "uid" => {}
                 "with_namespace" => {
-                    q.with_namespace = v
-                        .parse()
-                        .map_err(|_| format!("with_namespace {v:?}: not true or false"))?
+                    q.with_namespace = v.parse().map_err(|source| QueryError::WithNamespace {
+                        value: v.to_string(),
+                        source,
+                    })?
                 }
                 "wait_ms" => {
-                    let ms: u64 = v
-                        .parse()
-                        .map_err(|_| format!("wait_ms {v:?}: not a number of milliseconds"))?;
+                    let ms: u64 = v.parse().map_err(|source| QueryError::WaitMs {
+                        value: v.to_string(),
+                        source,
+                    })?;
                     q.wait = Duration::from_millis(ms).min(MAX_WAIT);
                 }
-                other => return Err(format!("unknown field {other:?}")),
+                other => return Err(QueryError::UnknownField(other.into())),
             }
         }
         for (field, value) in [("namespace", &q.namespace), ("name", &q.name)] {
             if value.is_empty() {
-                return Err(format!("{field} is missing"));
+                return Err(QueryError::Missing(field));
             }
         }
         Ok(q)
     }
+}
+
+/// A pod lookup query the daemon cannot read (answered 400); each names the field and value.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum QueryError {
+    #[error("with_namespace {value:?}: not true or false")]
+    WithNamespace {
+        value: String,
+        source: std::str::ParseBoolError,
+    },
+    #[error("wait_ms {value:?}: not a number of milliseconds")]
+    WaitMs {
+        value: String,
+        source: std::num::ParseIntError,
+    },
+    #[error("unknown field {0:?}")]
+    UnknownField(String),
+    #[error("{0} is missing")]
+    Missing(&'static str),
 }
 
 /// The daemon's answer: the objects exactly as its watches received them from the API server.
@@ -123,7 +144,7 @@ mod tests {
             ),
             ("namespace=a&name=b&color=red", "unknown field \"color\""),
         ] {
-            let e = PodQuery::from_query(query).unwrap_err();
+            let e = PodQuery::from_query(query).unwrap_err().to_string();
             assert!(e.contains(want), "{query}: {e}");
         }
     }

@@ -283,8 +283,17 @@ pub fn path(pod: Option<(&str, &str)>) -> String {
     }
 }
 
+/// A `GET /status` query the daemon cannot read (answered 400); each names the field and value.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StatusQueryError {
+    #[error("pod {0:?}: expected NAMESPACE/NAME")]
+    Pod(String),
+    #[error("unknown field {0:?}")]
+    UnknownField(String),
+}
+
 /// The pod a query asks for (`None`: every pod); the error names the field and value.
-pub fn parse_query(query: &str) -> Result<Option<(String, String)>, String> {
+pub fn parse_query(query: &str) -> Result<Option<(String, String)>, StatusQueryError> {
     let mut pod = None;
     for (k, v) in form_urlencoded::parse(query.as_bytes()) {
         match k.as_ref() {
@@ -292,9 +301,9 @@ pub fn parse_query(query: &str) -> Result<Option<(String, String)>, String> {
                 Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
                     pod = Some((ns.to_string(), name.to_string()))
                 }
-                _ => return Err(format!("pod {v:?}: expected NAMESPACE/NAME")),
+                _ => return Err(StatusQueryError::Pod(v.into_owned())),
             },
-            other => return Err(format!("unknown field {other:?}")),
+            other => return Err(StatusQueryError::UnknownField(other.into())),
         }
     }
     Ok(pod)
@@ -392,7 +401,8 @@ mod tests {
             ("pod=a/b/c", "expected NAMESPACE/NAME"),
             ("color=red", "unknown field"),
         ] {
-            assert!(parse_query(bad).unwrap_err().contains(want), "{bad}");
+            let e = parse_query(bad).unwrap_err().to_string();
+            assert!(e.contains(want), "{bad}: {e}");
         }
     }
 }

@@ -41,7 +41,7 @@ impl Rules {
     }
 
     /// Whether `node` satisfies both; `Err` names a rule Kubernetes would not accept.
-    pub fn matches(&self, node: &Node) -> Result<bool, String> {
+    pub fn matches(&self, node: &Node) -> Result<bool, RuleError> {
         let empty = BTreeMap::new();
         let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
         let name = node.metadata.name.as_deref().unwrap_or("");
@@ -72,11 +72,53 @@ impl Rules {
     }
 }
 
+/// A node selector requirement Kubernetes would refuse: which list it is in, its key and
+/// operator, and what is wrong with it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{list} {key} {operator}: {problem}")]
+pub struct RuleError {
+    /// `matchExpressions` or `matchFields`.
+    pub list: &'static str,
+    pub key: String,
+    pub operator: String,
+    pub problem: RuleProblem,
+}
+
+/// What is wrong with a requirement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RuleProblem {
+    #[error("needs values")]
+    NeedsValues,
+    #[error("takes no values")]
+    TakesNoValues,
+    #[error("needs exactly one value")]
+    NeedsOneValue,
+    #[error("its value is not an integer")]
+    NotAnInteger,
+    #[error("unknown operator")]
+    UnknownOperator,
+    #[error("only metadata.name is supported")]
+    UnsupportedField,
+    #[error("only In and NotIn are supported")]
+    UnsupportedFieldOperator,
+}
+
+impl RuleError {
+    fn new(list: &'static str, r: &NodeSelectorRequirement, problem: RuleProblem) -> RuleError {
+        RuleError {
+            list,
+            key: r.key.clone(),
+            operator: r.operator.clone(),
+            problem,
+        }
+    }
+}
+
 fn selector_matches(
     sel: &NodeSelector,
     labels: &BTreeMap<String, String>,
     name: &str,
-) -> Result<bool, String> {
+) -> Result<bool, RuleError> {
     let mut any = false;
     // Every term is parsed (an invalid one is an error even after a match, as in Kubernetes).
     for term in &sel.node_selector_terms {
@@ -97,23 +139,24 @@ fn selector_matches(
 fn label_matches(
     r: &NodeSelectorRequirement,
     labels: &BTreeMap<String, String>,
-) -> Result<bool, String> {
+) -> Result<bool, RuleError> {
+    use RuleProblem::*;
     let values = r.values.as_deref().unwrap_or(&[]);
     let got = labels.get(&r.key);
-    let bad = |why: &str| Err(format!("matchExpressions {} {}: {why}", r.key, r.operator));
+    let bad = |problem| Err(RuleError::new("matchExpressions", r, problem));
     match r.operator.as_str() {
-        "In" | "NotIn" if values.is_empty() => bad("needs values"),
+        "In" | "NotIn" if values.is_empty() => bad(NeedsValues),
         "In" => Ok(got.is_some_and(|v| values.contains(v))),
         "NotIn" => Ok(!got.is_some_and(|v| values.contains(v))),
-        "Exists" | "DoesNotExist" if !values.is_empty() => bad("takes no values"),
+        "Exists" | "DoesNotExist" if !values.is_empty() => bad(TakesNoValues),
         "Exists" => Ok(got.is_some()),
         "DoesNotExist" => Ok(got.is_none()),
         "Gt" | "Lt" => {
             let [want] = values else {
-                return bad("needs exactly one value");
+                return bad(NeedsOneValue);
             };
             let Ok(want) = want.parse::<i64>() else {
-                return bad("its value is not an integer");
+                return bad(NotAnInteger);
             };
             // A label that is absent or not an integer does not match.
             Ok(match got.and_then(|v| v.parse::<i64>().ok()) {
@@ -122,23 +165,24 @@ fn label_matches(
                 None => false,
             })
         }
-        _ => bad("unknown operator"),
+        _ => bad(UnknownOperator),
     }
 }
 
-fn field_matches(r: &NodeSelectorRequirement, name: &str) -> Result<bool, String> {
+fn field_matches(r: &NodeSelectorRequirement, name: &str) -> Result<bool, RuleError> {
+    use RuleProblem::*;
     let values = r.values.as_deref().unwrap_or(&[]);
-    let bad = |why: &str| Err(format!("matchFields {} {}: {why}", r.key, r.operator));
+    let bad = |problem| Err(RuleError::new("matchFields", r, problem));
     if r.key != "metadata.name" {
-        return bad("only metadata.name is supported");
+        return bad(UnsupportedField);
     }
     let [want] = values else {
-        return bad("needs exactly one value");
+        return bad(NeedsOneValue);
     };
     match r.operator.as_str() {
         "In" => Ok(name == want),
         "NotIn" => Ok(name != want),
-        _ => bad("only In and NotIn are supported"),
+        _ => bad(UnsupportedFieldOperator),
     }
 }
 
@@ -238,15 +282,17 @@ mod tests {
         assert!(!one("Gt", json!(["3"])).matches(&n(Some("3"))).unwrap());
         assert!(!one("Gt", json!(["3"])).matches(&n(Some("four"))).unwrap());
         assert!(one("Lt", json!(["3"])).matches(&n(Some("-1"))).unwrap());
-        for (op, values) in [
-            ("In", json!([])),
-            ("Exists", json!(["x"])),
-            ("Gt", json!(["1", "2"])),
-            ("Lt", json!(["x"])),
-            ("Near", json!(["1"])),
+        for (op, values, problem) in [
+            ("In", json!([]), RuleProblem::NeedsValues),
+            ("Exists", json!(["x"]), RuleProblem::TakesNoValues),
+            ("Gt", json!(["1", "2"]), RuleProblem::NeedsOneValue),
+            ("Lt", json!(["x"]), RuleProblem::NotAnInteger),
+            ("Near", json!(["1"]), RuleProblem::UnknownOperator),
         ] {
-            assert!(
-                one(op, values.clone()).matches(&n(Some("1"))).is_err(),
+            let e = one(op, values.clone()).matches(&n(Some("1"))).unwrap_err();
+            assert_eq!(
+                (e.key.as_str(), e.problem),
+                ("gen", problem),
                 "{op} {values}"
             );
         }
@@ -257,8 +303,15 @@ mod tests {
             .unwrap()
         };
         assert!(!field("metadata.name", "NotIn").matches(&n(None)).unwrap());
-        assert!(field("metadata.uid", "In").matches(&n(None)).is_err());
-        assert!(field("metadata.name", "Exists").matches(&n(None)).is_err());
+        let e = field("metadata.uid", "In").matches(&n(None)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "matchFields metadata.uid In: only metadata.name is supported"
+        );
+        let e = field("metadata.name", "Exists")
+            .matches(&n(None))
+            .unwrap_err();
+        assert_eq!(e.problem, RuleProblem::UnsupportedFieldOperator);
     }
 
     /// Both rules apply (the DaemonSet controller checks both).

@@ -22,6 +22,7 @@
 use crate::affinity::Rules;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Node;
+use node_view::client::ClientError;
 use std::time::Duration;
 
 /// The DaemonSet's name in the chart (`deploy/helm/istio-cni`); RBAC grants `get` on it alone,
@@ -36,6 +37,21 @@ pub enum Shutdown {
     Upgrade(String),
     /// Remove everything (why).
     Uninstall(String),
+}
+
+/// Why the DaemonSet or this node could not be read; the shutdown decision quotes it.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// No API client (the error names the kubeconfig or the token).
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// The API server's refusal, or the connection's error, with its whole chain of causes.
+    #[error("{}", node_view::describe(.0))]
+    Api(#[from] kube::Error),
+    #[error("no answer within {0:?}")]
+    NoAnswer(Duration),
+    #[error("the node's name is unknown")]
+    NoNodeName,
 }
 
 /// What the decision needs to know besides the DaemonSet itself.
@@ -68,7 +84,7 @@ pub fn needs_lookup(ctx: &Context) -> Option<Shutdown> {
 
 /// Pure: the decision from the DaemonSet lookup. Only a DaemonSet that was read and is not
 /// being deleted is an upgrade; an error is an uninstall (Istio's `ShouldStopForUpgrade`).
-pub fn decide(lookup: Result<Option<DaemonSet>, String>) -> Shutdown {
+pub fn decide(lookup: Result<Option<DaemonSet>, ReadError>) -> Shutdown {
     match lookup {
         Ok(Some(ds)) if ds.metadata.deletion_timestamp.is_none() => Shutdown::Upgrade(format!(
             "DaemonSet {DAEMONSET_NAME} still exists: a new agent follows"
@@ -86,7 +102,11 @@ pub fn decide(lookup: Result<Option<DaemonSet>, String>) -> Shutdown {
 
 /// Pure: the decision for a living DaemonSet with node-dependent `rules`, from the lookup of
 /// node `node_name` (`Ok(None)`: it does not exist).
-pub fn decide_node(rules: &Rules, node_name: &str, node: Result<Option<Node>, String>) -> Shutdown {
+pub fn decide_node(
+    rules: &Rules,
+    node_name: &str,
+    node: Result<Option<Node>, ReadError>,
+) -> Shutdown {
     let rules_text = rules.describe();
     match node.map(|n| n.map(|n| rules.matches(&n))) {
         Ok(Some(Ok(true))) => Shutdown::Upgrade(format!(
@@ -110,22 +130,22 @@ pub fn decide_node(rules: &Rules, node_name: &str, node: Result<Option<Node>, St
 /// when the DaemonSet's pods are scheduled by node rules.
 pub async fn shutdown(
     ctx: &Context,
-    client: impl std::future::Future<Output = Result<kube::Client, String>>,
+    client: impl std::future::Future<Output = Result<kube::Client, ClientError>>,
 ) -> Shutdown {
     if let Some(d) = needs_lookup(ctx) {
         return d;
     }
-    let client = client.await;
-    let lookup = match &client {
-        Ok(c) => lookup(c.clone(), &ctx.namespace).await,
-        Err(e) => Err(e.clone()),
+    // Without a client the DaemonSet cannot be read: that is the lookup's error.
+    let (client, lookup) = match client.await {
+        Ok(c) => (Some(c.clone()), lookup(c, &ctx.namespace).await),
+        Err(e) => (None, Err(ReadError::Client(e))),
     };
     if let Err(e) = &lookup {
         tracing::warn!(error = %e, daemonset = DAEMONSET_NAME, "reading the DaemonSet failed: not an upgrade, removing the install");
     }
-    let rules = match (&client, &lookup) {
-        (Ok(c), Ok(Some(ds))) if ds.metadata.deletion_timestamp.is_none() => {
-            Rules::of(ds).map(|r| (c.clone(), r))
+    let rules = match (client, &lookup) {
+        (Some(c), Ok(Some(ds))) if ds.metadata.deletion_timestamp.is_none() => {
+            Rules::of(ds).map(|r| (c, r))
         }
         _ => None,
     };
@@ -139,30 +159,39 @@ pub async fn shutdown(
     decide_node(&rules, &ctx.node_name, node)
 }
 
-async fn get_node(client: kube::Client, name: &str) -> Result<Option<Node>, String> {
+async fn get_node(client: kube::Client, name: &str) -> Result<Option<Node>, ReadError> {
     if name.is_empty() {
-        return Err("the node's name is unknown".into());
+        return Err(ReadError::NoNodeName);
     }
     let api: kube::Api<Node> = kube::Api::all(client);
     match tokio::time::timeout(GET_TIMEOUT, api.get_opt(name)).await {
-        Ok(Ok(n)) => Ok(n),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer within {GET_TIMEOUT:?}")),
+        Ok(got) => Ok(got?),
+        Err(_) => Err(ReadError::NoAnswer(GET_TIMEOUT)),
     }
 }
 
-pub async fn lookup(client: kube::Client, namespace: &str) -> Result<Option<DaemonSet>, String> {
+/// The DaemonSet (`None`: it does not exist), within 5 s.
+pub async fn lookup(client: kube::Client, namespace: &str) -> Result<Option<DaemonSet>, ReadError> {
     let api: kube::Api<DaemonSet> = kube::Api::namespaced(client, namespace);
     match tokio::time::timeout(GET_TIMEOUT, api.get_opt(DAEMONSET_NAME)).await {
-        Ok(Ok(ds)) => Ok(ds),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer within {GET_TIMEOUT:?}")),
+        Ok(got) => Ok(got?),
+        Err(_) => Err(ReadError::NoAnswer(GET_TIMEOUT)),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The API server's 403 for `what`, as kube reports it.
+    fn forbidden(what: &str) -> ReadError {
+        ReadError::Api(kube::Error::Api(Box::new(kube::core::Status {
+            code: 403,
+            message: format!("{what} is forbidden"),
+            reason: "Forbidden".into(),
+            ..Default::default()
+        })))
+    }
 
     fn ds(deleting: bool) -> DaemonSet {
         let mut d = DaemonSet::default();
@@ -221,11 +250,7 @@ mod tests {
             decide_node(&rules, "worker-1", Ok(None)),
             Shutdown::Uninstall(_)
         ));
-        match decide_node(
-            &rules,
-            "worker-1",
-            Err("nodes \"worker-1\" is forbidden".into()),
-        ) {
+        match decide_node(&rules, "worker-1", Err(forbidden("nodes \"worker-1\""))) {
             Shutdown::Upgrade(why) => assert!(why.contains("forbidden"), "{why}"),
             other => panic!("{other:?}"),
         }
@@ -236,14 +261,20 @@ mod tests {
     /// and the reason names it.
     #[test]
     fn an_unreadable_daemonset_is_an_uninstall_naming_the_error() {
-        for err in [
-            "ApiError: daemonsets.apps \"istio-cni-node\" is forbidden: Forbidden (403)",
-            "no answer within 5s",
-            "connection refused",
+        for (err, text) in [
+            (
+                forbidden("daemonsets.apps \"istio-cni-node\""),
+                "daemonsets.apps \"istio-cni-node\" is forbidden",
+            ),
+            (ReadError::NoAnswer(GET_TIMEOUT), "no answer within 5s"),
+            (
+                ReadError::Client(ClientError::NoToken("/var/run/token".into())),
+                "service-account token /var/run/token is missing",
+            ),
         ] {
-            match decide(Err(err.into())) {
-                Shutdown::Uninstall(why) => assert!(why.contains(err), "{why}"),
-                other => panic!("{err}: {other:?}"),
+            match decide(Err(err)) {
+                Shutdown::Uninstall(why) => assert!(why.contains(text), "{why}"),
+                other => panic!("{text}: {other:?}"),
             }
         }
     }

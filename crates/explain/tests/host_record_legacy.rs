@@ -9,7 +9,7 @@
 //! counters) must be exactly as before, and nftables never touched.
 
 use capture::ambient_constants::{HOST_PROBE_SNAT_V4, HOST_PROBE_SNAT_V6};
-use capture::{HostProbeConfig, Plan, ProbeSource};
+use capture::{HostProbeConfig, ProbeSource};
 use explain::compare::{RECORD_METHOD, compare_record};
 use explain::trace::{Attempt, KernelRecord, record_host};
 use explain::{self as ex, Connection, Direction, Outcome, Protocol};
@@ -19,11 +19,6 @@ use std::path::Path;
 use testbed::host_probe::{KUBELET_UID, OTHER_UID, in_ns};
 use testbed::legacy_trace::loggers;
 use testbed::*;
-
-/// The host rule's plan (`Plan::ambient_host`) for `source`.
-fn host_plan(source: ProbeSource, ipv6: bool) -> Plan {
-    Plan::ambient_host(&HostProbeConfig::new(source, ipv6)).expect("a valid host probe config")
-}
 
 /// The node's rules in every legacy table, both families, without counters and comments.
 fn rules(node: &TestNetns) -> String {
@@ -63,7 +58,7 @@ impl Node {
             ))
             .unwrap();
         let app = Probe::start(w.pod.path(), "pod", &[Listen::tcp(8080)]).unwrap();
-        let host = host_plan(ProbeSource::AnyLocalSocket, true);
+        let host = HostProbeConfig::default_plan(ProbeSource::AnyLocalSocket, true);
         let in_set = [IpAddr::V4(w.pod_v4), IpAddr::V6(w.pod_v6.unwrap())];
         // The node has talked to its pods before they are probed, as a real node has (observed
         // in this rig: when the node's first packet to a pod's IPv6 address is SNATed, the

@@ -118,11 +118,7 @@ async fn stop(
         panics = ?drained.panicked,
         "shutting down; jobs drained"
     );
-    let client = async {
-        node_view::client::client(&cfg.view.api)
-            .await
-            .map_err(|e| e.to_string())
-    };
+    let client = node_view::client::client(&cfg.view.api);
     match upgrade::shutdown(&cfg.safe_upgrade, client).await {
         Shutdown::Upgrade(why) => {
             tracing::info!(signal, %why, "shutting down; safe upgrade: the plugin stays installed (and in ambient mode the host probe rule)");

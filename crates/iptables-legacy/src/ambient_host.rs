@@ -319,7 +319,7 @@ mod tests {
     use capture::{HostProbeConfig, ProbeSource};
 
     fn plan(ipv6: bool) -> Plan {
-        Plan::ambient_host(&HostProbeConfig::new(ProbeSource::AnyLocalSocket, ipv6)).unwrap()
+        HostProbeConfig::default_plan(ProbeSource::AnyLocalSocket, ipv6)
     }
 
     #[test]

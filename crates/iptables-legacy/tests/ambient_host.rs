@@ -15,21 +15,16 @@ use std::time::{Duration, Instant};
 use testbed::host_probe::{KUBELET_UID, OTHER_UID, ZTUNNEL, in_ns, seen_from};
 use testbed::*;
 
-/// The host rule's plan (`Plan::ambient_host`) for `source`.
-fn host_plan(source: ProbeSource, ipv6: bool) -> Plan {
-    Plan::ambient_host(&HostProbeConfig::new(source, ipv6)).expect("a valid host probe config")
-}
-
 const V4: &str = "istio-inpod-probes-v4";
 const V6: &str = "istio-inpod-probes-v6";
 
 fn kubelet_plan(ipv6: bool) -> Plan {
-    host_plan(ProbeSource::KubeletUid(KUBELET_UID), ipv6)
+    HostProbeConfig::default_plan(ProbeSource::KubeletUid(KUBELET_UID), ipv6)
 }
 
 /// Istio's own legacy host rule (`-m owner --socket-exists`): the goldens' payload.
 fn istio_plan(ipv6: bool) -> Plan {
-    host_plan(ProbeSource::AnyLocalSocket, ipv6)
+    HostProbeConfig::default_plan(ProbeSource::AnyLocalSocket, ipv6)
 }
 
 /// The node's nat table as iptables-legacy-save prints it, without comments and counters.

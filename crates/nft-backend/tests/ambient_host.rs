@@ -9,9 +9,9 @@ use std::net::IpAddr;
 use testbed::host_probe::{KUBELET_UID, OTHER_UID, ZTUNNEL, in_ns, seen_from};
 use testbed::*;
 
-fn host_plan(ipv6: bool) -> Plan {
-    let source = ProbeSource::KubeletUid(KUBELET_UID);
-    Plan::ambient_host(&HostProbeConfig::new(source, ipv6)).expect("a valid host probe config")
+/// The host rule for the kubelet's uid.
+fn kubelet_plan(ipv6: bool) -> Plan {
+    HostProbeConfig::default_plan(ProbeSource::KubeletUid(KUBELET_UID), ipv6)
 }
 
 fn set_elements(node: &TestNetns, set: &str) -> String {
@@ -27,7 +27,7 @@ fn kubelet_probes_are_snatted_and_reach_the_app_unproxied() {
     let inpod = Plan::ambient(&AmbientConfig::default()).unwrap();
     in_ns(w.pod.path(), || nft_backend::apply(&inpod)).unwrap();
     let ztunnel = Probe::start(w.pod.path(), "pod", &ZTUNNEL).unwrap();
-    let host = host_plan(false);
+    let host = kubelet_plan(false);
     in_ns(node, || ambient_host::ensure(&host)).unwrap();
 
     let kubelet = ConnectSpec::new(pod, 8080).uid(KUBELET_UID);
@@ -72,7 +72,7 @@ fn kubelet_probes_are_snatted_and_reach_the_app_unproxied() {
 fn set_elements_follow_pods_in_both_families() {
     require_root();
     let node = TestNetns::with_prefix("amb-node").unwrap();
-    let host = host_plan(true);
+    let host = kubelet_plan(true);
     in_ns(node.path(), || ambient_host::ensure(&host)).unwrap();
     let a: Vec<IpAddr> = vec!["10.1.0.5".parse().unwrap(), "fd00::5".parse().unwrap()];
     let b: Vec<IpAddr> = vec!["10.1.0.6".parse().unwrap()];
@@ -102,7 +102,7 @@ fn set_elements_follow_pods_in_both_families() {
     assert!(!set_elements(&node, "istio-inpod-probes-v6").contains("fd00::5"));
 
     // With IPv6 off there is no v6 set, and IPv6 pod IPs are skipped (as Istio does).
-    let v4_only = host_plan(false);
+    let v4_only = kubelet_plan(false);
     let other = TestNetns::with_prefix("amb-node4").unwrap();
     in_ns(other.path(), || {
         ambient_host::ensure(&v4_only)?;
@@ -123,7 +123,7 @@ fn set_elements_follow_pods_in_both_families() {
 fn check_compares_named_set_declarations_not_elements() {
     require_root();
     let node = TestNetns::with_prefix("amb-check").unwrap();
-    let host = host_plan(false);
+    let host = kubelet_plan(false);
     let check = || in_ns(node.path(), || nft_backend::check(&host)).unwrap();
     in_ns(node.path(), || ambient_host::ensure(&host)).unwrap();
     let ip: Vec<IpAddr> = vec!["10.1.0.5".parse().unwrap()];
@@ -159,8 +159,7 @@ fn any_local_socket_source_snats_every_local_process() {
     let w = PodWorld::ipv4_only().unwrap();
     let (node, pod) = (w.world.path(), IpAddr::V4(w.pod_v4));
     let app = Probe::start(w.pod.path(), "pod", &[Listen::tcp(8080)]).unwrap();
-    let host =
-        Plan::ambient_host(&HostProbeConfig::new(ProbeSource::AnyLocalSocket, false)).unwrap();
+    let host = HostProbeConfig::default_plan(ProbeSource::AnyLocalSocket, false);
     in_ns(node, || {
         ambient_host::ensure(&host)?;
         ambient_host::add_pod_ips(&host, &[pod], "pod-uid")

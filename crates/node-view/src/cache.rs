@@ -393,7 +393,7 @@ impl<K: Cached> ObjectCache<K> {
         api: &Api<K>,
         selector: &str,
         watch_timeout: Duration,
-    ) -> Result<(String, usize), String> {
+    ) -> Result<(String, usize), ListError> {
         let timeout = LIST_TIMEOUT.min(watch_timeout + HANG_GRACE);
         let mut lp = ListParams::default();
         if !selector.is_empty() {
@@ -401,8 +401,8 @@ impl<K: Cached> ObjectCache<K> {
         }
         let listed = match tokio::time::timeout(timeout, api.list(&lp)).await {
             Ok(Ok(list)) => list,
-            Ok(Err(e)) => return Err(crate::describe(&e)),
-            Err(_) => return Err(format!("no answer within {} s", timeout.as_secs())),
+            Ok(Err(source)) => return Err(ListError::Api { source }),
+            Err(_) => return Err(ListError::NoAnswer { within: timeout }),
         };
         let version = listed.metadata.resource_version.clone().unwrap_or_default();
         let n = listed.items.len();
@@ -535,6 +535,16 @@ pub fn write_lag(
     let now = now.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos() as i128;
     let lag = u64::try_from((now - written).max(0)).unwrap_or(u64::MAX);
     Some(Duration::from_nanos(lag))
+}
+
+/// Why a list failed; retried with backoff.
+#[derive(Debug, thiserror::Error)]
+enum ListError {
+    /// The API server's error with its whole chain of causes ([`crate::describe`]).
+    #[error("{}", crate::describe(source))]
+    Api { source: kube::Error },
+    #[error("no answer within {} s", within.as_secs())]
+    NoAnswer { within: Duration },
 }
 
 enum WatchEnd {

@@ -73,19 +73,19 @@ async fn answer(caches: Caches, req: Request) -> Reply {
             json(serde_json::to_vec(&body).expect("API objects serialize"))
         }
         Err(miss) => {
-            tracing::debug!(pod = %format!("{}/{}", query.namespace, query.name), miss, "pod lookup: not in the caches");
-            reply(StatusCode::NOT_FOUND, miss)
+            tracing::debug!(pod = %format!("{}/{}", query.namespace, query.name), %miss, "pod lookup: not in the caches");
+            reply(StatusCode::NOT_FOUND, miss.to_string())
         }
     }
 }
 
 type Found = PodAnswer<Arc<Pod>, Arc<Namespace>>;
 
-async fn find(caches: &Caches, q: &PodQuery) -> Result<Found, String> {
+async fn find(caches: &Caches, q: &PodQuery) -> Result<Found, Miss> {
     // A cache that has not listed since its watch failed (or ever: the daemon just started,
     // or cannot reach the API server) may miss changes: the plugin asks the API server at once.
     if !caches.pods.is_current() {
-        return Err("the pod cache has not listed yet, or not since its watch last failed".into());
+        return Err(Miss::PodCacheBehind);
     }
     let deadline = Instant::now() + q.wait;
     let same_uid = |p: &Pod| pod_policy::is_sandboxs_pod(p, q.uid.as_deref().unwrap_or(""));
@@ -101,35 +101,56 @@ async fn find(caches: &Caches, q: &PodQuery) -> Result<Found, String> {
         });
     }
     let Some(namespaces) = &caches.namespaces else {
-        return Err("this daemon does not watch namespaces".into());
+        return Err(Miss::NamespacesUnwatched);
     };
     // Its labels decide whether the pod is ambient: never from a view that lost track.
     if !namespaces.is_current() {
-        return Err(
-            "the namespace cache has not listed yet, or not since its watch last failed".into(),
-        );
+        return Err(Miss::NamespaceCacheBehind);
     }
     let left = deadline.saturating_duration_since(Instant::now());
     let namespace = namespaces
         .wait_for("", &q.namespace, |_| true, left)
         .await
-        .ok_or_else(|| format!("namespace {} is not in the namespace cache", q.namespace))?;
+        .ok_or_else(|| Miss::Namespace(q.namespace.clone()))?;
     Ok(PodAnswer {
         pod,
         namespace: Some(namespace),
     })
 }
 
+/// Why a lookup is answered 404 (the plugin then asks the API server); each names the pod or
+/// namespace it is about.
+#[derive(Debug, thiserror::Error)]
+enum Miss {
+    #[error("the pod cache has not listed yet, or not since its watch last failed")]
+    PodCacheBehind,
+    #[error("pod {pod} is not in this node's pod cache")]
+    Pod { pod: String },
+    /// Re-created under its name: the cache holds another pod than the sandbox's.
+    #[error("pod {pod} in this node's pod cache has uid {cached:?}, not the sandbox's {sandbox:?}")]
+    OtherUid {
+        pod: String,
+        cached: String,
+        sandbox: String,
+    },
+    #[error("this daemon does not watch namespaces")]
+    NamespacesUnwatched,
+    #[error("the namespace cache has not listed yet, or not since its watch last failed")]
+    NamespaceCacheBehind,
+    #[error("namespace {0} is not in the namespace cache")]
+    Namespace(String),
+}
+
 /// Why the pod was not answered: not there, or there as another pod (re-created under its name).
-fn miss(caches: &Caches, q: &PodQuery) -> String {
+fn miss(caches: &Caches, q: &PodQuery) -> Miss {
     let pod = format!("{}/{}", q.namespace, q.name);
     match caches.pods.get(&q.namespace, &q.name) {
-        Some(p) => format!(
-            "pod {pod} in this node's pod cache has uid {:?}, not the sandbox's {:?}",
-            p.metadata.uid.as_deref().unwrap_or(""),
-            q.uid.as_deref().unwrap_or("")
-        ),
-        None => format!("pod {pod} is not in this node's pod cache"),
+        Some(p) => Miss::OtherUid {
+            pod,
+            cached: p.metadata.uid.clone().unwrap_or_default(),
+            sandbox: q.uid.clone().unwrap_or_default(),
+        },
+        None => Miss::Pod { pod },
     }
 }
 
@@ -176,7 +197,7 @@ mod tests {
         assert!(find(&caches, &query(Some("uid-1"))).await.is_ok());
         caches.namespaces.as_ref().unwrap().lost_track();
         let e = find(&caches, &query(None)).await.err().unwrap();
-        assert!(e.contains("namespace cache has not listed"), "{e}");
+        assert!(matches!(e, Miss::NamespaceCacheBehind), "{e}");
         caches
             .namespaces
             .as_ref()
@@ -184,7 +205,7 @@ mod tests {
             .replace(vec![namespace()]);
         caches.pods.lost_track();
         let e = find(&caches, &query(None)).await.err().unwrap();
-        assert!(e.contains("pod cache has not listed"), "{e}");
+        assert!(matches!(e, Miss::PodCacheBehind), "{e}");
         caches.pods.replace(vec![pod("uid-1")]);
         assert!(find(&caches, &query(None)).await.is_ok());
     }
@@ -224,7 +245,7 @@ mod tests {
         caches.pods.replace(vec![pod("uid-new")]);
         let mut q = query(Some("uid-old"));
         q.with_namespace = false;
-        let e = find(&caches, &q).await.err().unwrap();
+        let e = find(&caches, &q).await.err().unwrap().to_string();
         assert!(
             e.contains("\"uid-new\"") && e.contains("\"uid-old\""),
             "{e}"

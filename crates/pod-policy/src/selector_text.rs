@@ -21,11 +21,25 @@ fn req(key: &str, operator: Op, values: Vec<String>) -> Req {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Selector(Vec<Req>);
 
+/// A selector's text that does not parse: the whole `text`, and the requirement that failed.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("invalid selector {text:?}: {why}")]
 pub struct SelectorError {
     pub text: String,
-    pub why: String,
+    #[source]
+    pub why: RequirementError,
+}
+
+/// One comma-separated requirement (`part`, trimmed) that is not in the grammar.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RequirementError {
+    /// Field selectors take only equality.
+    #[error("{part:?} is not key=value or key!=value")]
+    NotEquality { part: String },
+    #[error("{part:?}: expected 'in (...)' or 'notin (...)'")]
+    NotASet { part: String },
+    #[error("{part:?} is empty")]
+    Empty { part: String },
 }
 
 /// Splits on commas outside parentheses (`a in (x,y),b=c`).
@@ -51,8 +65,9 @@ fn set_values(rest: &str) -> Option<Vec<String>> {
     Some(inner.split(',').map(|v| v.trim().to_string()).collect())
 }
 
-fn parse_req(part: &str, set_based: bool) -> Result<Req, String> {
+fn parse_req(part: &str, set_based: bool) -> Result<Req, RequirementError> {
     let p = part.trim();
+    let part = || p.to_string();
     if let Some((k, v)) = p.split_once("!=") {
         return Ok(req(k, Op::NotIn, vec![v.trim().into()]));
     }
@@ -60,7 +75,7 @@ fn parse_req(part: &str, set_based: bool) -> Result<Req, String> {
         return Ok(req(k, Op::In, vec![v.trim().into()]));
     }
     if !set_based {
-        return Err(format!("{p:?} is not key=value or key!=value"));
+        return Err(RequirementError::NotEquality { part: part() });
     }
     let words: Vec<&str> = p.splitn(2, char::is_whitespace).collect();
     if let [k, rest] = words[..] {
@@ -71,12 +86,12 @@ fn parse_req(part: &str, set_based: bool) -> Result<Req, String> {
         if let Some(vals) = rest.strip_prefix("in").and_then(set_values) {
             return Ok(req(k, Op::In, vals));
         }
-        return Err(format!("{p:?}: expected 'in (...)' or 'notin (...)'"));
+        return Err(RequirementError::NotASet { part: part() });
     }
     match p.strip_prefix('!') {
         Some(k) if !k.trim().is_empty() => Ok(req(k, Op::DoesNotExist, Vec::new())),
         None if !p.is_empty() => Ok(req(p, Op::Exists, Vec::new())),
-        _ => Err(format!("{p:?} is empty")),
+        _ => Err(RequirementError::Empty { part: part() }),
     }
 }
 
@@ -177,8 +192,31 @@ mod tests {
         }
         assert!(Selector::labels("").unwrap().matches_labels(None));
         assert!(!Selector::nothing().matches_labels(Some(&ok)));
-        assert!(Selector::labels("a in x").is_err());
-        assert!(Selector::fields("a in (x)").is_err());
+        let part = |p: &str| p.to_string();
+        for (parsed, why) in [
+            (
+                Selector::labels("a=b, a in x"),
+                RequirementError::NotASet {
+                    part: part("a in x"),
+                },
+            ),
+            (
+                Selector::fields("a in (x)"),
+                RequirementError::NotEquality {
+                    part: part("a in (x)"),
+                },
+            ),
+            (
+                Selector::labels("a,!"),
+                RequirementError::Empty { part: part("!") },
+            ),
+        ] {
+            assert_eq!(parsed.unwrap_err().why, why);
+        }
+        assert_eq!(
+            Selector::labels("a in x").unwrap_err().to_string(),
+            "invalid selector \"a in x\": \"a in x\": expected 'in (...)' or 'notin (...)'"
+        );
     }
 
     #[test]

@@ -12,16 +12,23 @@ static HOST_NETNS: OnceLock<PathBuf> = OnceLock::new();
 
 /// From now on node-level work runs in the namespace at `path` (e.g. `/host/proc/1/ns/net`).
 /// Only the first call counts; a later one with another path is an error.
-pub fn switch_to(path: &Path) -> Result<(), String> {
+pub fn switch_to(path: &Path) -> Result<(), AlreadySwitched> {
     let set = HOST_NETNS.get_or_init(|| path.to_path_buf());
     if set != path {
-        return Err(format!(
-            "the host network namespace is already {}, not {}",
-            set.display(),
-            path.display()
-        ));
+        return Err(AlreadySwitched {
+            current: set.clone(),
+            requested: path.to_path_buf(),
+        });
     }
     Ok(())
+}
+
+/// [`switch_to`] was called before with another path: node-level work stays in `current`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the host network namespace is already {}, not {}", current.display(), requested.display())]
+pub struct AlreadySwitched {
+    pub current: PathBuf,
+    pub requested: PathBuf,
 }
 
 /// The namespace node-level work runs in: `None` is the caller's own.

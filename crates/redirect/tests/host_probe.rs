@@ -4,17 +4,12 @@
 //! the node holds the rule of that backend only, also after switching from the other.
 
 use capture::ambient_constants::HOST_PROBE_SNAT_V4;
-use capture::{AmbientConfig, HostProbeConfig, Plan, ProbeSource};
+use capture::{AmbientConfig, HostProbeConfig, Plan};
 use redirect::host_probe::{HostProbeRule, remove_all_backends};
 use redirect::{Backend, BackendChoice};
 use std::net::IpAddr;
 use testbed::host_probe::{KUBELET_UID, OTHER_UID, ZTUNNEL, in_ns, seen_from};
 use testbed::*;
-
-/// The host rule's plan (`Plan::ambient_host`) for `source`.
-fn host_plan(source: ProbeSource, ipv6: bool) -> Plan {
-    Plan::ambient_host(&HostProbeConfig::new(source, ipv6)).expect("a valid host probe config")
-}
 
 /// What of each backend's host rule the node holds: (nft tables, legacy `ISTIO_POSTRT` +
 /// ipsets).
@@ -59,7 +54,7 @@ fn pod_on_node(backend: Backend) -> (PodWorld, Probe, HostProbeRule, Plan) {
     redirect::apply(&inpod, Some(w.pod.path()), BackendChoice::Fixed(backend)).unwrap();
     let ztunnel = Probe::start(w.pod.path(), "pod", &ZTUNNEL).unwrap();
     let rule = HostProbeRule::new(backend);
-    let plan = host_plan(rule.probe_source(Some(KUBELET_UID)), false);
+    let plan = HostProbeConfig::default_plan(rule.probe_source(Some(KUBELET_UID)), false);
     (w, ztunnel, rule, plan)
 }
 
@@ -91,7 +86,7 @@ fn probes_are_snatted_on(backend: Backend) {
         Backend::IptablesLegacy => Backend::Nft,
     };
     let rule2 = HostProbeRule::new(switched);
-    let plan2 = host_plan(rule2.probe_source(Some(KUBELET_UID)), false);
+    let plan2 = HostProbeConfig::default_plan(rule2.probe_source(Some(KUBELET_UID)), false);
     in_ns(node, || {
         rule2.ensure(&plan2)?;
         rule2.add_pod_ips(&plan2, &[pod], "uid-a")
@@ -285,7 +280,7 @@ fn add_by_hand(node: &TestNetns, backend: Backend, ip: IpAddr) {
 /// sets.
 fn sync_prunes_strays_and_keeps_the_wanted(backend: Backend) {
     let (w, ztunnel, rule, _) = pod_on_node(backend);
-    let plan = host_plan(rule.probe_source(Some(KUBELET_UID)), true);
+    let plan = HostProbeConfig::default_plan(rule.probe_source(Some(KUBELET_UID)), true);
     let (node, pod) = (w.world.path(), IpAddr::V4(w.pod_v4));
     let ip = |s: &str| s.parse::<IpAddr>().unwrap();
     let strays = [ip("10.99.0.7"), ip("10.99.0.8"), ip("fd00:99::8")];

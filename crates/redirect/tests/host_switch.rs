@@ -4,7 +4,7 @@
 //! namespace of its own and the "node" another; nothing lands where the daemon runs. One test
 //! in its own binary: the switch is process-wide, set once.
 
-use capture::{HostProbeConfig, Plan};
+use capture::HostProbeConfig;
 use redirect::host_probe::HostProbeRule;
 use redirect::{Backend, BackendChoice};
 use testbed::host_probe::in_ns;
@@ -33,12 +33,15 @@ fn node_level_work_runs_in_the_node_namespace_not_the_daemons() {
     let node = TestNetns::with_prefix("hostsw-node").unwrap();
     let daemon = TestNetns::with_prefix("hostsw-pod").unwrap();
     redirect::host_netns::switch_to(node.path()).unwrap();
-    assert!(redirect::host_netns::switch_to(daemon.path()).is_err());
+    let refused = redirect::host_netns::switch_to(daemon.path()).unwrap_err();
+    assert_eq!(
+        (refused.current.as_path(), refused.requested.as_path()),
+        (node.path(), daemon.path())
+    );
     let pod_ip = "10.1.2.3".parse().unwrap();
     for backend in [Backend::Nft, Backend::IptablesLegacy] {
         let rule = HostProbeRule::new(backend);
-        let config = HostProbeConfig::new(rule.probe_source(None), false);
-        let plan = Plan::ambient_host(&config).unwrap();
+        let plan = HostProbeConfig::default_plan(rule.probe_source(None), false);
         in_ns(daemon.path(), || {
             rule.ensure(&plan).unwrap();
             rule.add_pod_ips(&plan, &[pod_ip], "uid-1").unwrap();

@@ -47,22 +47,11 @@ impl Drop for Ns {
 }
 
 fn namespaces_available() -> bool {
-    let root = nix_uid_is_root();
+    let root = testbed::is_root();
     if !root {
         eprintln!("skipping: needs root for ip netns");
     }
     root
-}
-
-fn nix_uid_is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
 }
 
 #[test]

@@ -22,6 +22,17 @@ pub enum LinkError {
     Unsolicited(usize),
 }
 
+/// Why the fd given for a pod is not a network namespace (netns fds live on nsfs:
+/// `/proc/PID/ns/net`, `/var/run/netns/NAME`).
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsCheckError {
+    #[error("fstatfs: {0}")]
+    Statfs(#[source] nix::Error),
+    /// The fd's filesystem is not nsfs.
+    #[error("filesystem type {0:?}")]
+    Filesystem(nix::sys::statfs::FsType),
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ZdsError {
     #[error("ZDS socket {}: cannot listen: {source}", socket.display())]
@@ -36,11 +47,11 @@ pub enum ZdsError {
         pod: String,
         source: WireError,
     },
-    #[error("ZDS socket {}: pod {pod}: the fd given is not a network namespace ({detail})", socket.display())]
+    #[error("ZDS socket {}: pod {pod}: the fd given is not a network namespace ({source})", socket.display())]
     NotANetns {
         socket: PathBuf,
         pod: String,
-        detail: String,
+        source: NetnsCheckError,
     },
     #[error("ZDS socket {}: no ztunnel connected; pod {pod} not sent", socket.display())]
     NotConnected { socket: PathBuf, pod: String },

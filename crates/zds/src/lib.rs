@@ -18,6 +18,6 @@ pub mod socket;
 pub mod store;
 pub mod wire;
 
-pub use error::{LinkError, ZdsError};
+pub use error::{LinkError, NetnsCheckError, ZdsError};
 pub use server::{DelOutcome, MAX_PENDING_HELLOS, ZdsConfig, ZdsServer, ZdsServerBuilder};
 pub use wire::{WireError, WorkloadInfo};

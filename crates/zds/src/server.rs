@@ -12,7 +12,7 @@ use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, info, warn};
 
-use crate::error::{LinkError, ZdsError};
+use crate::error::{LinkError, NetnsCheckError, ZdsError};
 use crate::socket::{self, SeqpacketConn};
 use crate::store::{Entry, Store};
 use crate::wire::{self, Request, Response, WorkloadInfo};
@@ -264,10 +264,10 @@ impl ZdsServer {
             pod: pod.to_string(),
             source,
         })?;
-        check_netns(netns).map_err(|detail| ZdsError::NotANetns {
+        check_netns(netns).map_err(|source| ZdsError::NotANetns {
             socket: self.socket.clone(),
             pod: pod.to_string(),
-            detail,
+            source,
         })
     }
 
@@ -299,13 +299,13 @@ fn pod_label(uid: &str, info: Option<&WorkloadInfo>) -> String {
 
 /// ztunnel only logs a wrong fd; we refuse it before sending. Netns fds live on nsfs
 /// (`/proc/PID/ns/net`, `/var/run/netns/NAME`).
-fn check_netns(fd: &OwnedFd) -> Result<(), String> {
+fn check_netns(fd: &OwnedFd) -> Result<(), NetnsCheckError> {
     use nix::sys::statfs::{NSFS_MAGIC, fstatfs};
-    let fs = fstatfs(fd.as_fd()).map_err(|e| format!("fstatfs: {e}"))?;
+    let fs = fstatfs(fd.as_fd()).map_err(NetnsCheckError::Statfs)?;
     if fs.filesystem_type() == NSFS_MAGIC {
         Ok(())
     } else {
-        Err(format!("filesystem type {:?}", fs.filesystem_type()))
+        Err(NetnsCheckError::Filesystem(fs.filesystem_type()))
     }
 }
 

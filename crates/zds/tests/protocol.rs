@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{FakeZtunnel, WAIT, info, own_netns, quick, socket_dir};
 use zds::wire::Request;
-use zds::{DelOutcome, LinkError, ZdsConfig, ZdsError, ZdsServer};
+use zds::{DelOutcome, LinkError, NetnsCheckError, ZdsConfig, ZdsError, ZdsServer};
 
 async fn ready_server_and_ztunnel() -> (tempfile::TempDir, ZdsServer, FakeZtunnel) {
     let (dir, path) = socket_dir();
@@ -336,7 +336,16 @@ async fn bad_input_is_refused_before_anything_is_sent() {
         .add_workload("uid-1", info("app"), devnull)
         .await
         .unwrap_err();
-    assert!(matches!(err, ZdsError::NotANetns { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            ZdsError::NotANetns {
+                source: NetnsCheckError::Filesystem(_),
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("default/app (uid uid-1)"), "{err}");
 
     let err = server

@@ -71,7 +71,7 @@ pub fn run(
 ) -> Outcome {
     let (netns, plan) = match prepare(t, proc_root) {
         Ok(x) => x,
-        Err(e) => return Outcome::Failed(e),
+        Err(e) => return Outcome::Failed(e.to_string()),
     };
     let drift = match redirect::check_until(&plan, Some(&netns), backend, deadline(lock_wait)) {
         Ok(d) if d.is_empty() => return Outcome::Ok,
@@ -129,7 +129,7 @@ fn deadline(wait: Duration) -> Instant {
 /// process is gone, its PID reused) or no longer holds the pod IP is dropped, and the pod is
 /// `lost`: the IP is searched for through /proc again only once the pod was updated since
 /// (see [`Target::lost`]).
-fn prepare(t: &mut Target, proc_root: &Path) -> Result<(PathBuf, Plan), String> {
+fn prepare(t: &mut Target, proc_root: &Path) -> Result<(PathBuf, Plan), PrepareError> {
     if let Some(found) = t.netns.clone() {
         if NsId::of_path(&found.path).ok() == Some(found.id)
             && let Ok((plan, addrs)) = podplan::plan_in(&t.config, &found.path)
@@ -141,19 +141,37 @@ fn prepare(t: &mut Target, proc_root: &Path) -> Result<(PathBuf, Plan), String> 
         t.lost = true;
     }
     if t.lost {
-        return Err(format!(
-            "the pod's network namespace is gone or no longer holds {}; waiting for the pod's \
-             next update before searching for {} again (it may be another pod's now)",
-            t.ip, t.ip
-        ));
+        return Err(PrepareError::Lost { ip: t.ip });
     }
-    let ns =
-        node_view::running::locate(proc_root, t.ip, t.uid.as_deref()).map_err(|e| e.to_string())?;
-    let id = NsId::of_path(&ns).map_err(|e| format!("reading {}: {e}", ns.display()))?;
-    let (plan, _) = podplan::plan_in(&t.config, &ns).map_err(|e| e.to_string())?;
+    let ns = node_view::running::locate(proc_root, t.ip, t.uid.as_deref())?;
+    let id = NsId::of_path(&ns).map_err(|source| PrepareError::Identity {
+        netns: ns.clone(),
+        source,
+    })?;
+    let (plan, _) = podplan::plan_in(&t.config, &ns)?;
     t.netns = Some(Found {
         path: ns.clone(),
         id,
     });
     Ok((ns, plan))
+}
+
+/// Why a check found no namespace or plan to compare with (a `Failed` check, retried later).
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// See [`Target::lost`].
+    #[error(
+        "the pod's network namespace is gone or no longer holds {ip}; waiting for the pod's \
+         next update before searching for {ip} again (it may be another pod's now)"
+    )]
+    Lost { ip: IpAddr },
+    #[error(transparent)]
+    Locate(#[from] node_view::running::LocateError),
+    #[error("reading {}: {source}", netns.display())]
+    Identity {
+        netns: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Plan(#[from] podplan::PlanError),
 }

@@ -76,34 +76,59 @@ impl Settings {
     }
 
     /// `Ok(target)` when the pod's rules are ours to keep, `Err(why)` otherwise.
-    pub fn eligible(&self, pod: &Pod) -> Result<Target, String> {
+    pub fn eligible(&self, pod: &Pod) -> Result<Target, Ineligible> {
         if let Some(why) = pod_policy::bypass::finished(pod) {
-            return Err(why);
+            return Err(Ineligible::Finished(why));
         }
         if let Some(r) = &self.repair
             && crate::repair::filter::matches(r, pod)
         {
-            return Err("broken pod: the repair controller's".into());
+            return Err(Ineligible::RepairControllers);
         }
         if let Some(c) = &self.controller
             && !c.opted_in(pod)
         {
-            return Err(format!("not opted in ({})", controller::INITIALIZE));
+            return Err(Ineligible::NotOptedIn);
         }
-        let config = match podplan::verdict(pod, &self.node.policy).map_err(|e| e.to_string())? {
-            Decision::Skip(why) => return Err(why),
-            Decision::Ambient(_) => return Err(podplan::AMBIENT_POD.into()),
+        let config = match podplan::verdict(pod, &self.node.policy)? {
+            Decision::Skip(why) => return Err(Ineligible::Skipped(why)),
+            Decision::Ambient(_) => return Err(Ineligible::Ambient),
             Decision::Sidecar(pc) => pc.config,
         };
         Ok(Target {
             key: node_view::cache::key(pod),
-            ip: pod_policy::bypass::pod_ip(pod).map_err(|e| e.to_string())?,
+            ip: pod_policy::bypass::pod_ip(pod)?,
             uid: pod.metadata.uid.clone(),
             config: Box::new(config),
             netns: None,
             lost: false,
         })
     }
+}
+
+/// Why a pod's rules are not the reconciler's to keep (logged when a tracked pod leaves).
+#[derive(Debug, thiserror::Error)]
+pub enum Ineligible {
+    /// Terminating, or its phase is Succeeded or Failed (`pod_policy::bypass::finished`).
+    #[error("{0}")]
+    Finished(String),
+    /// The repair controller's filter matches it: the plugin never ran.
+    #[error("broken pod: the repair controller's")]
+    RepairControllers,
+    /// Controller mode, and neither the pod nor its namespace opted in.
+    #[error("not opted in ({})", controller::INITIALIZE)]
+    NotOptedIn,
+    /// The plugin leaves it alone (`Decision::Skip`'s reason).
+    #[error("{0}")]
+    Skipped(String),
+    #[error("{}", podplan::AMBIENT_POD)]
+    Ambient,
+    /// Its annotations cannot be used (naming the annotation and its value).
+    #[error(transparent)]
+    InvalidPod(#[from] podplan::InvalidPod),
+    /// No IP yet (or one that does not parse).
+    #[error(transparent)]
+    NoPodIp(#[from] pod_policy::bypass::PodIpError),
 }
 
 /// Starts the reconciler on the node pod cache (subscribed now, so the first list is seen

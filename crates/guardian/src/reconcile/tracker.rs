@@ -7,6 +7,7 @@
 //! are checked at once; the initial list is left to the spread. A failed check is retried
 //! with backoff and never holds up other pods.
 
+use super::Ineligible;
 use super::check::Target;
 use k8s_openapi::api::core::v1::Pod;
 use node_view::cache::PodEvent;
@@ -17,7 +18,7 @@ use tokio::time::Instant;
 
 /// Decides whether a pod is reconciled: `Ok(target)` for a mesh pod (a fresh target, no
 /// namespace yet), `Err(why)` otherwise.
-pub type Eligible = dyn Fn(&Pod) -> Result<Target, String> + Send + Sync;
+pub type Eligible = dyn Fn(&Pod) -> Result<Target, Ineligible> + Send + Sync;
 
 struct Tracked {
     uid: String,
@@ -261,14 +262,14 @@ mod tests {
     }
 
     fn tracker(interval: Duration) -> Tracker {
-        let eligible = |p: &Pod| -> Result<Target, String> {
+        let eligible = |p: &Pod| -> Result<Target, Ineligible> {
             let mesh = p.metadata.labels.as_ref().unwrap()["mesh"] == "true";
             if !mesh {
-                return Err("not in the mesh".into());
+                return Err(Ineligible::Skipped("not in the mesh".into()));
             }
             Ok(Target {
                 key: node_view::cache::key(p),
-                ip: pod_policy::bypass::pod_ip(p).map_err(|e| e.to_string())?,
+                ip: pod_policy::bypass::pod_ip(p)?,
                 uid: p.metadata.uid.clone(),
                 config: Box::new(capture::Config::cni_default()),
                 netns: None,

@@ -131,7 +131,7 @@ pub fn repair(a: &RepairArgs) -> Result<RepairSettings, ConfigError> {
         ),
     ] {
         if let Err(e) = parsed {
-            return Err(bad(var, text.trim(), e.why));
+            return Err(bad(var, text.trim(), e.why.to_string()));
         }
     }
     Ok(RepairSettings {

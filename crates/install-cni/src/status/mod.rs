@@ -85,7 +85,7 @@ async fn handle(s: &Sources, gauge: &metric::PodsGauge, req: Request) -> Reply {
     }
     let pod = match cni_config::status::parse_query(req.uri().query().unwrap_or("")) {
         Ok(p) => p,
-        Err(e) => return reply(StatusCode::BAD_REQUEST, e),
+        Err(e) => return reply(StatusCode::BAD_REQUEST, e.to_string()),
     };
     let whole = pod.is_none();
     match build(s, pod).await {
