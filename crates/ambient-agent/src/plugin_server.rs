@@ -37,6 +37,60 @@ pub const MAX_POD_GETS: usize = 16;
 /// number the socket bounds.
 pub const MAX_WORKERS: usize = 64;
 
+/// Why the agent refused a plugin event: its text is the answer's body (the plugin reports it),
+/// its kind the status ([`Refusal::status`]).
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("invalid request at {path}: {source}")]
+    Decode {
+        path: String,
+        source: serde_json::Error,
+    },
+    #[error(transparent)]
+    Name(#[from] cni_config::ambient::InvalidName),
+    #[error(
+        "pod {pod} is not in the node's cache and {MAX_POD_GETS} pod GETs are already in flight"
+    )]
+    TooManyGets { pod: String },
+    #[error("getting pod {pod}: {source}")]
+    Get { pod: String, source: kube::Error },
+    #[error("getting pod {pod}: no answer within {POD_GET_TIMEOUT:?}")]
+    NoAnswer { pod: String },
+    #[error("Netns {path:?} must be an absolute path")]
+    NetnsNotAbsolute { path: String },
+    #[error("Netns {path:?}: {source}")]
+    Netns {
+        path: String,
+        source: netns::ForeignError,
+    },
+    #[error(
+        "Netns {path:?} is now {got}, not the namespace the plugin checked (NetnsID dev {} inode {}): it was re-pointed in between; refused",
+        checked.dev,
+        checked.ino
+    )]
+    Repointed {
+        path: String,
+        got: netns::NsId,
+        checked: NetnsId,
+    },
+}
+
+impl Refusal {
+    /// A pod the agent cannot get now is "try again later"; the rest are the request's fault.
+    fn status(&self) -> StatusCode {
+        match self {
+            Refusal::TooManyGets { .. } | Refusal::Get { .. } | Refusal::NoAnswer { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Refusal::Decode { .. }
+            | Refusal::Name(_)
+            | Refusal::NetnsNotAbsolute { .. }
+            | Refusal::Netns { .. }
+            | Refusal::Repointed { .. } => StatusCode::BAD_REQUEST,
+        }
+    }
+}
+
 pub struct Handler {
     agent: Arc<Agent>,
     pods: PodCache,
@@ -117,7 +171,7 @@ impl Handler {
             Ok(r)
         }) {
             Ok(r) => r,
-            Err(e) => return reply(StatusCode::BAD_REQUEST, e),
+            Err(e) => return refuse(e),
         };
         let pod_label = format!("{}/{}", req.pod_namespace, req.pod_name);
         let pod = match self
@@ -125,7 +179,7 @@ impl Handler {
             .await
         {
             Ok(p) => p,
-            Err(e) => return reply(StatusCode::SERVICE_UNAVAILABLE, e),
+            Err(e) => return refuse(e),
         };
         let mut r = match crate::pod_ref(&pod, req.ips.clone()) {
             Ok(r) => r,
@@ -142,7 +196,7 @@ impl Handler {
         }
         let netns = match open_netns(&req.netns, &self.proc_root, req.netns_id) {
             Ok(fd) => fd,
-            Err(e) => return reply(StatusCode::BAD_REQUEST, format!("pod {pod_label}: {e}")),
+            Err(e) => return reply(e.status(), format!("pod {pod_label}: {e}")),
         };
         match self.agent.enroll(r, netns).await {
             Ok(()) => {
@@ -160,7 +214,7 @@ impl Handler {
             Ok(r)
         }) {
             Ok(r) => r,
-            Err(e) => return reply(StatusCode::BAD_REQUEST, e),
+            Err(e) => return refuse(e),
         };
         let uid = if req.pod_uid.is_empty() {
             self.agent.uid_of(&req.pod_namespace, &req.pod_name).await
@@ -178,7 +232,7 @@ impl Handler {
 
     /// The pod from the node's cache, or from the API server when the cache has not seen it
     /// (or holds an older pod of the same name).
-    async fn pod(&self, namespace: &str, name: &str, uid: &str) -> Result<Pod, String> {
+    async fn pod(&self, namespace: &str, name: &str, uid: &str) -> Result<Pod, Refusal> {
         if let Some(p) = self.pods.get(namespace, name)
             && (uid.is_empty() || p.metadata.uid.as_deref() == Some(uid))
         {
@@ -186,48 +240,59 @@ impl Handler {
         }
         let Ok(_in_flight) = self.pod_gets.try_acquire() else {
             tracing::warn!(pod = %format!("{namespace}/{name}"), max = MAX_POD_GETS, "pod not in the cache and too many pod GETs in flight");
-            return Err(format!(
-                "pod {namespace}/{name} is not in the node's cache and {MAX_POD_GETS} pod GETs are already in flight"
-            ));
+            return Err(Refusal::TooManyGets {
+                pod: format!("{namespace}/{name}"),
+            });
         };
         let api: kube::Api<Pod> = kube::Api::namespaced(self.client.clone(), namespace);
+        let pod = || format!("{namespace}/{name}");
         match tokio::time::timeout(POD_GET_TIMEOUT, api.get(name)).await {
             Ok(Ok(p)) => Ok(p),
-            Ok(Err(e)) => Err(format!("getting pod {namespace}/{name}: {e}")),
-            Err(_) => Err(format!(
-                "getting pod {namespace}/{name}: no answer within {POD_GET_TIMEOUT:?}"
-            )),
+            Ok(Err(source)) => Err(Refusal::Get { pod: pod(), source }),
+            Err(_) => Err(Refusal::NoAnswer { pod: pod() }),
         }
     }
 }
 
-fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, String> {
+/// The answer to a refused event.
+fn refuse(e: Refusal) -> Reply {
+    reply(e.status(), e.to_string())
+}
+
+fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Refusal> {
     let de = &mut serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(de)
-        .map_err(|e| format!("invalid request at {}: {}", e.path(), e.inner()))
+    serde_path_to_error::deserialize(de).map_err(|e| Refusal::Decode {
+        path: e.path().to_string(),
+        source: e.into_inner(),
+    })
 }
 
 /// The pod's namespace as the runtime named it, found from inside the agent's container
 /// ([`resolve_netns`]); never the host's or our own namespace. When the plugin says which
 /// namespace it checked there (`NetnsID`), the one opened must be it: a path re-pointed (a
 /// bind mount replaced, a link swapped) between the plugin's check and this open is refused.
-fn open_netns(path: &str, proc_root: &Path, checked: Option<NetnsId>) -> Result<OwnedFd, String> {
+fn open_netns(path: &str, proc_root: &Path, checked: Option<NetnsId>) -> Result<OwnedFd, Refusal> {
     if path.is_empty() || !path.starts_with('/') {
-        return Err(format!("Netns {path:?} must be an absolute path"));
+        return Err(Refusal::NetnsNotAbsolute { path: path.into() });
     }
     let resolved = resolve_netns(path, proc_root);
     // Checked and kept as one open: the descriptor served is the namespace that was checked.
     // The node by the host's /proc too: without the host's PID namespace (Istio's chart) this
     // process's /proc/1 is its container's own init.
-    let ns = netns::ForeignNetns::open_on_node(&resolved, proc_root)
-        .map_err(|e| format!("Netns {path:?}: {e}"))?;
-    if let Some(want) = checked {
+    let ns = netns::ForeignNetns::open_on_node(&resolved, proc_root).map_err(|source| {
+        Refusal::Netns {
+            path: path.into(),
+            source,
+        }
+    })?;
+    if let Some(checked) = checked {
         let got = ns.id();
-        if (got.dev, got.ino) != (want.dev, want.ino) {
-            return Err(format!(
-                "Netns {path:?} is now {got}, not the namespace the plugin checked (NetnsID dev {} inode {}): it was re-pointed in between; refused",
-                want.dev, want.ino
-            ));
+        if (got.dev, got.ino) != (checked.dev, checked.ino) {
+            return Err(Refusal::Repointed {
+                path: path.into(),
+                got,
+                checked,
+            });
         }
     }
     Ok(ns.into_fd())

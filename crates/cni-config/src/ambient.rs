@@ -68,14 +68,6 @@ pub enum InvalidName {
     PodName(String),
 }
 
-/// The agent answers a bad request with its text: its decoding (errors as text) takes this
-/// error with `?`.
-impl From<InvalidName> for String {
-    fn from(e: InvalidName) -> String {
-        e.to_string()
-    }
-}
-
 fn validate_names(namespace: &str, name: &str) -> Result<(), InvalidName> {
     if !pod_policy::names::is_namespace_name(namespace) {
         return Err(InvalidName::PodNamespace(namespace.into()));
