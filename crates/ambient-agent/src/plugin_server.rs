@@ -77,7 +77,7 @@ pub enum Refusal {
 
 impl Refusal {
     /// A pod the agent cannot get now is "try again later"; the rest are the request's fault.
-    fn status(&self) -> StatusCode {
+    pub fn status(&self) -> StatusCode {
         match self {
             Refusal::TooManyGets { .. } | Refusal::Get { .. } | Refusal::NoAnswer { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
