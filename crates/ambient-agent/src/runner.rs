@@ -159,9 +159,9 @@ fn host_plan(
     snat: ProbeSnat,
     host: HostProbeRule,
 ) -> Result<Plan, capture::ConfigError> {
-    let kubelet = match host.backend() {
-        redirect::Backend::IptablesLegacy => None,
-        redirect::Backend::Nft => match node_view::kubelet::kubelet_uid(proc_root) {
+    let kubelet = match host.wants_kubelet_uid() {
+        false => None,
+        true => match node_view::kubelet::kubelet_uid(proc_root) {
             Ok(uid) => {
                 tracing::info!(uid, "kubelet found: probes are its sockets' traffic");
                 Some(uid)

@@ -38,6 +38,12 @@ impl HostProbeRule {
         self.rules().probe_source(kubelet_uid)
     }
 
+    /// Whether this backend's rule tells probes by the kubelet's uid (then the caller looks
+    /// the uid up for [`HostProbeRule::probe_source`]; otherwise it needs none).
+    pub fn wants_kubelet_uid(&self) -> bool {
+        matches!(self.probe_source(Some(0)), ProbeSource::KubeletUid(_))
+    }
+
     /// Where the rule lives, for logs.
     pub fn describe(&self) -> &'static str {
         self.rules().host_describe()
@@ -161,5 +167,6 @@ mod tests {
         let nft = HostProbeRule::new(Backend::Nft);
         assert_eq!(nft.probe_source(Some(7)), ProbeSource::KubeletUid(7));
         assert_eq!(nft.probe_source(None), ProbeSource::AnyLocalSocket);
+        assert!(nft.wants_kubelet_uid() && !legacy.wants_kubelet_uid());
     }
 }
