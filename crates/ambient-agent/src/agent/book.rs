@@ -155,21 +155,7 @@ impl Book {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn pod(uid: &str, ips: &[&str]) -> AmbientPodRef {
-        AmbientPodRef {
-            uid: uid.into(),
-            name: format!("pod-{uid}"),
-            namespace: "default".into(),
-            service_account: "default".into(),
-            ips: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
-            settings: Default::default(),
-        }
-    }
-
-    fn fd() -> OwnedFd {
-        OwnedFd::from(tempfile::tempfile().unwrap())
-    }
+    use crate::agent::tests::{netns as fd, pod};
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()

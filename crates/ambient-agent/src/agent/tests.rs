@@ -239,9 +239,21 @@ impl Rig {
     fn ztunnel(&self) -> &FakeZtunnel {
         self.agent.zds()
     }
+
+    /// Enrolls pod `uid` with `addresses`, which must fail.
+    async fn enroll_fails(&self, uid: &str, addresses: &[&str]) -> AgentError {
+        let served = self.agent.enroll(pod(uid, addresses), netns()).await;
+        served.expect_err("the enroll should fail")
+    }
+
+    /// Enrolls pod `uid` with `addresses`, which must succeed.
+    async fn serve(&self, uid: &str, addresses: &[&str]) {
+        let served = self.agent.enroll(pod(uid, addresses), netns()).await;
+        served.unwrap_or_else(|e| panic!("enrolling {uid}: {e}"));
+    }
 }
 
-fn pod(uid: &str, addresses: &[&str]) -> AmbientPodRef {
+pub(super) fn pod(uid: &str, addresses: &[&str]) -> AmbientPodRef {
     AmbientPodRef {
         uid: uid.into(),
         name: format!("app-{uid}"),
@@ -254,25 +266,19 @@ fn pod(uid: &str, addresses: &[&str]) -> AmbientPodRef {
 
 /// A stand-in for a pod's namespace: any file has the identity (device, inode) the agent
 /// compares.
-fn netns() -> OwnedFd {
+pub(super) fn netns() -> OwnedFd {
     OwnedFd::from(tempfile::tempfile().unwrap())
 }
 
 #[tokio::test]
 async fn an_enroll_writes_the_rules_then_the_host_rule_then_the_probe_address_then_tells_ztunnel() {
     let rig = Rig::new();
-    rig.agent
-        .enroll(pod("a", &["10.0.0.1"]), netns())
-        .await
-        .unwrap();
+    rig.serve("a", &["10.0.0.1"]).await;
     assert_eq!(
         rig.steps(),
         ["program", "host_ensure", "host_add 10.0.0.1", "zds_add a"]
     );
-    rig.agent
-        .enroll(pod("b", &["10.0.0.2"]), netns())
-        .await
-        .unwrap();
+    rig.serve("b", &["10.0.0.2"]).await;
     assert_eq!(
         rig.steps(),
         ["program", "host_add 10.0.0.2", "zds_add b"],
@@ -289,11 +295,7 @@ async fn an_enroll_writes_the_rules_then_the_host_rule_then_the_probe_address_th
 async fn without_ztunnel_an_enroll_fails_as_unavailable_before_touching_anything() {
     let rig = Rig::new();
     rig.ztunnel().ready.store(false, Ordering::SeqCst);
-    let err = rig
-        .agent
-        .enroll(pod("a", &["10.0.0.1"]), netns())
-        .await
-        .unwrap_err();
+    let err = rig.enroll_fails("a", &["10.0.0.1"]).await;
     assert!(err.is_unavailable(), "{err}");
     assert!(err.to_string().contains("no ztunnel connected"), "{err}");
     assert!(rig.steps().is_empty());
@@ -304,11 +306,7 @@ async fn without_ztunnel_an_enroll_fails_as_unavailable_before_touching_anything
 async fn rules_that_cannot_be_written_fail_the_enroll_with_nothing_else_done() {
     let rig = Rig::new();
     rig.fail("program");
-    let err = rig
-        .agent
-        .enroll(pod("a", &["10.0.0.1"]), netns())
-        .await
-        .unwrap_err();
+    let err = rig.enroll_fails("a", &["10.0.0.1"]).await;
     assert!(matches!(err, AgentError::Rules { .. }), "{err}");
     assert_eq!(
         rig.steps(),
@@ -322,18 +320,11 @@ async fn rules_that_cannot_be_written_fail_the_enroll_with_nothing_else_done() {
 async fn no_host_rule_undoes_the_pods_rules() {
     let rig = Rig::new();
     rig.fail("host_ensure");
-    let err = rig
-        .agent
-        .enroll(pod("a", &["10.0.0.1"]), netns())
-        .await
-        .unwrap_err();
+    let err = rig.enroll_fails("a", &["10.0.0.1"]).await;
     assert!(matches!(err, AgentError::Host { .. }), "{err}");
     assert_eq!(rig.steps(), ["program", "host_ensure", "unprogram"]);
     rig.heal();
-    rig.agent
-        .enroll(pod("a", &["10.0.0.1"]), netns())
-        .await
-        .unwrap();
+    rig.serve("a", &["10.0.0.1"]).await;
     assert_eq!(
         rig.steps(),
         ["program", "host_ensure", "host_add 10.0.0.1", "zds_add a"],
@@ -345,11 +336,7 @@ async fn no_host_rule_undoes_the_pods_rules() {
 async fn a_probe_address_that_cannot_be_added_undoes_everything_in_reverse() {
     let rig = Rig::new();
     rig.fail("host_add");
-    let err = rig
-        .agent
-        .enroll(pod("a", &["10.0.0.1"]), netns())
-        .await
-        .unwrap_err();
+    let err = rig.enroll_fails("a", &["10.0.0.1"]).await;
     assert!(matches!(err, AgentError::Host { .. }), "{err}");
     assert_eq!(
         rig.steps(),
@@ -369,11 +356,7 @@ async fn a_probe_address_that_cannot_be_added_undoes_everything_in_reverse() {
 async fn a_pod_ztunnel_refuses_is_undone_and_is_not_reported_as_a_retry_later() {
     let rig = Rig::new();
     *rig.ztunnel().refuse.lock().unwrap() = Some(refused);
-    let err = rig
-        .agent
-        .enroll(pod("a", &["10.0.0.1"]), netns())
-        .await
-        .unwrap_err();
+    let err = rig.enroll_fails("a", &["10.0.0.1"]).await;
     assert!(
         matches!(err, AgentError::Ztunnel { .. }) && !err.is_unavailable(),
         "{err}"
@@ -395,20 +378,11 @@ async fn a_pod_ztunnel_refuses_is_undone_and_is_not_reported_as_a_retry_later() 
 #[tokio::test]
 async fn a_failed_re_enroll_leaves_the_pod_unserved_and_keeps_what_other_pods_need() {
     let rig = Rig::new();
-    rig.agent
-        .enroll(pod("a", &["10.0.0.1"]), netns())
-        .await
-        .unwrap();
-    rig.agent
-        .enroll(pod("b", &["10.0.0.2"]), netns())
-        .await
-        .unwrap();
+    rig.serve("a", &["10.0.0.1"]).await;
+    rig.serve("b", &["10.0.0.2"]).await;
     rig.steps();
     *rig.ztunnel().refuse.lock().unwrap() = Some(refused);
-    rig.agent
-        .enroll(pod("a", &["10.0.0.1"]), netns())
-        .await
-        .unwrap_err();
+    rig.enroll_fails("a", &["10.0.0.1"]).await;
     assert_eq!(
         rig.steps(),
         [
@@ -430,14 +404,8 @@ async fn a_failed_re_enroll_leaves_the_pod_unserved_and_keeps_what_other_pods_ne
 #[tokio::test]
 async fn a_release_tells_ztunnel_first_then_removes_the_rules_then_the_addresses() {
     let rig = Rig::new();
-    rig.agent
-        .enroll(pod("a", &["10.0.0.1"]), netns())
-        .await
-        .unwrap();
-    rig.agent
-        .enroll(pod("b", &["10.0.0.2"]), netns())
-        .await
-        .unwrap();
+    rig.serve("a", &["10.0.0.1"]).await;
+    rig.serve("b", &["10.0.0.2"]).await;
     rig.steps();
     assert!(rig.agent.release("a", "test").await);
     assert_eq!(
@@ -462,10 +430,7 @@ async fn a_release_tells_ztunnel_first_then_removes_the_rules_then_the_addresses
 #[tokio::test]
 async fn a_release_goes_on_when_a_step_fails() {
     let rig = Rig::new();
-    rig.agent
-        .enroll(pod("a", &["10.0.0.1"]), netns())
-        .await
-        .unwrap();
+    rig.serve("a", &["10.0.0.1"]).await;
     rig.steps();
     rig.fail("unprogram");
     rig.fail("host_remove");
@@ -486,14 +451,8 @@ async fn a_release_goes_on_when_a_step_fails() {
 async fn an_address_another_pod_holds_stays_when_its_former_owner_is_released() {
     let rig = Rig::new();
     // `b` got `a`'s address while `a`'s DEL was missed.
-    rig.agent
-        .enroll(pod("a", &["10.0.0.1"]), netns())
-        .await
-        .unwrap();
-    rig.agent
-        .enroll(pod("b", &["10.0.0.1"]), netns())
-        .await
-        .unwrap();
+    rig.serve("a", &["10.0.0.1"]).await;
+    rig.serve("b", &["10.0.0.1"]).await;
     rig.steps();
     assert!(rig.agent.release("a", "test").await);
     assert_eq!(rig.steps(), ["zds_del a", "unprogram"]);
@@ -502,15 +461,9 @@ async fn an_address_another_pod_holds_stays_when_its_former_owner_is_released() 
 #[tokio::test]
 async fn a_re_created_sandbox_with_new_addresses_drops_the_old_ones() {
     let rig = Rig::new();
-    rig.agent
-        .enroll(pod("a", &["10.0.0.1"]), netns())
-        .await
-        .unwrap();
+    rig.serve("a", &["10.0.0.1"]).await;
     rig.steps();
-    rig.agent
-        .enroll(pod("a", &["10.0.0.7"]), netns())
-        .await
-        .unwrap();
+    rig.serve("a", &["10.0.0.7"]).await;
     assert_eq!(
         rig.steps(),
         [
@@ -592,16 +545,9 @@ async fn a_leftover_host_rule_goes_at_startup_when_no_ambient_pod_runs() {
 #[tokio::test]
 async fn ztunnel_gone_and_back_the_served_pods_stay_and_new_ones_wait_for_it() {
     let rig = Rig::new();
-    rig.agent
-        .enroll(pod("a", &["10.0.0.1"]), netns())
-        .await
-        .unwrap();
+    rig.serve("a", &["10.0.0.1"]).await;
     rig.ztunnel().ready.store(false, Ordering::SeqCst);
-    let err = rig
-        .agent
-        .enroll(pod("b", &["10.0.0.2"]), netns())
-        .await
-        .unwrap_err();
+    let err = rig.enroll_fails("b", &["10.0.0.2"]).await;
     assert!(err.is_unavailable(), "{err}");
     assert!(
         rig.agent.is_enrolled("a").await,
@@ -609,10 +555,7 @@ async fn ztunnel_gone_and_back_the_served_pods_stay_and_new_ones_wait_for_it() {
     );
     rig.steps();
     rig.ztunnel().ready.store(true, Ordering::SeqCst);
-    rig.agent
-        .enroll(pod("b", &["10.0.0.2"]), netns())
-        .await
-        .unwrap();
+    rig.serve("b", &["10.0.0.2"]).await;
     assert_eq!(rig.steps(), ["program", "host_add 10.0.0.2", "zds_add b"]);
 }
 
@@ -620,11 +563,7 @@ async fn ztunnel_gone_and_back_the_served_pods_stay_and_new_ones_wait_for_it() {
 async fn ztunnel_lost_mid_enroll_is_a_retry_later_and_the_pod_is_undone() {
     let rig = Rig::new();
     *rig.ztunnel().refuse.lock().unwrap() = Some(link_dropped);
-    let err = rig
-        .agent
-        .enroll(pod("a", &["10.0.0.1"]), netns())
-        .await
-        .unwrap_err();
+    let err = rig.enroll_fails("a", &["10.0.0.1"]).await;
     assert!(err.is_unavailable(), "{err}");
     assert!(rig.steps().contains(&"unprogram".to_string()));
     assert!(!rig.agent.is_enrolled("a").await);
@@ -661,10 +600,7 @@ async fn a_release_waits_for_the_enroll_of_the_same_pod() {
 #[tokio::test]
 async fn a_drifted_pod_is_written_again_and_one_in_sync_is_left_alone() {
     let rig = Rig::new();
-    rig.agent
-        .enroll(pod("a", &["10.0.0.1"]), netns())
-        .await
-        .unwrap();
+    rig.serve("a", &["10.0.0.1"]).await;
     rig.steps();
     assert!(rig.agent.reconcile("a").await.unwrap().is_empty());
     assert_eq!(rig.steps(), ["check"]);
@@ -685,10 +621,7 @@ async fn a_drifted_pod_is_written_again_and_one_in_sync_is_left_alone() {
 #[tokio::test]
 async fn a_drifted_host_rule_is_written_again_and_its_sets_refilled() {
     let rig = Rig::new();
-    rig.agent
-        .enroll(pod("a", &["10.0.0.1"]), netns())
-        .await
-        .unwrap();
+    rig.serve("a", &["10.0.0.1"]).await;
     rig.steps();
     rig.agent.reconcile_host().await.unwrap();
     assert_eq!(
@@ -717,10 +650,7 @@ async fn clearing_a_former_pod_removes_its_leftovers_but_never_a_served_pods() {
         .await
         .unwrap();
     assert_eq!(rig.steps(), ["unprogram", "host_remove 10.0.0.3"]);
-    rig.agent
-        .enroll(pod("a", &["10.0.0.1"]), netns())
-        .await
-        .unwrap();
+    rig.serve("a", &["10.0.0.1"]).await;
     rig.steps();
     rig.agent
         .clear(&pod("a", &["10.0.0.1"]), netns())
