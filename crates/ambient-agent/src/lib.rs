@@ -111,13 +111,6 @@ pub struct NodeContext {
     pub reconcile_interval: Option<Duration>,
 }
 
-/// Pods that should be served but are not (ztunnel was down, the netns not found yet) are
-/// retried this often.
-const RETRY: Duration = Duration::from_secs(5);
-
-/// How many former ambient pods' clean-ups are remembered (see `Runner::remove_from_mesh`).
-const MAX_UNMARKED: usize = 4096;
-
 /// Whether ztunnel should serve the pod now: the plugin's decision (`pod_policy::decide`, in
 /// ambient mode), and a pod whose containers are done is not. A terminating pod still is, as in
 /// Istio: its containers drain their connections through the grace period. A pod the selectors

@@ -7,8 +7,8 @@
 
 use crate::agent::{Agent, AgentSettings, AmbientPodRef};
 use crate::{
-    JobContext, MAX_UNMARKED, NodeContext, RETRY, Settings, annotate, marked_enabled,
-    plugin_server, pod_ref, view, wants,
+    JobContext, NodeContext, Settings, annotate, marked_enabled, plugin_server, pod_ref, view,
+    wants,
 };
 use capture::{HostProbeConfig, Plan, ProbeSnat};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -26,6 +26,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc::UnboundedReceiver;
+
+/// Pods that should be served but are not (ztunnel was down, the netns not found yet) are
+/// retried this often.
+const RETRY: Duration = Duration::from_secs(5);
+
+/// How many former ambient pods' clean-ups are remembered (see `Runner::remove_from_mesh`).
+const MAX_UNMARKED: usize = 4096;
 
 /// Why the agent could not start (ambient pods cannot start on the node then).
 #[derive(Debug, thiserror::Error)]
