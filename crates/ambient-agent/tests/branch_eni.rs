@@ -51,6 +51,11 @@ fn sgp_node(early_demux: u8) -> SgpNode {
     let vpc = TestNetns::with_prefix("beni-vpc").unwrap();
     let pod = TestNetns::with_prefix("beni-pod").unwrap();
     let (vpc_name, pod_name) = (vpc.name(), pod.name());
+    // IPv6 link-local addresses (and their local routes) at once when a link comes up, not
+    // after duplicate address detection: else one may appear between two snapshots of the
+    // node's routing below (seen in CI: `local fe80::… dev vlan8c1f0a5e7b2` in the second).
+    node.sh("sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0")
+        .unwrap();
     node.ip_batch(&[
         format!("link add eth0 type veth peer name eth0 netns {vpc_name}"),
         format!("link add {VETH} address {VETH_MAC} type veth peer name eth0 netns {pod_name}"),
