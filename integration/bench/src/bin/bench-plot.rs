@@ -99,6 +99,22 @@ fn tick(v: &f64) -> String {
     }
 }
 
+/// A chart's frame: its title (in `size` points), margin and label areas, the same on every
+/// chart.
+fn frame<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, Shift>,
+    title: &str,
+    size: u32,
+) -> ChartBuilder<'a, 'static, SVGBackend<'b>> {
+    let mut builder = ChartBuilder::on(root);
+    builder
+        .caption(title, (FONT, size))
+        .margin(15)
+        .x_label_area_size(50)
+        .y_label_area_size(60);
+    builder
+}
+
 fn area(out: &Path) -> Result<DrawingArea<SVGBackend<'_>, Shift>> {
     let root = SVGBackend::new(out, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
@@ -149,11 +165,7 @@ fn cdf(input: &Path, out: &Path, title: &str) -> Result<()> {
         return Err(format!("{}: no samples", input.display()));
     }
     let root = area(out)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, (FONT, 22))
-        .margin(15)
-        .x_label_area_size(50)
-        .y_label_area_size(60)
+    let mut chart = frame(&root, title, 22)
         .build_cartesian_2d((lo / 1.5..hi * 1.5).log_scale(), 0.0..1.0)
         .map_err(err)?;
     chart
@@ -213,11 +225,7 @@ fn timeline(input: &Path, out: &Path, title: &str) -> Result<()> {
         return Err(format!("{}: no samples", input.display()));
     }
     let root = area(out)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, (FONT, 20))
-        .margin(15)
-        .x_label_area_size(50)
-        .y_label_area_size(60)
+    let mut chart = frame(&root, title, 20)
         // Room above the bars for the legend.
         .build_cartesian_2d(0.0..end.max(1.0) * 1.05, 0.0..n as f64 * 1.15)
         .map_err(err)?;
@@ -275,11 +283,7 @@ fn cidrs(input: &Path, out: &Path, title: &str) -> Result<()> {
         return Err(format!("{}: no samples", input.display()));
     }
     let root = area(out)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, (FONT, 22))
-        .margin(15)
-        .x_label_area_size(50)
-        .y_label_area_size(60)
+    let mut chart = frame(&root, title, 22)
         .build_cartesian_2d((1.0..xmax * 1.5).log_scale(), 0.0..ymax * 1.1)
         .map_err(err)?;
     chart
