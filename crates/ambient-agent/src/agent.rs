@@ -476,14 +476,12 @@ impl<Z: Ztunnel, K: Kernel> Agent<Z, K> {
             return Ok(Vec::new());
         };
         let plan = self.plan_for(&pod)?;
-        let (kernel, path, check_plan) = (self.kernel.clone(), fd_path(&netns), plan.clone());
-        let drift = blocking(move || kernel.check(&check_plan, &path, Instant::now() + LOCK_WAIT))
-            .await
-            .map_err(AgentError::worker(format!("pod {}", pod.label())))?
-            .map_err(|source| AgentError::Rules {
-                pod: pod.label(),
-                source,
-            })?;
+        let check_plan = plan.clone();
+        let drift = self
+            .in_pod(&pod, &netns, move |kernel, path, deadline| {
+                kernel.check(&check_plan, path, deadline)
+            })
+            .await?;
         if !drift.is_empty() {
             self.program_plan(&pod, &plan, &netns).await?;
         }
@@ -508,20 +506,31 @@ impl<Z: Ztunnel, K: Kernel> Agent<Z, K> {
         plan: &Plan,
         netns: &Arc<OwnedFd>,
     ) -> Result<(), AgentError> {
-        let (kernel, plan, netns) = (self.kernel.clone(), plan.clone(), netns.clone());
-        blocking(move || kernel.program(&plan, &fd_path(&netns), Instant::now() + LOCK_WAIT))
-            .await
-            .map_err(AgentError::worker(format!("pod {}", pod.label())))?
-            .map_err(|source| AgentError::Rules {
-                pod: pod.label(),
-                source,
-            })
+        let plan = plan.clone();
+        self.in_pod(pod, netns, move |kernel, path, deadline| {
+            kernel.program(&plan, path, deadline)
+        })
+        .await
     }
 
     /// Removes our ambient rules from the pod's namespace.
     async fn unprogram(&self, pod: &AmbientPodRef, netns: &Arc<OwnedFd>) -> Result<(), AgentError> {
+        self.in_pod(pod, netns, |kernel, path, deadline| {
+            kernel.unprogram(path, deadline)
+        })
+        .await
+    }
+
+    /// Kernel work in the pod's namespace (reached through our fd, its lock waited for until
+    /// [`LOCK_WAIT`] from now), off the async thread; its errors name the pod.
+    async fn in_pod<T: Send + 'static>(
+        &self,
+        pod: &AmbientPodRef,
+        netns: &Arc<OwnedFd>,
+        work: impl FnOnce(&K, &Path, Instant) -> Result<T, RedirectError> + Send + 'static,
+    ) -> Result<T, AgentError> {
         let (kernel, netns) = (self.kernel.clone(), netns.clone());
-        blocking(move || kernel.unprogram(&fd_path(&netns), Instant::now() + LOCK_WAIT))
+        blocking(move || work(&kernel, &fd_path(&netns), Instant::now() + LOCK_WAIT))
             .await
             .map_err(AgentError::worker(format!("pod {}", pod.label())))?
             .map_err(|source| AgentError::Rules {
